@@ -1,0 +1,392 @@
+"""Command-line arguments: one parser with Megatron-LM flag names, and ``validate_args``.
+
+Flags keep Megatron-LM's (and the BigScience Megatron-DeepSpeed fork's) names and meanings.
+``validate_args`` fills derived values (data-parallel size, ffn size, padded vocab ...) and rejects
+impossible combinations with an :class:`ArgumentError` that names the flags and values.
+"""
+import argparse
+import json
+import os
+from typing import Callable, List, Optional
+
+import deepspeed
+
+
+class ArgumentError(ValueError):
+    """A bad flag value or flag combination; the message names the flags and the values."""
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--num-layers", type=int, default=None, help="Number of transformer layers.")
+    g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
+    g.add_argument("--ffn-hidden-size", type=int, default=None,
+                   help="MLP hidden size (default 4*hidden, or 8/3*hidden rounded to 64 with --swiglu).")
+    g.add_argument("--num-attention-heads", type=int, default=None, help="Attention heads.")
+    g.add_argument("--num-query-groups", type=int, default=None,
+                   help="Key/value head groups for grouped-query attention (default: heads).")
+    g.add_argument("--kv-channels", type=int, default=None,
+                   help="Channels per attention head (default hidden/heads).")
+    g.add_argument("--seq-length", type=int, default=None, help="Tokens per sample.")
+    g.add_argument("--max-position-embeddings", type=int, default=None,
+                   help="Largest position the model can embed (default --seq-length).")
+    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    g.add_argument("--norm-epsilon", type=float, default=1e-5)
+    g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP instead of GeLU.")
+    g.add_argument("--position-embedding-type", default="learned_absolute",
+                   choices=["learned_absolute", "rope", "none"])
+    g.add_argument("--rotary-percent", type=float, default=1.0)
+    g.add_argument("--rotary-base", type=int, default=10000)
+    g.add_argument("--hidden-dropout", type=float, default=0.1)
+    g.add_argument("--attention-dropout", type=float, default=0.1)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                   help="Separate input embedding and output layer weights.")
+    g.add_argument("--disable-bias-linear", action="store_true", help="No biases in linear layers.")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--transformer-impl", default="transformer_engine",
+                   choices=["transformer_engine", "local"],
+                   help="Layer implementation; falls back to 'local' (SDPA attention) when "
+                        "Transformer Engine is not importable.")
+    g.add_argument("--use-cpu-initialization", action="store_true",
+                   help="Initialise weights on the CPU (always on when no GPU is present).")
+
+
+def _add_training_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=int, default=None, help="Samples per rank per forward.")
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="Samples per optimizer step (default micro batch x data-parallel size).")
+    g.add_argument("--rampup-batch-size", nargs=3, default=None, metavar=("START", "INCR", "SAMPLES"),
+                   help="Grow the global batch from START by INCR over SAMPLES consumed samples.")
+    g.add_argument("--train-iters", type=int, default=None, help="Total optimizer steps.")
+    g.add_argument("--train-samples", type=int, default=None, help="Total training samples.")
+    g.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "adafactor"])
+    g.add_argument("--lr", type=float, default=None, help="Peak learning rate.")
+    g.add_argument("--min-lr", type=float, default=0.0, help="Learning rate floor after decay.")
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="Gradient-norm clip (0 disables).")
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--sgd-momentum", type=float, default=0.9)
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision.")
+    g.add_argument("--fp16", action="store_true", help="float16 mixed precision (loss scaling).")
+    g.add_argument("--loss-scale", type=float, default=None, help="Static fp16 loss scale (default dynamic).")
+    g.add_argument("--log-interval", type=int, default=100, help="Iterations between log lines.")
+    g.add_argument("--eval-interval", type=int, default=1000, help="Iterations between evaluations.")
+    g.add_argument("--eval-iters", type=int, default=100,
+                   help="Global batches per evaluation of each validation set (0 disables).")
+    g.add_argument("--exit-interval", type=int, default=None,
+                   help="Stop (after saving) when the iteration is a multiple of this.")
+    g.add_argument("--skip-train", action="store_true", help="Only evaluate.")
+
+
+def _add_lr_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("learning rate and weight decay schedule")
+    g.add_argument("--lr-decay-style", default="linear",
+                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+    g.add_argument("--lr-decay-iters", type=int, default=None,
+                   help="Iterations to decay over (default --train-iters).")
+    g.add_argument("--lr-decay-samples", type=int, default=None,
+                   help="Samples to decay over (default --train-samples).")
+    g.add_argument("--lr-decay-tokens", type=int, default=None,
+                   help="BigScience alias: tokens to decay over (converted to samples).")
+    g.add_argument("--lr-warmup-fraction", type=float, default=None,
+                   help="Warmup as a fraction of the decay span.")
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-warmup-samples", type=int, default=0)
+    g.add_argument("--lr-warmup-tokens", type=int, default=None,
+                   help="BigScience alias: warmup tokens (converted to samples).")
+    g.add_argument("--lr-warmup-init", type=float, default=0.0, help="Learning rate at step 0.")
+    g.add_argument("--lr-wsd-decay-style", default="exponential",
+                   choices=["exponential", "linear", "cosine", "minus_sqrt"])
+    g.add_argument("--lr-wsd-decay-iters", type=int, default=None)
+    g.add_argument("--lr-wsd-decay-samples", type=int, default=None)
+    g.add_argument("--start-weight-decay", type=float, default=None)
+    g.add_argument("--end-weight-decay", type=float, default=None)
+    g.add_argument("--weight-decay-incr-style", default="constant",
+                   choices=["constant", "linear", "cosine"])
+    g.add_argument("--override-opt_param-scheduler", "--override-lr-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="Use these flags' schedule values, ignoring the checkpoint's.")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-lr-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="Use the checkpoint's schedule values, ignoring these flags.")
+
+
+def _add_data_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("data")
+    g.add_argument("--data-path", nargs="*", default=None,
+                   help="[WEIGHT] PREFIX ...: a static blend split by --split.")
+    g.add_argument("--split", default="969,30,1",
+                   help="Train/valid/test proportions of --data-path documents, e.g. 969,30,1.")
+    g.add_argument("--train-data-path", nargs="*", default=None)
+    g.add_argument("--valid-data-path", nargs="*", default=None)
+    g.add_argument("--test-data-path", nargs="*", default=None)
+    g.add_argument("--data-cache-path", default=None, help="Directory for dataset index caches.")
+    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes.")
+    g.add_argument("--tokenizer-type", default="ByteLevelTokenizer",
+                   choices=["GPT2BPETokenizer", "HuggingFaceTokenizer", "ByteLevelTokenizer"])
+    g.add_argument("--vocab-file", default=None)
+    g.add_argument("--merge-file", default=None)
+    g.add_argument("--tokenizer-model", default=None, help="HF tokenizer.json file or directory.")
+    g.add_argument("--reset-position-ids", action="store_true")
+    g.add_argument("--reset-attention-mask", action="store_true")
+    g.add_argument("--eod-mask-loss", action="store_true")
+
+
+def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("checkpointing")
+    g.add_argument("--save", default=None, help="Directory to save checkpoints to.")
+    g.add_argument("--save-interval", type=int, default=None, help="Iterations between saves.")
+    g.add_argument("--load", default=None, help="Directory to resume from.")
+    g.add_argument("--finetune", action="store_true",
+                   help="Load model weights only; reset iteration, optimizer and scheduler.")
+    g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--no-save-optim", action="store_true")
+
+
+def _add_logging_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("logging")
+    g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--metrics-jsonl", default=None,
+                   help="Append one JSON record per log interval and per evaluation.")
+
+
+def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--zero-stage", type=int, default=None, choices=[0, 1, 2, 3],
+                   help="DeepSpeed ZeRO stage (overrides the JSON config's).")
+    g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo"],
+                   help="Default: nccl with CUDA, gloo otherwise.")
+    g.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="Set by the deepspeed launcher.")
+
+
+def get_parser(extra_args_provider: Optional[Callable] = None) -> argparse.ArgumentParser:
+    """The full parser; ``extra_args_provider(parser)`` adds a script's own flags."""
+    parser = argparse.ArgumentParser(
+        description="Megatron-DeepSpeed GPT training", allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for add in (_add_model_args, _add_training_args, _add_lr_args, _add_data_args,
+                _add_checkpoint_args, _add_logging_args, _add_parallel_args):
+        add(parser)
+    if extra_args_provider is not None:
+        parser = extra_args_provider(parser) or parser
+    parser = deepspeed.add_config_arguments(parser)
+    return parser
+
+
+def parse_args(argv: Optional[List[str]] = None, extra_args_provider: Optional[Callable] = None,
+               world_size: Optional[int] = None, require_data: bool = True) -> argparse.Namespace:
+    """Parse ``argv`` (default ``sys.argv``) and validate for ``world_size`` ranks
+    (default ``$WORLD_SIZE`` or 1). A bad combination exits with status 2 and the message."""
+    parser = get_parser(extra_args_provider)
+    args = parser.parse_args(argv)
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        return validate_args(args, world_size, require_data)
+    except ArgumentError as e:
+        parser.error(str(e))
+
+
+def _require(args, *names: str) -> None:
+    missing = [n for n in names if getattr(args, n) is None]
+    if missing:
+        flags = ", ".join("--" + n.replace("_", "-") for n in missing)
+        raise ArgumentError(f"missing required flag(s): {flags}")
+
+
+def _validate_batch(args, world_size: int) -> None:
+    if world_size % args.tensor_model_parallel_size:
+        raise ArgumentError(
+            f"world size {world_size} is not divisible by --tensor-model-parallel-size "
+            f"{args.tensor_model_parallel_size}")
+    args.world_size = world_size
+    args.data_parallel_size = world_size // args.tensor_model_parallel_size
+    per_step = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size is None:
+        args.global_batch_size = per_step
+    if args.micro_batch_size <= 0 or args.global_batch_size <= 0:
+        raise ArgumentError(
+            f"--micro-batch-size {args.micro_batch_size} and --global-batch-size "
+            f"{args.global_batch_size} must be positive")
+    if args.global_batch_size % per_step:
+        raise ArgumentError(
+            f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
+            f"{args.micro_batch_size} x data-parallel size {args.data_parallel_size} (= {per_step})")
+    if args.rampup_batch_size is not None:
+        try:
+            start, incr, samples = (int(x) for x in args.rampup_batch_size)
+        except ValueError:
+            raise ArgumentError(
+                f"--rampup-batch-size {' '.join(args.rampup_batch_size)}: expected three integers "
+                "START INCR SAMPLES") from None
+        if start <= 0 or incr <= 0 or samples < 0:
+            raise ArgumentError(f"--rampup-batch-size {start} {incr} {samples}: START and INCR must "
+                                "be positive and SAMPLES non-negative")
+        if start > args.global_batch_size or (args.global_batch_size - start) % incr:
+            raise ArgumentError(
+                f"--rampup-batch-size {start} {incr} {samples}: --global-batch-size "
+                f"{args.global_batch_size} minus START must be a non-negative multiple of INCR")
+        if start % per_step or incr % per_step:
+            raise ArgumentError(
+                f"--rampup-batch-size {start} {incr} {samples}: START and INCR must be multiples of "
+                f"--micro-batch-size x data-parallel size (= {per_step})")
+        args.rampup_batch_size = [start, incr, samples]
+    args.gradient_accumulation_steps = args.global_batch_size // per_step
+
+
+def _validate_model(args) -> None:
+    if args.hidden_size % args.num_attention_heads:
+        raise ArgumentError(f"--hidden-size {args.hidden_size} is not divisible by "
+                            f"--num-attention-heads {args.num_attention_heads}")
+    if args.num_attention_heads % args.tensor_model_parallel_size:
+        raise ArgumentError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+                            f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")
+    if args.num_query_groups is None:
+        args.num_query_groups = args.num_attention_heads
+    elif args.num_attention_heads % args.num_query_groups:
+        raise ArgumentError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+                            f"--num-query-groups {args.num_query_groups}")
+    if args.kv_channels is None:
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    if args.ffn_hidden_size is None:
+        if args.swiglu:
+            args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64 or 64
+        else:
+            args.ffn_hidden_size = 4 * args.hidden_size
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if (args.position_embedding_type == "learned_absolute"
+            and args.seq_length > args.max_position_embeddings):
+        raise ArgumentError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
+                            f"{args.max_position_embeddings}")
+    for name in ("hidden_dropout", "attention_dropout"):
+        value = getattr(args, name)
+        if not 0.0 <= value < 1.0:
+            raise ArgumentError(f"--{name.replace('_', '-')} {value} must be in [0, 1)")
+
+
+def _validate_training(args) -> None:
+    if args.fp16 and args.bf16:
+        raise ArgumentError("--fp16 and --bf16 are mutually exclusive; pick one")
+    if args.train_iters is not None and args.train_samples is not None:
+        raise ArgumentError(f"--train-iters {args.train_iters} and --train-samples "
+                            f"{args.train_samples} are mutually exclusive; pick one")
+    if args.train_iters is None and args.train_samples is None:
+        raise ArgumentError("one of --train-iters or --train-samples is required")
+    for name in ("train_iters", "train_samples"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} {value} must be non-negative")
+    if args.lr is None:
+        raise ArgumentError("--lr is required")
+    if args.lr < 0 or args.min_lr < 0:
+        raise ArgumentError(f"--lr {args.lr} and --min-lr {args.min_lr} must be non-negative")
+    if args.min_lr > args.lr:
+        raise ArgumentError(f"--min-lr {args.min_lr} is above --lr {args.lr}")
+    for name in ("log_interval", "eval_interval"):
+        if getattr(args, name) <= 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} {getattr(args, name)} must be positive")
+    if args.eval_iters < 0:
+        raise ArgumentError(f"--eval-iters {args.eval_iters} must be non-negative")
+    if args.save_interval is not None and args.save_interval <= 0:
+        raise ArgumentError(f"--save-interval {args.save_interval} must be positive")
+    if args.save_interval is not None and args.save is None:
+        raise ArgumentError(f"--save-interval {args.save_interval} needs --save DIR")
+
+
+def _validate_lr_units(args) -> None:
+    """Iteration-based runs take *-iters warmup/decay flags; sample-based runs take *-samples."""
+    tokens_per_sample = args.seq_length
+    if args.lr_warmup_tokens is not None:
+        args.lr_warmup_samples = -(-args.lr_warmup_tokens // tokens_per_sample)
+    if args.lr_decay_tokens is not None:
+        args.lr_decay_samples = -(-args.lr_decay_tokens // tokens_per_sample)
+    if args.train_iters is not None:
+        bad = [f for f, v in (("--lr-decay-samples", args.lr_decay_samples),
+                              ("--lr-warmup-samples", args.lr_warmup_samples or None),
+                              ("--lr-wsd-decay-samples", args.lr_wsd_decay_samples)) if v]
+        if bad:
+            raise ArgumentError(f"{', '.join(bad)} given with --train-iters; use the -iters "
+                                "variants for an iteration-based run")
+    else:
+        bad = [f for f, v in (("--lr-decay-iters", args.lr_decay_iters),
+                              ("--lr-warmup-iters", args.lr_warmup_iters or None),
+                              ("--lr-wsd-decay-iters", args.lr_wsd_decay_iters)) if v]
+        if bad:
+            raise ArgumentError(f"{', '.join(bad)} given with --train-samples; use the -samples "
+                                "variants for a sample-based run")
+    if args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples):
+        raise ArgumentError("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples are "
+                            "mutually exclusive")
+    if args.lr_decay_style == "WSD" and not (args.lr_wsd_decay_iters or args.lr_wsd_decay_samples):
+        raise ArgumentError("--lr-decay-style WSD needs --lr-wsd-decay-iters (or -samples)")
+    if args.start_weight_decay is None:
+        args.start_weight_decay = args.weight_decay
+    if args.end_weight_decay is None:
+        args.end_weight_decay = args.weight_decay
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise ArgumentError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
+                            "are mutually exclusive")
+
+
+def _validate_data(args, require_data: bool) -> None:
+    split_paths = (args.train_data_path, args.valid_data_path, args.test_data_path)
+    has_split_paths = any(p for p in split_paths)
+    if require_data and not args.data_path and not has_split_paths:
+        raise ArgumentError("no training data: give --data-path, or --train-data-path "
+                            "(with --valid-data-path/--test-data-path)")
+    if args.data_path and has_split_paths:
+        raise ArgumentError("--data-path and --train-data-path/--valid-data-path/--test-data-path "
+                            "are mutually exclusive")
+    if args.tokenizer_type == "GPT2BPETokenizer" and (args.vocab_file is None or args.merge_file is None):
+        raise ArgumentError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file")
+    if args.tokenizer_type == "HuggingFaceTokenizer" and args.tokenizer_model is None:
+        raise ArgumentError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model")
+    if args.num_workers < 0:
+        raise ArgumentError(f"--num-workers {args.num_workers} must be non-negative")
+
+
+def _validate_deepspeed_config(args) -> None:
+    if args.deepspeed_config is None:
+        args.deepspeed_config_dict = None
+        return
+    if not os.path.isfile(args.deepspeed_config):
+        raise ArgumentError(f"--deepspeed_config {args.deepspeed_config}: no such file")
+    with open(args.deepspeed_config) as f:
+        try:
+            config = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ArgumentError(f"--deepspeed_config {args.deepspeed_config}: not valid JSON ({e})") from None
+    expected = {"train_micro_batch_size_per_gpu": args.micro_batch_size,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps}
+    if not args.rampup_batch_size:
+        expected["train_batch_size"] = args.global_batch_size
+    for key, value in expected.items():
+        if key in config and config[key] != value:
+            raise ArgumentError(
+                f"--deepspeed_config {args.deepspeed_config}: {key}={config[key]} disagrees with the "
+                f"flags (--micro-batch-size {args.micro_batch_size}, --global-batch-size "
+                f"{args.global_batch_size}, data-parallel size {args.data_parallel_size} give {value})")
+    args.deepspeed_config_dict = config
+
+
+def validate_args(args: argparse.Namespace, world_size: int = 1,
+                  require_data: bool = True) -> argparse.Namespace:
+    """Check flag combinations for ``world_size`` ranks and fill derived values in place.
+    ``require_data=False`` lets tools that build no dataset (schedule previews) skip data flags."""
+    _require(args, "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size")
+    _validate_batch(args, world_size)
+    _validate_model(args)
+    _validate_training(args)
+    _validate_lr_units(args)
+    _validate_data(args, require_data)
+    _validate_deepspeed_config(args)
+    return args

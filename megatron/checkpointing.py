@@ -1,0 +1,158 @@
+"""Atomic checkpoint save and exact resume on top of DeepSpeed's engine checkpoints.
+
+Layout: ``DIR/iter_NNNNNNN/`` holds DeepSpeed's model/optimizer files, the training state in the
+client state (iteration, consumed samples, scheduler) and one ``rng_state_rank{R}.pt`` per rank.
+``DIR/latest_checkpointed_iteration.txt`` is written last, atomically (temporary file + rename), after
+every rank has finished writing, so it never points at an incomplete checkpoint.
+"""
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+
+TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+CHECKPOINT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: missing, incomplete, corrupt or incompatible."""
+
+
+@dataclass
+class TrainingState:
+    """What the loop needs to continue exactly: iteration (optimizer steps done) and consumed
+    training samples, plus any extra client state (scheduler, data-loader counters)."""
+
+    iteration: int = 0
+    consumed_samples: int = 0
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_tag(iteration: int) -> str:
+    """Directory name of the checkpoint after ``iteration`` iterations."""
+    return f"iter_{iteration:07d}"
+
+
+def _atomic_torch_save(obj: Any, path: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def rng_state() -> Dict[str, Any]:
+    """The Python, NumPy and torch (CPU and CUDA) generator states of this process."""
+    state = {"random": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    """Restore generator states saved by :func:`rng_state`."""
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def save_checkpoint(engine, save_dir: str, state: TrainingState, save_optimizer: bool = True) -> str:
+    """Write the checkpoint of ``state.iteration`` under ``save_dir``; returns its directory.
+
+    All ranks must call this. The tracker file is updated only after every rank has written.
+    """
+    tag = checkpoint_tag(state.iteration)
+    client_state = {"checkpoint_version": CHECKPOINT_VERSION, "iteration": state.iteration,
+                    "consumed_samples": state.consumed_samples, **state.extra}
+    if not save_optimizer:
+        client_state["optimizer_saved"] = False
+    os.makedirs(save_dir, exist_ok=True)
+    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+    directory = os.path.join(save_dir, tag)
+    _atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
+    _barrier()
+    if _rank() == 0:
+        _atomic_write_text(os.path.join(save_dir, TRACKER_FILENAME), f"{state.iteration}\n")
+    _barrier()
+    return directory
+
+
+def read_tracker(load_dir: str) -> Optional[int]:
+    """The iteration recorded in ``load_dir``'s tracker file, or None when there is none."""
+    path = os.path.join(load_dir, TRACKER_FILENAME)
+    if not os.path.isfile(path):
+        return None
+    text = open(path).read().strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise CheckpointError(f"--load {load_dir}: {TRACKER_FILENAME} holds {text!r}, "
+                              "not an iteration number") from None
+
+
+def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimizer: bool = True,
+                    load_rng: bool = True) -> Optional[TrainingState]:
+    """Load the latest complete checkpoint of ``load_dir`` into ``engine``.
+
+    Returns the saved :class:`TrainingState` (iteration 0 and no extra state with ``finetune``, which
+    loads weights only), or None when ``load_dir`` holds no checkpoint yet.
+    """
+    iteration = read_tracker(load_dir)
+    if iteration is None:
+        return None
+    tag = checkpoint_tag(iteration)
+    directory = os.path.join(load_dir, tag)
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"--load {load_dir}: {TRACKER_FILENAME} names iteration {iteration} "
+                              f"but {directory} does not exist")
+    try:
+        path, client_state = engine.load_checkpoint(
+            load_dir, tag=tag, load_module_only=finetune,
+            load_optimizer_states=load_optimizer and not finetune,
+            load_lr_scheduler_states=False)
+    except CheckpointError:
+        raise
+    except Exception as e:  # torch/pickle/zip errors from deep inside: name the checkpoint instead
+        raise CheckpointError(f"--load {load_dir}: checkpoint {directory} is corrupt or incompatible "
+                              f"({type(e).__name__}: {e})") from e
+    if path is None:
+        raise CheckpointError(f"--load {load_dir}: checkpoint {directory} is incomplete "
+                              "(DeepSpeed found no model states)")
+    if finetune:
+        return TrainingState()
+    client_state = dict(client_state or {})
+    state = TrainingState(iteration=int(client_state.pop("iteration", iteration)),
+                          consumed_samples=int(client_state.pop("consumed_samples", 0)))
+    client_state.pop("checkpoint_version", None)
+    state.extra = client_state
+    if load_rng:
+        rng_path = os.path.join(directory, f"rng_state_rank{_rank()}.pt")
+        if os.path.isfile(rng_path):
+            try:
+                set_rng_state(torch.load(rng_path, weights_only=False))
+            except Exception as e:
+                raise CheckpointError(f"--load {load_dir}: {rng_path} is corrupt ({e}); "
+                                      "use --no-load-rng to skip it") from e
+    return state

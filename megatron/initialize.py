@@ -1,0 +1,50 @@
+"""Process setup: torch.distributed through DeepSpeed, megatron-core model parallel state, seeds."""
+import os
+import random
+
+import numpy as np
+import torch
+
+
+def default_backend() -> str:
+    """nccl when CUDA is usable, else gloo (DeepSpeed's CPU accelerator would pick oneCCL)."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def initialize_distributed(args) -> None:
+    """Start torch.distributed (DeepSpeed's launcher sets RANK/WORLD_SIZE/MASTER_*; a plain
+    ``python`` run becomes a 1-rank group) and megatron-core's tensor-parallel groups."""
+    import deepspeed
+    from megatron.core import parallel_state
+
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=args.distributed_backend or default_backend(),
+                                   verbose=False)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=args.tensor_model_parallel_size)
+
+
+def set_seeds(seed: int) -> None:
+    """Seed Python, NumPy and torch identically on every rank (megatron-core's tensor-parallel RNG
+    tracker too, when CUDA is present)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def print_rank_0(message: str) -> None:
+    """Print on global rank 0 only (flushes, so launcher logs interleave sensibly)."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(message, flush=True)

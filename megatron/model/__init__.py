@@ -1,0 +1,1 @@
+"""GPT model construction on megatron-core: layer specs, SDPA core attention, masks."""

@@ -1,0 +1,91 @@
+"""Build a megatron-core ``GPTModel`` from parsed Megatron-style arguments."""
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megatron.model.sdpa_attention import SDPAttention
+
+
+def transformer_engine_available() -> bool:
+    """True when Transformer Engine can be imported (GPU installs); never required."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def params_dtype(args) -> torch.dtype:
+    """The dtype that parameters are created in: bf16, fp16 or fp32 from ``--bf16/--fp16``."""
+    if getattr(args, "bf16", False):
+        return torch.bfloat16
+    if getattr(args, "fp16", False):
+        return torch.float16
+    return torch.float32
+
+
+def transformer_config_from_args(args) -> TransformerConfig:
+    """Translate model flags (``--num-layers``, ``--hidden-size`` ...) into a TransformerConfig."""
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        ffn_hidden_size=args.ffn_hidden_size,
+        kv_channels=args.kv_channels,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        init_method_std=args.init_method_std,
+        normalization=args.normalization,
+        layernorm_epsilon=args.norm_epsilon,
+        gated_linear_unit=args.swiglu,
+        activation_func=F.silu if args.swiglu else F.gelu,
+        add_bias_linear=not args.disable_bias_linear,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        use_cpu_initialization=args.use_cpu_initialization or not torch.cuda.is_available(),
+        params_dtype=params_dtype(args),
+        bf16=args.bf16,
+        fp16=args.fp16,
+        apply_query_key_layer_scaling=False,
+        attention_softmax_in_fp32=True,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def layer_spec_from_args(args) -> ModuleSpec:
+    """Layer spec: Transformer Engine's when it imports (and ``--transformer-impl`` allows),
+    else megatron-core's local spec with the SDPA core attention plugged in."""
+    if args.transformer_impl == "transformer_engine" and transformer_engine_available():
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        return get_gpt_layer_with_transformer_engine_spec(normalization=args.normalization)
+    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def build_gpt_model(args) -> GPTModel:
+    """Construct the GPT model described by ``args`` (``args.padded_vocab_size`` must be set)."""
+    config = transformer_config_from_args(args)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec_from_args(args),
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=True,
+        post_process=True,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+    )

@@ -1,0 +1,36 @@
+"""Torch optimizers for the DeepSpeed engine, with Megatron's weight-decay parameter groups."""
+from typing import Dict, List
+
+import torch
+
+
+def param_groups(model: torch.nn.Module) -> List[Dict]:
+    """Two groups: weights with weight decay, and biases / norm parameters without
+    (``wd_mult`` 0, the key the LR/WD scheduler multiplies the decay by)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if param.ndim == 1 or name.endswith(".bias"):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    groups = [{"params": decay, "wd_mult": 1.0, "lr_mult": 1.0}]
+    if no_decay:
+        groups.append({"params": no_decay, "wd_mult": 0.0, "lr_mult": 1.0})
+    return groups
+
+
+def build_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """``--optimizer adam`` (AdamW: decoupled decay as Megatron), ``sgd`` or ``adafactor``.
+    The learning rate and weight decay set here are placeholders; the scheduler drives both."""
+    groups = param_groups(model)
+    if args.optimizer == "adam":
+        return torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay,
+                                 betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=args.lr, weight_decay=args.weight_decay,
+                               momentum=args.sgd_momentum)
+    if args.optimizer == "adafactor":
+        return torch.optim.Adafactor(groups, lr=args.lr, weight_decay=args.weight_decay)
+    raise ValueError(f"--optimizer {args.optimizer}: expected one of adam, sgd, adafactor")

@@ -1,0 +1,1 @@
+"""One schedule language for learning rate, weight decay and dataset weights."""

@@ -1,0 +1,333 @@
+"""The training loop on a DeepSpeed engine: schedule, evaluation per validation group, logging,
+checkpoints and exact resume.
+
+Progress is counted in iterations (optimizer steps over one global batch) and consumed samples; the
+learning-rate scheduler is advanced by the samples of each iteration (Megatron-LM's convention).
+"""
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from megatron.checkpointing import TrainingState, load_checkpoint, save_checkpoint
+from megatron.data.samplers import PretrainingBatchSampler
+from megatron.deepspeed_config import deepspeed_config_from_args
+from megatron.initialize import initialize_distributed, print_rank_0, set_seeds
+from megatron.learning_rates import build_opt_param_scheduler
+from megatron.metrics import MetricsWriter, perplexity
+from megatron.optimizer import build_optimizer
+from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
+
+
+@dataclass
+class EvalGroup:
+    """One named validation or test set; ``split`` is "valid" or "test"."""
+
+    name: str
+    dataset: torch.utils.data.Dataset
+    split: str = "valid"
+
+
+@dataclass
+class TrainData:
+    """What a datasets provider returns: the training set, its per-dataset names (index =
+    ``dataset_id`` in samples, for per-dataset losses) and the evaluation groups."""
+
+    train: Optional[torch.utils.data.Dataset]
+    eval_groups: List[EvalGroup] = field(default_factory=list)
+    dataset_names: List[str] = field(default_factory=list)
+
+
+def _to_device(batch: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward one micro batch; returns (mean loss over unmasked tokens, per-sample mean loss).
+
+    Batch keys: ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` and optionally
+    ``attention_mask`` (bool, True = masked; absent means plain causal attention).
+    """
+    batch = _to_device(batch, engine.device)
+    per_token = engine(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
+                       labels=batch["labels"])
+    mask = batch["loss_mask"].to(per_token.dtype)
+    per_token = per_token.float() * mask.float()
+    tokens_per_sample = mask.float().sum(dim=1)
+    loss = per_token.sum() / tokens_per_sample.sum().clamp(min=1.0)
+    per_sample = per_token.sum(dim=1) / tokens_per_sample.clamp(min=1.0)
+    return loss, per_sample.detach()
+
+
+def _loader(dataset, consumed: int, args, total: Optional[int] = None) -> Iterator[Dict]:
+    from megatron.core import parallel_state
+
+    sampler = PretrainingBatchSampler(
+        total_samples=total if total is not None else len(dataset), consumed_samples=consumed,
+        micro_batch_size=args.micro_batch_size,
+        data_parallel_rank=parallel_state.get_data_parallel_rank(),
+        data_parallel_size=parallel_state.get_data_parallel_world_size())
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
+                                         pin_memory=torch.cuda.is_available(),
+                                         persistent_workers=False)
+    return iter(loader)
+
+
+class _IntervalStats:
+    """Losses accumulated between two log lines (summed locally, reduced across ranks at log time)."""
+
+    def __init__(self, num_datasets: int):
+        self.num_datasets = num_datasets
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum = torch.zeros(1, dtype=torch.float64)
+        self.micro_batches = 0
+        self.dataset_loss = torch.zeros(max(self.num_datasets, 1), dtype=torch.float64)
+        self.dataset_count = torch.zeros(max(self.num_datasets, 1), dtype=torch.float64)
+        self.iterations = 0
+        self.start = time.perf_counter()
+        self.samples = 0
+
+    def add_micro_batch(self, loss: torch.Tensor, per_sample: torch.Tensor,
+                        dataset_id: Optional[torch.Tensor]) -> None:
+        self.loss_sum += loss.detach().double().cpu()
+        self.micro_batches += 1
+        if dataset_id is None and self.num_datasets == 1:
+            dataset_id = torch.zeros(per_sample.numel(), dtype=torch.long)
+        if dataset_id is not None and self.num_datasets:
+            ids = dataset_id.long().cpu().view(-1)
+            self.dataset_loss.index_add_(0, ids, per_sample.double().cpu())
+            self.dataset_count.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))
+
+    def reduced(self) -> Tuple[float, torch.Tensor, torch.Tensor]:
+        packed = torch.cat([self.loss_sum, torch.tensor([float(self.micro_batches)], dtype=torch.float64),
+                            self.dataset_loss, self.dataset_count])
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(packed)
+        loss = (packed[0] / packed[1].clamp(min=1)).item()
+        n = self.dataset_loss.numel()
+        return loss, packed[2:2 + n], packed[2 + n:]
+
+
+def evaluate(engine, args, group: EvalGroup, forward_step: Callable, evaluation_index: int) -> float:
+    """Mean loss over ``--eval-iters`` global batches of ``group``; evaluation number
+    ``evaluation_index`` reads samples ``[k * eval_iters * gbs, (k+1) * eval_iters * gbs)`` (wrapping
+    around the set), so a resumed run evaluates exactly what an uninterrupted one would."""
+    samples_per_eval = args.eval_iters * args.global_batch_size
+    length = len(group.dataset)
+    usable = length - length % (args.micro_batch_size * args.data_parallel_size)
+    start = (evaluation_index * samples_per_eval) % max(usable, 1)
+    micro_per_eval = samples_per_eval // (args.micro_batch_size * args.data_parallel_size)
+    engine.eval()
+    total = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        iterator = _loader(group.dataset, start, args, total=usable)
+        for _ in range(micro_per_eval):
+            try:
+                batch = next(iterator)
+            except StopIteration:  # wrap around a set smaller than one evaluation
+                iterator = _loader(group.dataset, 0, args, total=usable)
+                batch = next(iterator)
+            loss, _ = forward_step(engine, batch)
+            total[0] += loss.double().cpu()
+            total[1] += 1
+    engine.train()
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+def _evaluate_all(engine, args, groups: Sequence[EvalGroup], forward_step, iteration: int,
+                  metrics: MetricsWriter, split: str = "valid") -> Dict[str, float]:
+    results = {}
+    # Periodic evaluation j (at iteration j * eval_interval) reads window j-1; a final evaluation at
+    # an iteration between two periodic ones reads the next window. Windows never repeat in a run.
+    evaluation_index = max(-(-iteration // args.eval_interval) - 1, 0)
+    for group in groups:
+        if group.split != split:
+            continue
+        loss = evaluate(engine, args, group, forward_step, evaluation_index)
+        results[group.name] = loss
+        print_rank_0(f" {split} {group.name} | iteration {iteration} | lm loss: {loss:.6E} | "
+                     f"ppl: {perplexity(loss):.6E}")
+        metrics.eval_record({"iteration": iteration, "split": split, "group": group.name,
+                             "lm_loss": loss, "ppl": perplexity(loss)})
+    return results
+
+
+def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int):
+    """Model, torch optimizer, DeepSpeed engine and the LR/WD scheduler on the engine's groups."""
+    import deepspeed
+
+    model = model_provider(args)
+    optimizer = build_optimizer(args, model)
+    engine, ds_optimizer, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=deepspeed_config_from_args(args, initial_batch),
+        dist_init_required=False)
+    scheduler = build_opt_param_scheduler(args, ds_optimizer)
+    return engine, ds_optimizer, scheduler
+
+
+def _maybe_save(engine, args, state: TrainingState, scheduler) -> None:
+    if not args.save:
+        return
+    state.extra["opt_param_scheduler"] = scheduler.state_dict()
+    directory = save_checkpoint(engine, args.save, state, save_optimizer=not args.no_save_optim)
+    print_rank_0(f"saved checkpoint {directory}")
+
+
+def _restore(engine, args, scheduler) -> TrainingState:
+    if not args.load:
+        return TrainingState()
+    state = load_checkpoint(engine, args.load, finetune=args.finetune,
+                            load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng)
+    if state is None:
+        print_rank_0(f"no checkpoint in --load {args.load}; starting from scratch")
+        return TrainingState()
+    if "opt_param_scheduler" in state.extra and not args.finetune:
+        scheduler.load_state_dict(state.extra["opt_param_scheduler"])
+    print_rank_0(f"resumed from --load {args.load} at iteration {state.iteration}, "
+                 f"consumed samples {state.consumed_samples}")
+    return state
+
+
+def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
+                   grad_norm: Optional[float], dataset_names: List[str], batch_size: int) -> None:
+    loss, dataset_loss, dataset_count = stats.reduced()
+    elapsed = time.perf_counter() - stats.start
+    ms_per_iter = 1000.0 * elapsed / max(stats.iterations, 1)
+    tokens_per_s = stats.samples * args.seq_length / max(elapsed, 1e-9)
+    per_dataset = {name: (dataset_loss[i] / dataset_count[i]).item()
+                   for i, name in enumerate(dataset_names) if dataset_count[i] > 0}
+    line = (f" iteration {state.iteration:8d}/{args.train_iters:8d} | consumed samples: "
+            f"{state.consumed_samples:12d} | elapsed time per iteration (ms): {ms_per_iter:.1f} | "
+            f"tokens/s: {tokens_per_s:.1f} | global batch size: {batch_size:5d} | learning rate: "
+            f"{lr:.6E} | lm loss: {loss:.6E} | grad norm: "
+            f"{'n/a' if grad_norm is None else f'{grad_norm:.3f}'}")
+    if per_dataset:
+        line += " | " + " | ".join(f"{k} loss: {v:.4f}" for k, v in per_dataset.items())
+    print_rank_0(line)
+    metrics.train_record({
+        "iteration": state.iteration, "consumed_samples": state.consumed_samples,
+        "consumed_tokens": state.consumed_samples * args.seq_length, "lr": lr, "weight_decay": wd,
+        "lm_loss": loss, "grad_norm": grad_norm, "per_dataset_loss": per_dataset,
+        "tokens_per_second": tokens_per_s, "ms_per_iteration": ms_per_iter,
+        "global_batch_size": batch_size})
+
+
+def _unclipped_grad_norm(engine) -> Optional[float]:
+    """L2 norm of the (data-parallel averaged) gradients before clipping. ZeRO stages keep it in
+    the engine; at stage 0 DeepSpeed does not, so it is computed from the module's gradients, which
+    hold the averaged values between the boundary backward and the optimizer step."""
+    if engine.zero_optimization_stage() > 0:
+        return None
+    grads = [p.grad.detach().float().norm() for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    norm = torch.linalg.vector_norm(torch.stack(grads)).item()
+    if engine.fp16_enabled() and hasattr(engine.optimizer, "cur_scale"):
+        norm /= float(engine.optimizer.cur_scale)
+    return norm
+
+
+def _grad_norm(engine, stage0_norm: Optional[float]) -> Optional[float]:
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        norm = stage0_norm
+    if norm is None:
+        return None
+    norm = float(norm.item() if torch.is_tensor(norm) else norm)
+    return norm if math.isfinite(norm) else None
+
+
+def train(args, engine, optimizer, scheduler, data: TrainData, forward_step: Callable,
+          state: TrainingState, metrics: MetricsWriter, batch_schedule: BatchSchedule) -> TrainingState:
+    """Run iterations ``state.iteration + 1 .. --train-iters``; returns the final state."""
+    per_step = args.micro_batch_size * args.data_parallel_size
+    stats = _IntervalStats(len(data.dataset_names))
+    iterator = _loader(data.train, state.consumed_samples, args)
+    engine.train()
+    while state.iteration < args.train_iters:
+        batch_size = batch_schedule.batch_size_at_samples(state.consumed_samples)
+        if batch_size != engine.train_batch_size():
+            engine.set_train_batch_size(batch_size)
+        lr = optimizer.param_groups[0]["lr"]
+        wd = optimizer.param_groups[0]["weight_decay"]
+        num_micro_batches = batch_size // per_step
+        logging_now = (state.iteration + 1) % args.log_interval == 0
+        stage0_norm = None
+        for micro in range(num_micro_batches):
+            batch = next(iterator)
+            loss, per_sample = forward_step(engine, batch)
+            engine.backward(loss)
+            if logging_now and micro == num_micro_batches - 1:
+                stage0_norm = _unclipped_grad_norm(engine)
+            engine.step()
+            stats.add_micro_batch(loss, per_sample, batch.get("dataset_id"))
+        state.iteration += 1
+        state.consumed_samples += batch_size
+        scheduler.step(increment=batch_size)
+        stats.iterations += 1
+        stats.samples += batch_size
+        if state.iteration % args.log_interval == 0:
+            _log_iteration(args, metrics, stats, state, lr, wd, _grad_norm(engine, stage0_norm),
+                           data.dataset_names, batch_size)
+            stats.reset()
+        paused = time.perf_counter()  # evaluation and saving stay out of the per-iteration time
+        if args.eval_iters and data.eval_groups and state.iteration % args.eval_interval == 0:
+            _evaluate_all(engine, args, data.eval_groups, forward_step, state.iteration, metrics)
+        if args.save_interval and state.iteration % args.save_interval == 0:
+            _maybe_save(engine, args, state, scheduler)
+        stats.start += time.perf_counter() - paused
+        if args.exit_interval and state.iteration % args.exit_interval == 0:
+            if not (args.save_interval and state.iteration % args.save_interval == 0):
+                _maybe_save(engine, args, state, scheduler)
+            print_rank_0(f"exiting at iteration {state.iteration} (--exit-interval {args.exit_interval})")
+            state.extra["exited_early"] = True
+            return state
+    return state
+
+
+def pretrain(args, datasets_provider: Callable, model_provider: Callable,
+             forward_step: Callable = gpt_forward_step) -> TrainingState:
+    """Set up distributed state, model, engine, scheduler and data, restore ``--load``, train to
+    ``--train-iters``, evaluate every group, save, and return the final training state.
+
+    ``datasets_provider(args) -> TrainData``; ``model_provider(args) -> torch.nn.Module``.
+    """
+    initialize_distributed(args)
+    set_seeds(args.seed)
+    batch_schedule = batch_schedule_from_args(args)
+    if args.train_samples is not None:
+        args.train_iters = batch_schedule.iterations_for_samples(args.train_samples)
+    data = datasets_provider(args)
+    rank0 = torch.distributed.get_rank() == 0
+    metrics = MetricsWriter(args.metrics_jsonl, args.tensorboard_dir, enabled=rank0)
+    engine, optimizer, scheduler = setup_model_and_optimizer(
+        args, model_provider, batch_schedule.batch_size_at_samples(0))
+    state = _restore(engine, args, scheduler)
+    if state.consumed_samples:
+        batch = batch_schedule.batch_size_at_samples(state.consumed_samples)
+        if batch != engine.train_batch_size():
+            engine.set_train_batch_size(batch)
+    print_rank_0(f"training: {args.train_iters} iterations, global batch {args.global_batch_size}, "
+                 f"micro batch {args.micro_batch_size}, data-parallel size {args.data_parallel_size}, "
+                 f"gradient accumulation {args.gradient_accumulation_steps}, "
+                 f"ZeRO stage {engine.zero_optimization_stage()}")
+    start_iteration = state.iteration
+    if not args.skip_train and state.iteration < args.train_iters:
+        state = train(args, engine, optimizer, scheduler, data, forward_step, state, metrics,
+                      batch_schedule)
+        if args.save and state.iteration > start_iteration and not state.extra.get("exited_early") \
+                and not (args.save_interval and state.iteration % args.save_interval == 0):
+            _maybe_save(engine, args, state, scheduler)
+    if not state.extra.get("exited_early") and args.eval_iters:
+        if state.iteration % args.eval_interval != 0 or args.skip_train or state.iteration == start_iteration:
+            _evaluate_all(engine, args, data.eval_groups, forward_step, state.iteration, metrics)
+        _evaluate_all(engine, args, data.eval_groups, forward_step, state.iteration, metrics,
+                      split="test")
+    metrics.close()
+    return state

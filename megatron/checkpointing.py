@@ -15,6 +15,7 @@ import torch
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 1
+CLIENT_STATE_KEY = "megatron_training_state"  # our state inside DeepSpeed's client state
 
 
 class CheckpointError(RuntimeError):
@@ -78,16 +79,15 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-def save_checkpoint(engine, save_dir: str, state: TrainingState, save_optimizer: bool = True) -> str:
+def save_checkpoint(engine, save_dir: str, state: TrainingState) -> str:
     """Write the checkpoint of ``state.iteration`` under ``save_dir``; returns its directory.
 
     All ranks must call this. The tracker file is updated only after every rank has written.
     """
     tag = checkpoint_tag(state.iteration)
-    client_state = {"checkpoint_version": CHECKPOINT_VERSION, "iteration": state.iteration,
-                    "consumed_samples": state.consumed_samples, **state.extra}
-    if not save_optimizer:
-        client_state["optimizer_saved"] = False
+    ours = {"checkpoint_version": CHECKPOINT_VERSION, "iteration": state.iteration,
+            "consumed_samples": state.consumed_samples, "extra": dict(state.extra)}
+    client_state = {CLIENT_STATE_KEY: ours}
     os.makedirs(save_dir, exist_ok=True)
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     directory = os.path.join(save_dir, tag)
@@ -142,11 +142,13 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
                               "(DeepSpeed found no model states)")
     if finetune:
         return TrainingState()
-    client_state = dict(client_state or {})
-    state = TrainingState(iteration=int(client_state.pop("iteration", iteration)),
-                          consumed_samples=int(client_state.pop("consumed_samples", 0)))
-    client_state.pop("checkpoint_version", None)
-    state.extra = client_state
+    ours = (client_state or {}).get(CLIENT_STATE_KEY)
+    if ours is None:
+        raise CheckpointError(f"--load {load_dir}: {directory} has no training state (not written by "
+                              "this project); use --finetune to load its weights only")
+    state = TrainingState(iteration=int(ours["iteration"]),
+                          consumed_samples=int(ours["consumed_samples"]),
+                          extra=dict(ours.get("extra", {})))
     if load_rng:
         rng_path = os.path.join(directory, f"rng_state_rank{_rank()}.pt")
         if os.path.isfile(rng_path):

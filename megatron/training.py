@@ -175,7 +175,7 @@ def _maybe_save(engine, args, state: TrainingState, scheduler) -> None:
     if not args.save:
         return
     state.extra["opt_param_scheduler"] = scheduler.state_dict()
-    directory = save_checkpoint(engine, args.save, state, save_optimizer=not args.no_save_optim)
+    directory = save_checkpoint(engine, args.save, state)
     print_rank_0(f"saved checkpoint {directory}")
 
 
@@ -244,8 +244,9 @@ def _grad_norm(engine, stage0_norm: Optional[float]) -> Optional[float]:
 
 
 def train(args, engine, optimizer, scheduler, data: TrainData, forward_step: Callable,
-          state: TrainingState, metrics: MetricsWriter, batch_schedule: BatchSchedule) -> TrainingState:
-    """Run iterations ``state.iteration + 1 .. --train-iters``; returns the final state."""
+          state: TrainingState, metrics: MetricsWriter, batch_schedule: BatchSchedule) -> bool:
+    """Run iterations ``state.iteration + 1 .. --train-iters`` (updating ``state`` in place);
+    returns True when ``--exit-interval`` stopped the run early."""
     per_step = args.micro_batch_size * args.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
     iterator = _loader(data.train, state.consumed_samples, args)
@@ -286,9 +287,8 @@ def train(args, engine, optimizer, scheduler, data: TrainData, forward_step: Cal
             if not (args.save_interval and state.iteration % args.save_interval == 0):
                 _maybe_save(engine, args, state, scheduler)
             print_rank_0(f"exiting at iteration {state.iteration} (--exit-interval {args.exit_interval})")
-            state.extra["exited_early"] = True
-            return state
-    return state
+            return True
+    return False
 
 
 def pretrain(args, datasets_provider: Callable, model_provider: Callable,
@@ -318,13 +318,14 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
                  f"gradient accumulation {args.gradient_accumulation_steps}, "
                  f"ZeRO stage {engine.zero_optimization_stage()}")
     start_iteration = state.iteration
+    exited_early = False
     if not args.skip_train and state.iteration < args.train_iters:
-        state = train(args, engine, optimizer, scheduler, data, forward_step, state, metrics,
-                      batch_schedule)
-        if args.save and state.iteration > start_iteration and not state.extra.get("exited_early") \
+        exited_early = train(args, engine, optimizer, scheduler, data, forward_step, state, metrics,
+                             batch_schedule)
+        if args.save and state.iteration > start_iteration and not exited_early \
                 and not (args.save_interval and state.iteration % args.save_interval == 0):
             _maybe_save(engine, args, state, scheduler)
-    if not state.extra.get("exited_early") and args.eval_iters:
+    if not exited_early and args.eval_iters:
         if state.iteration % args.eval_interval != 0 or args.skip_train or state.iteration == start_iteration:
             _evaluate_all(engine, args, data.eval_groups, forward_step, state.iteration, metrics)
         _evaluate_all(engine, args, data.eval_groups, forward_step, state.iteration, metrics,

@@ -1,8 +1,30 @@
-"""Make the repository root importable (``import megatron.tokenizer``, ``tools``) in tests."""
+"""Shared test set-up: the repository root on sys.path, a 1-process gloo group, demo data."""
 
 import os
+import socket
 import sys
+
+import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def dist_group():
+    """A 1-process gloo torch.distributed group (megatron-core's dataset builders and
+    parallel_state need one outside the launcher)."""
+    import torch
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(free_port())
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    yield

@@ -11,6 +11,16 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+UNITS = ("iterations", "samples", "tokens")
+_RAMP_TABLES: dict = {}
+
+
+def check_unit(unit: str) -> str:
+    """``unit`` if it is one of :data:`UNITS`, else ``ValueError`` naming the known ones."""
+    if unit not in UNITS:
+        raise ValueError(f"unknown progress unit {unit!r}; known units: {', '.join(UNITS)}")
+    return unit
+
 
 @dataclass(frozen=True)
 class BatchSchedule:
@@ -31,7 +41,7 @@ class BatchSchedule:
         if not self.rampup:
             return self.global_batch_size
         start, incr, ramp_samples = (int(x) for x in self.rampup)
-        if consumed_samples > ramp_samples:
+        if consumed_samples > ramp_samples or ramp_samples == 0:
             return self.global_batch_size
         num_increments = (self.global_batch_size - start) // incr
         samples_per_increment = ramp_samples / num_increments
@@ -40,37 +50,111 @@ class BatchSchedule:
 
     def consumed_samples_table(self, num_iterations: int) -> np.ndarray:
         """``table[i]`` = samples consumed before iteration ``i`` (0-based), for i in [0, n]."""
-        table = np.zeros(num_iterations + 1, dtype=np.int64)
-        if not self.rampup:
-            table[:] = np.arange(num_iterations + 1, dtype=np.int64) * self.global_batch_size
+        return self.samples_at_iterations(np.arange(num_iterations + 1, dtype=np.int64))
+
+    # ---- vectorised conversions (the one place that maps iterations <-> samples <-> tokens) ----
+
+    def _ramp_table(self) -> np.ndarray:
+        """Consumed samples before iteration ``i`` for every iteration of the rampup phase, up to
+        and including the first iteration whose batch is the full ``global_batch_size`` for good
+        (after it, every iteration adds ``global_batch_size``). ``[0]`` without rampup."""
+        key = (self.global_batch_size, tuple(int(x) for x in self.rampup) if self.rampup else None)
+        table = _RAMP_TABLES.get(key)
+        if table is not None:
             return table
-        consumed = 0
-        ramp_samples = int(self.rampup[2])
-        for i in range(num_iterations):
-            if consumed > ramp_samples:
-                rest = np.arange(1, num_iterations - i + 1, dtype=np.int64)
-                table[i + 1 :] = consumed + rest * self.global_batch_size
-                return table
-            consumed += self.batch_size_at_samples(consumed)
-            table[i + 1] = consumed
+        values = [0]
+        if self.rampup:
+            ramp_samples = int(self.rampup[2])
+            consumed = 0
+            while consumed <= ramp_samples and ramp_samples > 0:
+                consumed += self.batch_size_at_samples(consumed)
+                values.append(consumed)
+        table = np.asarray(values, dtype=np.int64)
+        table.setflags(write=False)
+        _RAMP_TABLES[key] = table
         return table
+
+    def samples_at_iterations(self, iterations) -> np.ndarray:
+        """Samples consumed after ``iterations`` completed iterations (vectorised, int64)."""
+        it = np.asarray(iterations, dtype=np.int64)
+        if np.any(it < 0):
+            raise ValueError(f"negative iteration count in {iterations!r}")
+        table = self._ramp_table()
+        last = len(table) - 1
+        out = table[-1] + (it - last) * self.global_batch_size
+        inside = it < last
+        if np.any(inside):
+            out = np.where(inside, table[np.minimum(it, last)], out)
+        return out
+
+    def iterations_at_samples(self, samples) -> np.ndarray:
+        """Completed iterations once ``samples`` samples are consumed: the largest ``i`` with
+        ``samples_at_iterations(i) <= samples`` (vectorised, int64; the floor inverse)."""
+        s = np.asarray(samples, dtype=np.float64)
+        table = self._ramp_table()
+        last = len(table) - 1
+        after = last + np.floor((s - table[-1]) / self.global_batch_size).astype(np.int64)
+        within = np.searchsorted(table, s, side="right").astype(np.int64) - 1
+        return np.where(s >= table[-1], after, np.maximum(within, 0))
+
+    def batch_sizes_at_samples(self, consumed_samples) -> np.ndarray:
+        """Vectorised :meth:`batch_size_at_samples` (same arithmetic, int64)."""
+        c = np.asarray(consumed_samples, dtype=np.float64)
+        if not self.rampup:
+            return np.full(c.shape, self.global_batch_size, dtype=np.int64)
+        start, incr, ramp_samples = (int(x) for x in self.rampup)
+        if ramp_samples == 0:
+            return np.full(c.shape, self.global_batch_size, dtype=np.int64)
+        num_increments = (self.global_batch_size - start) // incr
+        if num_increments == 0:
+            return np.full(c.shape, self.global_batch_size, dtype=np.int64)
+        samples_per_increment = ramp_samples / num_increments
+        steps = np.floor(c / samples_per_increment).astype(np.int64)
+        ramp = np.minimum(start + steps * incr, self.global_batch_size)
+        return np.where(c > ramp_samples, self.global_batch_size, ramp).astype(np.int64)
+
+    def batch_sizes_at_iterations(self, iterations) -> np.ndarray:
+        """Global batch size of iteration ``i`` (0-based: the step taken after ``i`` completed
+        iterations)."""
+        return self.batch_sizes_at_samples(self.samples_at_iterations(iterations))
+
+    def tokens_at_samples(self, samples) -> np.ndarray:
+        return np.asarray(samples, dtype=np.float64) * self.seq_length
+
+    def samples_at_tokens(self, tokens) -> np.ndarray:
+        return np.asarray(tokens, dtype=np.float64) / self.seq_length
+
+    def convert(self, values, from_unit: str, to_unit: str) -> np.ndarray:
+        """Convert progress ``values`` between ``iterations``, ``samples`` and ``tokens``.
+
+        Iterations -> samples/tokens is exact; samples/tokens -> iterations gives completed
+        iterations (floor), as :meth:`iterations_at_samples`."""
+        check_unit(from_unit)
+        check_unit(to_unit)
+        if from_unit == to_unit:
+            return np.asarray(values, dtype=np.float64)
+        if from_unit == "iterations":
+            samples = self.samples_at_iterations(np.asarray(values)).astype(np.float64)
+        elif from_unit == "tokens":
+            samples = self.samples_at_tokens(values)
+        else:
+            samples = np.asarray(values, dtype=np.float64)
+        if to_unit == "samples":
+            return samples
+        if to_unit == "tokens":
+            return self.tokens_at_samples(samples)
+        return self.iterations_at_samples(samples).astype(np.float64)
 
     def samples_at_iteration(self, iteration: int) -> int:
         """Samples consumed after ``iteration`` completed iterations."""
-        return int(self.consumed_samples_table(iteration)[iteration])
+        return int(self.samples_at_iterations(int(iteration)))
 
     def iterations_for_samples(self, samples: int) -> int:
         """Smallest number of iterations whose consumed samples reach ``samples``."""
-        consumed, iterations = 0, 0
-        while consumed < samples:
-            if self.rampup and consumed <= int(self.rampup[2]):
-                consumed += self.batch_size_at_samples(consumed)
-                iterations += 1
-            else:
-                remaining = samples - consumed
-                iterations += -(-remaining // self.global_batch_size)
-                break
-        return iterations
+        if samples <= 0:
+            return 0
+        floor = int(self.iterations_at_samples(samples))
+        return floor if self.samples_at_iteration(floor) >= samples else floor + 1
 
     def tokens(self, samples: int) -> int:
         """Tokens in ``samples`` samples of ``seq_length`` tokens."""

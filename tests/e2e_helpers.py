@@ -1,0 +1,34 @@
+"""Helpers for end-to-end tests that run entry points through the real ``deepspeed`` launcher."""
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List
+
+from conftest import ROOT, free_port
+
+
+def deepspeed_launcher() -> str:
+    """The ``deepspeed`` launcher installed beside this Python."""
+    return os.path.join(os.path.dirname(sys.executable), "deepspeed")
+
+
+def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: int = 600,
+                  env: Dict[str, str] = None) -> subprocess.CompletedProcess:
+    """Launch ``script`` with ``num_ranks`` CPU ranks (gloo); raise with the log on failure."""
+    cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()),
+           os.path.join(ROOT, script)] + flags
+    run_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+                   TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    run_env.update(env or {})
+    proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
+                             f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+    return proc
+
+
+def read_jsonl(path) -> List[dict]:
+    """All records of a ``--metrics-jsonl`` file."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -5,6 +5,7 @@ Launch: ``deepspeed --num_gpus N pretrain_gpt.py [Megatron flags]`` (see README.
 import os
 
 from megatron.arguments import parse_args
+from megatron.errors import run_entry_point
 from megatron.data.builder import build_train_valid_test_datasets, dataset_names
 from megatron.model.gpt_model import build_gpt_model
 from megatron.tokenizer import build_tokenizer
@@ -36,4 +37,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_entry_point(main)

@@ -11,8 +11,11 @@ from typing import Callable, List, Optional
 
 import deepspeed
 
+from megatron.errors import ConfigError
+from megatron.tokenizer import add_tokenizer_args
 
-class ArgumentError(ValueError):
+
+class ArgumentError(ConfigError):
     """A bad flag value or flag combination; the message names the flags and the values."""
 
 
@@ -81,12 +84,18 @@ def _add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--exit-interval", type=int, default=None,
                    help="Stop (after saving) when the iteration is a multiple of this.")
     g.add_argument("--skip-train", action="store_true", help="Only evaluate.")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="On SIGTERM (or SIGINT), finish the iteration, save a checkpoint, exit 0.")
+    g.add_argument("--exit-duration-in-mins", type=float, default=None,
+                   help="Save and exit once training has run this many minutes.")
 
 
 def _add_lr_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("learning rate and weight decay schedule")
     g.add_argument("--lr-decay-style", default="linear",
-                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD", "power"],
+                   help="LR shape after warmup; 'power' is the Power Scheduler (arXiv:2408.13359): "
+                        "lr = min(--lr, batch_size * a * tokens^b).")
     g.add_argument("--lr-decay-iters", type=int, default=None,
                    help="Iterations to decay over (default --train-iters).")
     g.add_argument("--lr-decay-samples", type=int, default=None,
@@ -104,6 +113,24 @@ def _add_lr_args(parser: argparse.ArgumentParser) -> None:
                    choices=["exponential", "linear", "cosine", "minus_sqrt"])
     g.add_argument("--lr-wsd-decay-iters", type=int, default=None)
     g.add_argument("--lr-wsd-decay-samples", type=int, default=None)
+    g.add_argument("--power-scheduler-a", type=float, default=4.6,
+                   help="Power Scheduler amplitude a in lr = min(--lr, batch * a * tokens^b).")
+    g.add_argument("--power-scheduler-b", type=float, default=-0.51,
+                   help="Power Scheduler exponent b in lr = min(--lr, batch * a * tokens^b).")
+    g.add_argument("--power-scheduler-decay-iters", type=int, default=None,
+                   help="Power Scheduler: final decay phase over the last N iterations before the "
+                        "decay end (--lr-decay-* or end of training); default: no decay phase.")
+    g.add_argument("--power-scheduler-decay-samples", type=int, default=None,
+                   help="Power Scheduler: final decay phase length in samples.")
+    g.add_argument("--power-scheduler-decay-tokens", type=int, default=None,
+                   help="Power Scheduler: final decay phase length in tokens.")
+    g.add_argument("--power-scheduler-decay-style", default="exponential",
+                   choices=["exponential", "linear"],
+                   help="Power Scheduler: shape of the final decay down to --min-lr.")
+    g.add_argument("--lr-schedule-config", default=None, metavar="FILE",
+                   help="YAML/JSON file with 'lr_schedule' (any registered schedule kind or a "
+                        "staged list) and optional 'weight_decay_schedule'; replaces the LR "
+                        "shape flags. See docs/schedules.md.")
     g.add_argument("--start-weight-decay", type=float, default=None)
     g.add_argument("--end-weight-decay", type=float, default=None)
     g.add_argument("--weight-decay-incr-style", default="constant",
@@ -127,11 +154,6 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--test-data-path", nargs="*", default=None)
     g.add_argument("--data-cache-path", default=None, help="Directory for dataset index caches.")
     g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes.")
-    g.add_argument("--tokenizer-type", default="ByteLevelTokenizer",
-                   choices=["GPT2BPETokenizer", "HuggingFaceTokenizer", "ByteLevelTokenizer"])
-    g.add_argument("--vocab-file", default=None)
-    g.add_argument("--merge-file", default=None)
-    g.add_argument("--tokenizer-model", default=None, help="HF tokenizer.json file or directory.")
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")
     g.add_argument("--eod-mask-loss", action="store_true")
@@ -146,7 +168,6 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
                    help="Load model weights only; reset iteration, optimizer and scheduler.")
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
-    g.add_argument("--no-save-optim", action="store_true")
 
 
 def _add_logging_args(parser: argparse.ArgumentParser) -> None:
@@ -173,7 +194,7 @@ def get_parser(extra_args_provider: Optional[Callable] = None) -> argparse.Argum
         description="Megatron-DeepSpeed GPT training", allow_abbrev=False,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for add in (_add_model_args, _add_training_args, _add_lr_args, _add_data_args,
-                _add_checkpoint_args, _add_logging_args, _add_parallel_args):
+                add_tokenizer_args, _add_checkpoint_args, _add_logging_args, _add_parallel_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser) or parser
@@ -335,6 +356,74 @@ def _validate_lr_units(args) -> None:
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
         raise ArgumentError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
                             "are mutually exclusive")
+    _validate_lr_schedule(args)
+
+
+def _validate_lr_schedule(args) -> None:
+    """Build the LR/WD schedules once, so bad shapes fail here with the flag or file named."""
+    import numpy as np
+    from megatron import learning_rates as lrs
+    from megatron.schedules.registry import ScheduleError
+    from megatron.schedules.units import batch_schedule_from_args
+
+    for name in ("lr_warmup_fraction",):
+        value = getattr(args, name)
+        if value is not None and not 0.0 <= value < 1.0:
+            raise ArgumentError(f"--lr-warmup-fraction {value} must be in [0, 1)")
+    if args.start_weight_decay < 0 or args.end_weight_decay < 0:
+        raise ArgumentError(f"--start-weight-decay {args.start_weight_decay} and --end-weight-decay "
+                            f"{args.end_weight_decay} must be non-negative")
+    if args.weight_decay_incr_style == "constant" and args.start_weight_decay != args.end_weight_decay:
+        raise ArgumentError(f"--weight-decay-incr-style constant with --start-weight-decay "
+                            f"{args.start_weight_decay} != --end-weight-decay {args.end_weight_decay}")
+    decays = [f for f in ("power_scheduler_decay_iters", "power_scheduler_decay_samples",
+                          "power_scheduler_decay_tokens") if getattr(args, f) is not None]
+    if len(decays) > 1:
+        raise ArgumentError(f"{', '.join('--' + f.replace('_', '-') for f in decays)} are mutually "
+                            "exclusive")
+    for f in decays:
+        if getattr(args, f) < 0:
+            raise ArgumentError(f"--{f.replace('_', '-')} {getattr(args, f)} must be non-negative")
+    if args.power_scheduler_a <= 0:
+        raise ArgumentError(f"--power-scheduler-a {args.power_scheduler_a} must be positive")
+    args.lr_schedule_config_dict = None
+    if args.lr_schedule_config is not None:
+        try:
+            args.lr_schedule_config_dict = lrs.load_schedule_config(args.lr_schedule_config)
+        except ValueError as e:
+            raise ArgumentError(str(e)) from None
+    where = (f"--lr-schedule-config {args.lr_schedule_config}" if args.lr_schedule_config
+             else f"--lr-decay-style {args.lr_decay_style}")
+    bs = batch_schedule_from_args(args)
+    steps = lrs.scheduler_steps_from_args(args)
+    if args.lr_schedule_config is None and args.lr_decay_style != "power" \
+            and steps["lr_warmup_steps"] >= steps["lr_decay_steps"]:
+        raise ArgumentError(
+            f"warmup ({steps['lr_warmup_steps']:g} samples, from --lr-warmup-*) must be shorter than "
+            f"the decay span ({steps['lr_decay_steps']:g} samples, from --lr-decay-* / --train-*)")
+    if args.lr_decay_style == "WSD" and args.lr_schedule_config is None \
+            and steps["wsd_decay_steps"] > steps["lr_decay_steps"]:
+        raise ArgumentError(f"--lr-wsd-decay-* ({steps['wsd_decay_steps']} samples) is longer than "
+                            f"the decay span ({steps['lr_decay_steps']} samples)")
+    if args.lr_warmup_init < 0 or args.lr_warmup_init > args.lr:
+        raise ArgumentError(f"--lr-warmup-init {args.lr_warmup_init} must be in [0, --lr {args.lr}]")
+    try:
+        context = lrs.schedule_context_from_args(args, bs)
+        params = lrs.scheduler_params_from_args(args, bs)
+        lr, wd = lrs.build_schedules(params, context)
+    except (ScheduleError, ValueError) as e:
+        raise ArgumentError(f"{where}: {e}") from None
+    # sample the schedules over training (and every stage boundary) for negative values
+    iters = int(context.total["iterations"])
+    grid = np.unique(np.concatenate([np.linspace(0, iters, min(iters, 20000) + 1).astype(np.int64),
+                                     [iters]]))
+    samples = bs.samples_at_iterations(grid)
+    for name, schedule in (("learning rate", lr), ("weight decay", wd)):
+        values = schedule(lrs.progress_in(schedule.unit, grid, samples, bs.seq_length))
+        bad = np.flatnonzero(~(values >= 0))
+        if bad.size:
+            raise ArgumentError(f"{where}: negative or invalid {name} {values[bad[0]]:g} at iteration "
+                                f"{grid[bad[0]]}")
 
 
 def _validate_data(args, require_data: bool) -> None:

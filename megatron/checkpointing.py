@@ -13,12 +13,14 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from megatron.errors import ConfigError
+
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 1
 CLIENT_STATE_KEY = "megatron_training_state"  # our state inside DeepSpeed's client state
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: missing, incomplete, corrupt or incompatible."""
 
 

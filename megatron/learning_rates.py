@@ -1,9 +1,79 @@
 """Learning-rate and weight-decay scheduling of the optimizer's parameter groups.
 
-Steps are counted in samples, as Megatron-LM does: iteration-based flags are multiplied by the global
-batch size, and the loop advances the scheduler by the global batch of each iteration.
+:class:`OptimizerParamScheduler` keeps megatron-core's interface and counters (``num_steps`` counts
+consumed samples; ``step(increment)`` adds the samples of the iteration just done and also counts
+one iteration) but evaluates the schedules of :mod:`megatron.schedules`, which are pure
+vectorised functions of progress in iterations, samples or tokens. The same functions drive
+``tools/preview_schedule.py``, so a preview equals what training does.
+
+* Flags only (``--lr-decay-style constant|linear|cosine|inverse-square-root|WSD``): spans are in
+  samples with Megatron-LM's rule (iteration flags x ``--global-batch-size``), and the values equal
+  megatron-core's scheduler for the same flags.
+* ``--lr-decay-style power``: the Power Scheduler (Shen et al. 2024) in tokens; phase lengths given
+  in iterations are converted through the run's :class:`BatchSchedule` (rampup aware), and the
+  batch size in the formula is the batch of the current iteration.
+* ``--lr-schedule-config FILE``: ``lr_schedule`` (and optionally ``weight_decay_schedule``) in the
+  schedule language.
+
+Every group gets ``lr = get_lr(group) * group['lr_mult']`` and
+``weight_decay = get_wd(group) * group['wd_mult']`` (multipliers default to 1).
 """
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+import json
+import logging
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from megatron.schedules.registry import Schedule, ScheduleContext, build_schedule
+from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
+
+logger = logging.getLogger(__name__)
+
+# schedule parameter -> the flag(s) it comes from, for error messages
+PARAM_FLAGS = {
+    "lr_decay_style": "--lr-decay-style", "max_lr": "--lr", "min_lr": "--min-lr",
+    "init_lr": "--lr-warmup-init", "lr_warmup_steps": "--lr-warmup-* (samples)",
+    "lr_decay_steps": "--lr-decay-* / --train-* (samples)",
+    "wsd_decay_steps": "--lr-wsd-decay-* (samples)", "lr_wsd_decay_style": "--lr-wsd-decay-style",
+    "power_a": "--power-scheduler-a", "power_b": "--power-scheduler-b",
+    "power_warmup_tokens": "--lr-warmup-* (tokens)",
+    "power_decay_end_tokens": "--lr-decay-* / --train-* (tokens)",
+    "power_decay_tokens": "--power-scheduler-decay-* (tokens)",
+    "power_decay_style": "--power-scheduler-decay-style",
+    "start_wd": "--start-weight-decay", "end_wd": "--end-weight-decay",
+    "wd_incr_style": "--weight-decay-incr-style", "wd_incr_steps": "--train-* (samples)",
+    "lr_schedule": "--lr-schedule-config lr_schedule",
+    "weight_decay_schedule": "--lr-schedule-config weight_decay_schedule",
+}
+LEGACY_KEYS = ("max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style",
+               "start_wd", "end_wd", "wd_incr_style", "wd_incr_steps")
+
+
+def load_schedule_config(path: str) -> Dict[str, Any]:
+    """Read a ``--lr-schedule-config`` file (YAML or JSON) into a dict with keys ``lr_schedule``
+    and optionally ``weight_decay_schedule``; ``ValueError`` naming the file otherwise."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--lr-schedule-config {path}: no such file")
+    with open(path) as f:
+        text = f.read()
+    try:
+        if path.endswith(".json"):
+            config = json.loads(text)
+        else:
+            import yaml
+            config = yaml.safe_load(text)
+    except Exception as e:  # yaml.YAMLError, json.JSONDecodeError
+        raise ValueError(f"--lr-schedule-config {path}: cannot parse ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--lr-schedule-config {path}: expected a mapping with key 'lr_schedule'")
+    unknown = sorted(set(config) - {"lr_schedule", "weight_decay_schedule"})
+    if unknown:
+        raise ValueError(f"--lr-schedule-config {path}: unknown key {unknown[0]!r} (known keys: "
+                         "lr_schedule, weight_decay_schedule)")
+    if "lr_schedule" not in config:
+        raise ValueError(f"--lr-schedule-config {path}: missing key 'lr_schedule'")
+    return config
 
 
 def scheduler_steps_from_args(args) -> dict:
@@ -26,27 +96,262 @@ def scheduler_steps_from_args(args) -> dict:
             "wd_incr_steps": wd_incr}
 
 
-def build_opt_param_scheduler(args, optimizer) -> OptimizerParamScheduler:
-    """The scheduler for ``optimizer``'s param groups from the LR/WD flags."""
+def _train_iters(args, batch_schedule: BatchSchedule) -> int:
+    if args.train_iters is not None:
+        return int(args.train_iters)
+    return batch_schedule.iterations_for_samples(args.train_samples)
+
+
+def schedule_context_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> ScheduleContext:
+    """The run's :class:`ScheduleContext`: length of training in every unit, and batch schedule."""
+    bs = batch_schedule or batch_schedule_from_args(args)
+    iters = _train_iters(args, bs)
+    samples = args.train_samples if args.train_samples is not None else bs.samples_at_iteration(iters)
+    return ScheduleContext(bs, {"iterations": float(iters), "samples": float(samples),
+                                "tokens": float(samples) * bs.seq_length})
+
+
+def _power_tokens(args, bs: BatchSchedule, iters: Optional[int], samples: Optional[int],
+                  tokens: Optional[int]) -> Optional[float]:
+    if tokens is not None:
+        return float(tokens)
+    if samples is not None:
+        return float(samples) * bs.seq_length
+    if iters is not None:
+        return float(bs.samples_at_iteration(int(iters))) * bs.seq_length
+    return None
+
+
+def power_spans_from_args(args, bs: BatchSchedule) -> Tuple[float, float, float]:
+    """(warmup, decay_end, decay_length) in tokens for ``--lr-decay-style power``, rampup aware."""
+    seq = bs.seq_length
+    end = _power_tokens(args, bs, args.lr_decay_iters, args.lr_decay_samples,
+                        getattr(args, "lr_decay_tokens", None))
+    if end is None:
+        end = (float(args.train_samples) * seq if args.train_samples is not None
+               else float(bs.samples_at_iteration(args.train_iters)) * seq)
+    if args.lr_warmup_fraction is not None:
+        warmup = args.lr_warmup_fraction * end
+    elif getattr(args, "lr_warmup_tokens", None) is not None:
+        warmup = float(args.lr_warmup_tokens)
+    elif args.lr_warmup_iters:
+        warmup = float(bs.samples_at_iteration(args.lr_warmup_iters)) * seq
+    else:
+        warmup = float(args.lr_warmup_samples or 0) * seq
+    decay = 0.0
+    if getattr(args, "power_scheduler_decay_tokens", None):
+        decay = float(args.power_scheduler_decay_tokens)
+    elif getattr(args, "power_scheduler_decay_samples", None):
+        decay = float(args.power_scheduler_decay_samples) * seq
+    elif getattr(args, "power_scheduler_decay_iters", None):
+        end_iter = int(bs.iterations_at_samples(end / seq))
+        start_iter = max(end_iter - int(args.power_scheduler_decay_iters), 0)
+        decay = end - float(bs.samples_at_iteration(start_iter)) * seq
+    return warmup, end, decay
+
+
+def scheduler_params_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:
+    """Everything that defines the LR and WD schedules, as a flat, checkpointable dict (keys not
+    used by the chosen style are None)."""
+    bs = batch_schedule or batch_schedule_from_args(args)
     steps = scheduler_steps_from_args(args)
-    if steps["lr_warmup_steps"] >= steps["lr_decay_steps"]:
-        raise ValueError(f"warmup ({steps['lr_warmup_steps']} samples) must be shorter than the "
-                         f"decay span ({steps['lr_decay_steps']} samples): check --lr-warmup-* "
-                         "against --lr-decay-* / --train-*")
+    params: Dict[str, Any] = {k: None for k in PARAM_FLAGS}
+    params.update(start_wd=args.start_weight_decay, end_wd=args.end_weight_decay,
+                  wd_incr_style=args.weight_decay_incr_style, wd_incr_steps=steps["wd_incr_steps"])
+    config = getattr(args, "lr_schedule_config_dict", None)
+    if config is None and getattr(args, "lr_schedule_config", None):
+        config = load_schedule_config(args.lr_schedule_config)
+    if config is not None:
+        params["lr_schedule"] = config["lr_schedule"]
+        if config.get("weight_decay_schedule") is not None:
+            params["weight_decay_schedule"] = config["weight_decay_schedule"]
+            for key in ("start_wd", "end_wd", "wd_incr_style", "wd_incr_steps"):
+                params[key] = None
+        return params
+    params.update(lr_decay_style=args.lr_decay_style, max_lr=float(args.lr),
+                  min_lr=float(args.min_lr), init_lr=float(args.lr_warmup_init))
+    if args.lr_decay_style == "power":
+        warmup, end, decay = power_spans_from_args(args, bs)
+        params.update(power_a=float(args.power_scheduler_a), power_b=float(args.power_scheduler_b),
+                      power_warmup_tokens=warmup, power_decay_end_tokens=end,
+                      power_decay_tokens=decay, power_decay_style=args.power_scheduler_decay_style)
+        return params
+    params.update(lr_warmup_steps=steps["lr_warmup_steps"], lr_decay_steps=steps["lr_decay_steps"])
+    if args.lr_decay_style == "WSD":
+        params.update(wsd_decay_steps=steps["wsd_decay_steps"],
+                      lr_wsd_decay_style=args.lr_wsd_decay_style)
+    return params
+
+
+_STYLE_KIND = {"linear": "linear", "cosine": "cosine", "inverse-square-root": "inverse-square-root",
+               "WSD": "wsd"}
+
+
+def build_schedules(params: Dict[str, Any], context: ScheduleContext) -> Tuple[Schedule, Schedule]:
+    """(lr schedule, weight-decay schedule) from :func:`scheduler_params_from_args`'s dict."""
+    p = params
+    if p.get("lr_schedule") is not None:
+        lr = build_schedule(p["lr_schedule"], context)
+    elif p["lr_decay_style"] == "constant":
+        lr = build_schedule({"type": "constant", "unit": "samples", "value": p["max_lr"],
+                             "warmup": p["lr_warmup_steps"], "warmup_from": p["init_lr"]}, context)
+    elif p["lr_decay_style"] == "power":
+        lr = build_schedule({"type": "power", "unit": "tokens", "max": p["max_lr"], "a": p["power_a"],
+                             "b": p["power_b"], "to": p["min_lr"], "warmup": p["power_warmup_tokens"],
+                             "warmup_from": p["init_lr"], "span": p["power_decay_end_tokens"],
+                             "decay": p["power_decay_tokens"],
+                             "decay_style": p["power_decay_style"]}, context)
+    elif p["lr_decay_style"] in _STYLE_KIND:
+        config = {"type": _STYLE_KIND[p["lr_decay_style"]], "unit": "samples", "from": p["max_lr"],
+                  "to": p["min_lr"], "warmup": p["lr_warmup_steps"], "warmup_from": p["init_lr"],
+                  "span": p["lr_decay_steps"]}
+        if p["lr_decay_style"] == "WSD":
+            config.update(decay=p["wsd_decay_steps"], decay_style=p["lr_wsd_decay_style"])
+        lr = build_schedule(config, context)
+    else:
+        raise ValueError(f"--lr-decay-style {p['lr_decay_style']!r} is not supported")
+    if p.get("weight_decay_schedule") is not None:
+        wd = build_schedule(p["weight_decay_schedule"], context)
+    elif p["wd_incr_style"] == "constant":
+        wd = build_schedule({"type": "constant", "unit": "samples", "value": p["end_wd"]}, context)
+    elif p["wd_incr_style"] in ("linear", "cosine"):
+        wd = build_schedule({"type": p["wd_incr_style"], "unit": "samples", "from": p["start_wd"],
+                             "to": p["end_wd"], "span": p["wd_incr_steps"]}, context)
+    else:
+        raise ValueError(f"--weight-decay-incr-style {p['wd_incr_style']!r} is not supported")
+    return lr, wd
+
+
+def progress_in(unit: str, iterations, samples, seq_length: int):
+    """Progress in ``unit`` given completed iterations and consumed samples (vectorised)."""
+    if unit == "iterations":
+        return np.asarray(iterations, dtype=np.float64)
+    if unit == "samples":
+        return np.asarray(samples, dtype=np.float64)
+    return np.asarray(samples, dtype=np.float64) * seq_length
+
+
+def _differs(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) != float(b)
+    return a != b
+
+
+class OptimizerParamScheduler:
+    """Anneals the learning rate and weight decay of every param group of ``optimizer``.
+
+    ``num_steps`` counts consumed samples (megatron-core's meaning) and ``num_iters`` completed
+    iterations. ``override`` uses this run's values over a checkpoint's; ``use_checkpoint`` takes
+    the checkpoint's; with neither, differing values raise ``ValueError`` naming each one.
+    """
+
+    def __init__(self, optimizer, params: Dict[str, Any], context: ScheduleContext,
+                 override_opt_param_scheduler: bool = False,
+                 use_checkpoint_opt_param_scheduler: bool = False):
+        if override_opt_param_scheduler and use_checkpoint_opt_param_scheduler:
+            raise ValueError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
+                             "are mutually exclusive")
+        self.optimizer = optimizer
+        self.params = dict(params)
+        self.context = context
+        self.override_opt_param_scheduler = override_opt_param_scheduler
+        self.use_checkpoint_opt_param_scheduler = use_checkpoint_opt_param_scheduler
+        self.num_steps = 0
+        self.num_iters = 0
+        self._build()
+        self.step(0)
+
+    def _build(self) -> None:
+        self.lr_schedule, self.wd_schedule = build_schedules(self.params, self.context)
+        self._seq = self.context.batch_schedule.seq_length if self.context.batch_schedule else 1
+
+    # ---- values ----
+    def values_at(self, iterations, samples) -> Tuple[np.ndarray, np.ndarray]:
+        """(lr, weight decay) before the ``lr_mult``/``wd_mult`` multipliers, after ``iterations``
+        completed iterations that consumed ``samples`` samples (vectorised)."""
+        lr = self.lr_schedule(progress_in(self.lr_schedule.unit, iterations, samples, self._seq))
+        wd = self.wd_schedule(progress_in(self.wd_schedule.unit, iterations, samples, self._seq))
+        return lr, wd
+
+    def get_lr(self, param_group: Optional[dict] = None) -> float:
+        """The scheduled learning rate now (``step`` multiplies it by the group's ``lr_mult``)."""
+        return float(self.values_at(np.asarray([self.num_iters]), np.asarray([self.num_steps]))[0][0])
+
+    def get_wd(self, param_group: Optional[dict] = None) -> float:
+        """The scheduled weight decay now (``step`` multiplies it by the group's ``wd_mult``)."""
+        return float(self.values_at(np.asarray([self.num_iters]), np.asarray([self.num_steps]))[1][0])
+
+    def step(self, increment: int, iterations: Optional[int] = None) -> None:
+        """Advance by ``increment`` samples and ``iterations`` iterations (default: one iteration
+        if ``increment`` > 0), then set every group's ``lr`` and ``weight_decay``."""
+        self.num_steps += increment
+        self.num_iters += (1 if increment else 0) if iterations is None else iterations
+        lr, wd = self.values_at(np.asarray([self.num_iters]), np.asarray([self.num_steps]))
+        lr, wd = float(lr[0]), float(wd[0])
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = wd * group.get("wd_mult", 1.0)
+
+    # ---- checkpoints ----
+    def state_dict(self) -> dict:
+        """megatron-core's keys (so older code can read it) plus ``num_iters`` and ``params``."""
+        sd = {key: self.params.get(key) for key in LEGACY_KEYS}
+        sd.update(num_steps=self.num_steps, num_iters_completed=self.num_iters,
+                  params=dict(self.params))
+        return sd
+
+    @staticmethod
+    def _legacy_params(sd: dict) -> Dict[str, Any]:
+        """Schedule values of a megatron-core ``OptimizerParamScheduler.state_dict()``."""
+        out = {"max_lr": sd["start_lr"] if "start_lr" in sd else sd["max_lr"], "min_lr": sd["min_lr"]}
+        for key, aliases in (("lr_warmup_steps", ("warmup_iter", "warmup_steps", "lr_warmup_steps")),
+                             ("lr_decay_steps", ("end_iter", "decay_steps", "lr_decay_steps")),
+                             ("lr_decay_style", ("decay_style", "lr_decay_style"))):
+            out[key] = next(sd[a] for a in aliases if a in sd)
+        if "start_wd" in sd:
+            for key in ("start_wd", "end_wd", "wd_incr_steps", "wd_incr_style"):
+                out[key] = sd[key]
+        return out
+
+    def load_state_dict(self, sd: dict) -> None:
+        if "params" in sd:
+            checkpoint = dict(sd["params"])
+            num_steps = sd["num_steps"]
+            num_iters = sd.get("num_iters_completed")
+        else:
+            checkpoint = self._legacy_params(sd)
+            num_steps = sd["num_iters"] if "num_iters" in sd else sd["num_steps"]
+            num_iters = None
+        diffs = [(k, self.params.get(k), v) for k, v in checkpoint.items()
+                 if _differs(self.params.get(k), v)]
+        if diffs and self.override_opt_param_scheduler:
+            for k, ours, theirs in diffs:
+                logger.info("overriding checkpoint's %s=%r with %r", k, theirs, ours)
+        elif diffs and self.use_checkpoint_opt_param_scheduler:
+            self.params.update(checkpoint)
+            self._build()
+        elif diffs:
+            lines = "; ".join(f"{k} ({PARAM_FLAGS.get(k, k)}): flags {ours!r} vs checkpoint {theirs!r}"
+                              for k, ours, theirs in diffs)
+            raise ValueError(
+                f"the learning-rate/weight-decay schedule differs from the checkpoint's: {lines}. "
+                "Pass --override-opt_param-scheduler to use the flags, or "
+                "--use-checkpoint-opt_param-scheduler to use the checkpoint's values")
+        if num_iters is None:
+            bs = self.context.batch_schedule
+            num_iters = int(bs.iterations_at_samples(num_steps)) if bs is not None else 0
+        self.num_steps = num_steps
+        self.num_iters = int(num_iters)
+        self.step(0, iterations=0)
+
+
+def build_opt_param_scheduler(args, optimizer) -> OptimizerParamScheduler:
+    """The scheduler for ``optimizer``'s param groups from the LR/WD flags (and
+    ``--lr-schedule-config``)."""
+    bs = batch_schedule_from_args(args)
+    context = schedule_context_from_args(args, bs)
+    params = scheduler_params_from_args(args, bs)
     return OptimizerParamScheduler(
-        optimizer,
-        init_lr=args.lr_warmup_init,
-        max_lr=args.lr,
-        min_lr=args.min_lr,
-        lr_warmup_steps=steps["lr_warmup_steps"],
-        lr_decay_steps=steps["lr_decay_steps"],
-        lr_decay_style=args.lr_decay_style,
-        start_wd=args.start_weight_decay,
-        end_wd=args.end_weight_decay,
-        wd_incr_steps=steps["wd_incr_steps"],
-        wd_incr_style=args.weight_decay_incr_style,
-        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        optimizer, params, context,
         override_opt_param_scheduler=args.override_opt_param_scheduler,
-        wsd_decay_steps=steps["wsd_decay_steps"],
-        lr_wsd_decay_style=args.lr_wsd_decay_style,
-    )
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler)

@@ -75,6 +75,41 @@ def _loader(dataset, consumed: int, args, total: Optional[int] = None) -> Iterat
     return iter(loader)
 
 
+class ExitRequest:
+    """Decides, identically on every rank, whether to stop after the current iteration:
+    ``--exit-signal-handler`` (SIGTERM/SIGINT received by any rank) or ``--exit-duration-in-mins``."""
+
+    def __init__(self, args):
+        self.signal_received = False
+        self.deadline = None
+        self.reason = ""
+        if args.exit_duration_in_mins is not None:
+            self.deadline = time.time() + 60.0 * args.exit_duration_in_mins
+        if args.exit_signal_handler:
+            import signal
+
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+        self.enabled = args.exit_signal_handler or self.deadline is not None
+
+    def _on_signal(self, signum, frame):
+        self.signal_received = True
+
+    def should_exit(self) -> bool:
+        """True on every rank when any rank saw a signal or the time limit has passed."""
+        if not self.enabled:
+            return False
+        flags = torch.tensor([float(self.signal_received),
+                              float(self.deadline is not None and time.time() >= self.deadline)])
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        if flags[0] > 0:
+            self.reason = "exit signal received (--exit-signal-handler)"
+        elif flags[1] > 0:
+            self.reason = "time limit reached (--exit-duration-in-mins)"
+        return bool(flags.max() > 0)
+
+
 class _IntervalStats:
     """Losses accumulated between two log lines (summed locally, reduced across ranks at log time)."""
 
@@ -249,6 +284,7 @@ def train(args, engine, optimizer, scheduler, data: TrainData, forward_step: Cal
     returns True when ``--exit-interval`` stopped the run early."""
     per_step = args.micro_batch_size * args.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
+    exit_request = ExitRequest(args)
     iterator = _loader(data.train, state.consumed_samples, args)
     engine.train()
     while state.iteration < args.train_iters:
@@ -283,10 +319,15 @@ def train(args, engine, optimizer, scheduler, data: TrainData, forward_step: Cal
         if args.save_interval and state.iteration % args.save_interval == 0:
             _maybe_save(engine, args, state, scheduler)
         stats.start += time.perf_counter() - paused
+        reason = None
         if args.exit_interval and state.iteration % args.exit_interval == 0:
+            reason = f"--exit-interval {args.exit_interval}"
+        elif exit_request.should_exit():
+            reason = exit_request.reason
+        if reason is not None:
             if not (args.save_interval and state.iteration % args.save_interval == 0):
                 _maybe_save(engine, args, state, scheduler)
-            print_rank_0(f"exiting at iteration {state.iteration} (--exit-interval {args.exit_interval})")
+            print_rank_0(f"exiting at iteration {state.iteration}: {reason}")
             return True
     return False
 

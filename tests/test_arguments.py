@@ -117,3 +117,12 @@ def test_parse_args_exits_with_message(capsys):
         parse_args(BASE + ["--fp16", "--bf16"], world_size=1)
     assert exit_info.value.code == 2
     assert "--fp16 and --bf16" in capsys.readouterr().err
+
+
+def test_missing_dataset_files_name_the_flag(tmp_path):
+    from megatron.data.builder import check_prefixes_exist
+    with pytest.raises(ValueError, match=r"--data-path: dataset prefix .*nothing.* has no \.bin or \.idx"):
+        check_prefixes_exist("--data-path", ["0.5", str(tmp_path / "nothing")])
+    (tmp_path / "half.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"--train-data-path: .* has no \.idx"):
+        check_prefixes_exist("--train-data-path", [str(tmp_path / "half")])

@@ -90,3 +90,19 @@ def test_resume_continues_the_same_sequence(full_run, demo_data, tmp_path):
     for got, want in zip(resumed, reference):
         assert got["lm_loss"] == pytest.approx(want["lm_loss"], rel=1e-4, abs=1e-5)
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(TRAIN_ITERS)
+
+
+def test_truncated_checkpoint_gives_a_clear_error(full_run, demo_data, tmp_path):
+    run_dir, _, _ = full_run
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shutil.copytree(run_dir / "ckpt" / "iter_0000012", ckpt / "iter_0000012")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("12\n")
+    states = next(p for p in (ckpt / "iter_0000012").iterdir() if p.name.endswith("model_states.pt"))
+    states.write_bytes(states.read_bytes()[:1000])
+    resumed_flags = flags(demo_data, tmp_path, ["--load", str(ckpt)])
+    proc = run_deepspeed("pretrain_gpt.py", resumed_flags, check=False)
+    assert proc.returncode != 0
+    log = proc.stdout + proc.stderr
+    assert "error: --load" in log and "is corrupt or incompatible" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]

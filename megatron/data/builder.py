@@ -1,4 +1,5 @@
 """Build the train / valid / test GPT datasets from args with megatron-core's dataset builder."""
+import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -7,6 +8,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
 
+from megatron.errors import ConfigError
 from megatron.schedules.units import batch_schedule_from_args
 
 
@@ -44,8 +46,22 @@ def gpt_dataset_config(args, tokenizer) -> GPTDatasetConfig:
     )
 
 
+def check_prefixes_exist(flag: str, paths: Optional[List[str]]) -> None:
+    """Raise a ValueError naming ``flag`` and the prefix when a ``.bin`` or ``.idx`` is missing."""
+    if not paths:
+        return
+    prefixes, _ = get_blend_from_list(paths)
+    for prefix in prefixes:
+        missing = [ext for ext in (".bin", ".idx") if not os.path.isfile(prefix + ext)]
+        if missing:
+            raise ConfigError(f"{flag}: dataset prefix {prefix!r} has no {' or '.join(missing)} file "
+                             f"(expected {prefix}.bin and {prefix}.idx from tools/preprocess_data.py)")
+
+
 def build_train_valid_test_datasets(args, tokenizer) -> List[Optional[torch.utils.data.Dataset]]:
     """[train, valid, test] datasets (None where a split is empty) sized for the whole run."""
+    for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+        check_prefixes_exist("--" + flag.replace("_", "-"), getattr(args, flag))
     sizes = list(train_valid_test_num_samples(args))
     builder = BlendedMegatronDatasetBuilder(
         GPTDataset, sizes, lambda: True, gpt_dataset_config(args, tokenizer))

@@ -40,13 +40,7 @@ class BatchSchedule:
         """Global batch size (samples) of the iteration that starts after ``consumed_samples``."""
         if not self.rampup:
             return self.global_batch_size
-        start, incr, ramp_samples = (int(x) for x in self.rampup)
-        if consumed_samples > ramp_samples or ramp_samples == 0:
-            return self.global_batch_size
-        num_increments = (self.global_batch_size - start) // incr
-        samples_per_increment = ramp_samples / num_increments
-        steps = int(consumed_samples / samples_per_increment)
-        return min(start + steps * incr, self.global_batch_size)
+        return int(self.batch_sizes_at_samples(consumed_samples))
 
     def consumed_samples_table(self, num_iterations: int) -> np.ndarray:
         """``table[i]`` = samples consumed before iteration ``i`` (0-based), for i in [0, n]."""

@@ -17,6 +17,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from megatron.core.datasets import megatron_tokenizer as _mt
 
+from megatron.errors import ConfigError
+
 # megatron-core renamed the abstract base class; accept either name.
 _MegatronTokenizerBase = getattr(_mt, "MegatronTokenizer", None) or _mt.MegatronLegacyTokenizer
 
@@ -34,11 +36,11 @@ def _require_file(path: Optional[str], flag: str, what: str, allow_dir: bool = F
     Raises ValueError naming the command-line ``flag`` and the path otherwise.
     """
     if not path:
-        raise ValueError(f"{what} needs {flag} to be given (got none)")
+        raise ConfigError(f"{what} needs {flag} to be given (got none)")
     if os.path.isfile(path) or (allow_dir and os.path.isdir(path)):
         return path
     kind = "file or directory" if allow_dir else "file"
-    raise ValueError(f"{flag} {path!r}: no such {kind} ({what})")
+    raise ConfigError(f"{flag} {path!r}: no such {kind} ({what})")
 
 
 class _TokenizerBase(_MegatronTokenizerBase):
@@ -207,7 +209,7 @@ class GPT2BPETokenizer(_TokenizersLibTokenizer):
         try:
             bpe = models.BPE.from_file(vocab_file, merge_file)
         except Exception as exc:  # the tokenizers library raises its own exception type
-            raise ValueError(
+            raise ConfigError(
                 f"could not read GPT-2 BPE from --vocab-file {vocab_file!r} and "
                 f"--merge-file {merge_file!r}: {exc}"
             ) from exc
@@ -216,7 +218,7 @@ class GPT2BPETokenizer(_TokenizersLibTokenizer):
         tok.decoder = decoders.ByteLevel()
         eod = tok.token_to_id(ENDOFTEXT)
         if eod is None:
-            raise ValueError(f"--vocab-file {vocab_file!r} has no {ENDOFTEXT!r} token")
+            raise ConfigError(f"--vocab-file {vocab_file!r} has no {ENDOFTEXT!r} token")
         super().__init__(tok, eod, vocab_file, merge_file)
 
     @property
@@ -238,7 +240,7 @@ def _find_eod(vocab: Dict[str, int], eos_token: Optional[str], source: str) -> i
     for cand in EOD_CANDIDATES:
         if cand in vocab:
             return vocab[cand]
-    raise ValueError(
+    raise ConfigError(
         f"--tokenizer-model {source!r} has no end-of-document token: it declares no eos token "
         f"and has none of {list(EOD_CANDIDATES)}"
     )
@@ -278,7 +280,7 @@ class HuggingFaceTokenizer(_TokenizerBase):
 
                 self._hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
             except Exception as exc:
-                raise ValueError(
+                raise ConfigError(
                     f"--tokenizer-model {path!r}: could not load a tokenizer from this "
                     f"directory: {exc}"
                 ) from exc
@@ -291,7 +293,7 @@ class HuggingFaceTokenizer(_TokenizerBase):
             try:
                 self._tok = Tokenizer.from_file(path)
             except Exception as exc:
-                raise ValueError(
+                raise ConfigError(
                     f"--tokenizer-model {path!r} is not a tokenizers JSON file: {exc}"
                 ) from exc
             vocab = self._tok.get_vocab(with_added_tokens=True)
@@ -397,7 +399,7 @@ def build_tokenizer(args: argparse.Namespace):
             getattr(args, "vocab_file", None), getattr(args, "merge_file", None)
         )
     else:
-        raise ValueError(
+        raise ConfigError(
             f"unknown --tokenizer-type {ttype!r}; allowed: {', '.join(TOKENIZER_TYPES)}"
         )
     divisible_by = getattr(args, "make_vocab_size_divisible_by", None) or 128

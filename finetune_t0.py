@@ -1,0 +1,207 @@
+"""Multitask prompted finetuning (T0 / BigScience MTF) of a GPT model on packed (input, target) pairs.
+
+Launch: ``deepspeed --num_gpus N finetune_t0.py [Megatron flags] --train-weighted-split-paths
+"TRAIN: 1 0:1 data/p3_train" --valid-weighted-split-paths "VALID_A: 1 0:1 data/task_a" ...``
+(see examples/finetune_t0/). Data comes from ``tools/preprocess_data.py --json-keys inputs targets``.
+
+Extra flags: ``--prefix-lm`` (non-causal decoder: bidirectional attention over each input),
+``--loss-on-targets-only`` / ``--no-loss-on-targets-only`` (default: targets only, as T0),
+``--norm-target-loss`` (every target counts equally). ``--finetune --load DIR`` starts from a
+pretrained checkpoint's weights only.
+"""
+import os
+import shlex
+from typing import List, Optional, Sequence, Tuple
+
+from megatron.arguments import ArgumentError, parse_args
+from megatron.data.builder import train_valid_test_num_samples
+from megatron.data.mtf_dataset import MTFBlendedDataset, MTFDataset
+from megatron.model.gpt_model import build_gpt_model
+from megatron.tokenizer import build_tokenizer
+from megatron.training import EvalGroup, TrainData, gpt_forward_step, pretrain
+
+# (weight, start, end, prefix)
+SplitItem = Tuple[float, float, float, str]
+
+
+def _add_flag(group, parser, *names, **kwargs) -> None:
+    """Add a flag unless megatron/arguments.py already defines it (no duplicate-flag conflict)."""
+    if any(n in parser._option_string_actions for n in names):
+        return
+    group.add_argument(*names, **kwargs)
+
+
+def extra_args_provider(parser):
+    """The T0 flags (and the weighted-split flags when the shared parser lacks them)."""
+    g = parser.add_argument_group("T0 multitask finetuning")
+    _add_flag(g, parser, "--prefix-lm", action="store_true",
+              help="Non-causal decoder: each segment's input tokens attend to each other "
+                   "bidirectionally; target tokens attend causally.")
+    _add_flag(g, parser, "--loss-on-targets-only", dest="loss_on_targets_only",
+              action="store_true", default=True,
+              help="Loss on target tokens only (the T0 default).")
+    _add_flag(g, parser, "--no-loss-on-targets-only", dest="loss_on_targets_only",
+              action="store_false", help="Loss on input and target tokens (causal decoder only).")
+    _add_flag(g, parser, "--norm-target-loss", action="store_true",
+              help="Weight each target's tokens by 1/len(target) so every target counts equally.")
+    for split in ("train", "valid", "test"):
+        _add_flag(g, parser, f"--{split}-weighted-split-paths", nargs="*", default=None,
+                  help='Groups "NAME: WEIGHT START:END PREFIX, ..." (one group per argument).')
+        _add_flag(g, parser, f"--{split}-weighted-split-paths-path", default=None,
+                  help="File holding the same groups (whole argument text, groups quoted, or "
+                       "one group per line).")
+    return parser
+
+
+# ------------------------------------------------------------------ weighted split groups
+def _parse_group(text: str) -> Tuple[str, List[SplitItem]]:
+    """``"NAME: W START:END PREFIX, W START:END PREFIX"`` -> (NAME, items)."""
+    name, sep, rest = text.partition(":")
+    if not sep or not name.strip() or " " in name.strip():
+        raise ArgumentError(f"weighted split group {text!r}: expected 'NAME: WEIGHT START:END "
+                            "PREFIX, ...'")
+    items = []
+    for part in rest.split(","):
+        fields = part.split()
+        if not fields:
+            continue
+        if len(fields) != 3 or ":" not in fields[1]:
+            raise ArgumentError(f"weighted split group {name.strip()!r}: item {part.strip()!r} is "
+                                "not 'WEIGHT START:END PREFIX'")
+        try:
+            weight = float(fields[0])
+            start, end = (float(x) for x in fields[1].split(":"))
+        except ValueError:
+            raise ArgumentError(f"weighted split group {name.strip()!r}: item {part.strip()!r} has "
+                                "a non-numeric weight or range") from None
+        if not 0.0 <= start <= end <= 1.0 or weight < 0:
+            raise ArgumentError(f"weighted split group {name.strip()!r}: item {part.strip()!r} needs "
+                                "WEIGHT >= 0 and 0 <= START <= END <= 1")
+        items.append((weight, start, end, fields[2]))
+    if not items:
+        raise ArgumentError(f"weighted split group {name.strip()!r} has no items")
+    return name.strip(), items
+
+
+def _split_values(args, split: str) -> Optional[List[str]]:
+    values = getattr(args, f"{split}_weighted_split_paths", None)
+    path = getattr(args, f"{split}_weighted_split_paths_path", None)
+    if path:
+        if values:
+            raise ArgumentError(f"--{split}-weighted-split-paths and "
+                                f"--{split}-weighted-split-paths-path are mutually exclusive")
+        with open(path) as f:
+            text = f.read()
+        values = shlex.split(text) if '"' in text else [ln for ln in text.splitlines() if ln.strip()]
+    return values
+
+
+def weighted_split_groups(args, split: str) -> List[Tuple[str, List[SplitItem]]]:
+    """The named groups of ``--{split}-weighted-split-paths`` (and ``...-path FILE``) as
+    (name, [(weight, start, end, prefix)]), parsed by megatron/data/weighted_splits.py (file
+    existence is checked per MTF pair by MTFDocumentPair, since PREFIX itself has no .bin);
+    a minimal parser stands in when that module is absent."""
+    try:
+        from megatron.data.weighted_splits import weighted_split_groups_from_args
+    except ImportError:
+        return [_parse_group(v) for v in (_split_values(args, split) or [])]
+    groups = weighted_split_groups_from_args(args, check_files=False)[split]
+    return [(g.name, [(it.weight, it.start, it.end, it.prefix) for it in g.items]) for g in groups]
+
+
+# ------------------------------------------------------------------ datasets
+def _short_name(prefix: str) -> str:
+    name = prefix.rstrip("/").split("/")[-1]
+    for suffix in ("_inputs_document", "_targets_document"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def build_group_dataset(args, name: str, items: Sequence[SplitItem], num_samples: int,
+                        with_dataset_id: bool = False) -> MTFBlendedDataset:
+    """A weighted blend of packed MTF datasets, one per group item, ``num_samples`` long."""
+    pad_id = args.tokenizer.pad if hasattr(args.tokenizer, "pad") else args.tokenizer.eod
+
+    def factory(k: int, n: int) -> MTFDataset:
+        weight, start, end, prefix = items[k]
+        cache = args.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(prefix)), "cache")
+        return MTFDataset(
+            f"{name}_{k}_{_short_name(prefix)}", prefix, args.seq_length, n, args.seed,
+            doc_range=(start, end), cache_dir=cache, pad_id=pad_id, prefix_lm=args.prefix_lm,
+            loss_on_targets_only=args.loss_on_targets_only,
+            norm_target_loss=args.norm_target_loss,
+            dataset_id=k if with_dataset_id else None)
+
+    names = [_short_name(item[3]) for item in items]
+    return MTFBlendedDataset([item[0] for item in items], num_samples, factory, names)
+
+
+def dataset_names(groups) -> List[str]:
+    """Per-dataset loss names of the training blend (item order), made unique."""
+    names = []
+    for _, items in groups:
+        for item in items:
+            base = _short_name(item[3])
+            name, k = base, 1
+            while name in names:
+                k += 1
+                name = f"{base}_{k}"
+            names.append(name)
+    return names
+
+
+def datasets_provider(args) -> TrainData:
+    """Train: the blend of all ``--train-weighted-split-paths`` items (by weight); one named
+    EvalGroup per ``--valid-weighted-split-paths`` (and ``--test-...``) group."""
+    train_samples, valid_samples, test_samples = train_valid_test_num_samples(args)
+    train_groups = weighted_split_groups(args, "train")
+    if not train_groups:
+        raise ArgumentError("finetune_t0.py needs --train-weighted-split-paths (or "
+                            "--train-weighted-split-paths-path)")
+    train_items = [item for _, items in train_groups for item in items]
+    train = build_group_dataset(args, "train", train_items, train_samples, with_dataset_id=True)
+    eval_groups = []
+    for split, count in (("valid", valid_samples), ("test", test_samples)):
+        for name, items in weighted_split_groups(args, split):
+            eval_groups.append(EvalGroup(name, build_group_dataset(args, name, items, count), split))
+    return TrainData(train=train, eval_groups=eval_groups, dataset_names=dataset_names(train_groups))
+
+
+def model_provider(args):
+    """The GPT model (vocab padded for the tokenizer); masks come with each batch."""
+    return build_gpt_model(args)
+
+
+def forward_step(engine, batch):
+    """``gpt_forward_step`` with the packed batch: the explicit [b, 1, s, s] attention mask keeps
+    segments apart (and makes inputs bidirectional with --prefix-lm), and the loss is
+    ``sum(token_loss * loss_mask) / sum(loss_mask)``; with --norm-target-loss the weights of each
+    target sum to 1, so that is the mean over targets of each target's mean token loss."""
+    if batch.get("attention_mask") is None:
+        raise ValueError("T0 batches must carry an explicit attention_mask")
+    return gpt_forward_step(engine, batch)
+
+
+def parse_t0_args(argv=None):
+    """Parse flags with the T0 extras and check the T0-specific combinations."""
+    args = parse_args(argv, extra_args_provider=extra_args_provider, require_data=False)
+    if args.prefix_lm and not args.loss_on_targets_only:
+        raise SystemExit("finetune_t0.py: error: --prefix-lm needs --loss-on-targets-only (inputs "
+                         "attend bidirectionally, so a loss on them would see the answer)")
+    if not (args.train_weighted_split_paths or args.train_weighted_split_paths_path):
+        raise SystemExit("finetune_t0.py: error: --train-weighted-split-paths (or "
+                         "--train-weighted-split-paths-path) is required")
+    return args
+
+
+def main(argv=None):
+    """Parse flags, build the tokenizer, finetune."""
+    args = parse_t0_args(argv)
+    args.tokenizer = build_tokenizer(args)  # also sets args.padded_vocab_size
+    return pretrain(args, datasets_provider, model_provider, forward_step)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,442 @@
+"""T0 / multitask-finetuning (MTF) datasets: inputs/targets document pairs, packing, masks.
+
+Data layout (``tools/preprocess_data.py --json-keys inputs targets``): ``PREFIX_inputs_document``
+and ``PREFIX_targets_document`` megatron-core indexed datasets; document ``i`` of one and document
+``i`` of the other form one (input, target) pair.
+
+Packing: several pairs go into one ``seq_length`` sample, each pair a *segment* (input tokens then
+target tokens). Every epoch the pairs of the document range are shuffled, packed with best-fit
+decreasing (items taken longest first, ties in shuffled order; each goes into the open pack with
+the least room that still fits it, else a new pack), and the packs are shuffled. A pair longer than
+the sequence is truncated, never dropped: the input loses tokens from the left first (the target is
+kept), and only a target longer than the whole sequence loses its tail; truncations are counted
+(``num_truncated``) and reported with a warning. Epochs are added (each with its own shuffle) until
+the requested number of samples exists, so sample ``i`` is a pure function of ``i`` (resuming at a
+consumed-samples offset sees exactly the same data). The pack index is cached as ``.npy`` files in
+the cache directory under a hash of everything it depends on (written atomically).
+
+Each sample is a dict of tensors (``s`` = ``seq_length``):
+
+``tokens`` [s] int64, padded with ``pad_id``;
+``labels`` [s] int64: the next token within the same segment (GPT shift per segment); the last
+    token of a segment and padding have no label (``pad_id`` there, loss weight 0);
+``loss_mask`` [s] float32: weight of each position's label. With ``loss_on_targets_only`` (the T0
+    default) it is non-zero exactly where the label is a target token of the same segment, else on
+    every labelled position. With ``norm_target_loss`` each segment's weights are
+    ``1 / (its number of loss positions)`` instead of 1 (BigScience MTF's normalisation);
+``position_ids`` [s] int64 restarting at 0 for each segment (0 on padding);
+``segment_ids`` [s] int64: 1..k for the k segments, 0 for padding;
+``attention_mask`` [1, s, s] bool, True = masked out: a query attends only to keys of its own
+    segment, causally; with ``prefix_lm`` also bidirectionally among the segment's input tokens
+    (non-causal decoder). Padding rows and columns are fully masked.
+
+How the forward step normalises: the loss of a micro batch is ``sum(token_loss * loss_mask) /
+sum(loss_mask)`` (``megatron.training.gpt_forward_step``). With 0/1 weights that is the mean over
+target tokens; with ``norm_target_loss`` ``sum(loss_mask)`` is the number of targets in the micro
+batch, so the loss is the mean over targets of each target's mean token loss: every target counts
+equally, whatever its length.
+"""
+import hashlib
+import json
+import os
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+INPUTS_KEY = "inputs"
+TARGETS_KEY = "targets"
+PACKING_VERSION = 1
+
+
+def mtf_paths(prefix: str) -> Tuple[str, str]:
+    """The (inputs, targets) dataset prefixes of an MTF ``prefix``: ``PREFIX_inputs_document`` and
+    ``PREFIX_targets_document``. A prefix already ending in ``_inputs_document`` (or
+    ``_targets_document``) is accepted too."""
+    for suffix in (f"_{INPUTS_KEY}_document", f"_{TARGETS_KEY}_document"):
+        if prefix.endswith(suffix):
+            prefix = prefix[: -len(suffix)]
+    return f"{prefix}_{INPUTS_KEY}_document", f"{prefix}_{TARGETS_KEY}_document"
+
+
+def _document_lengths(ds: IndexedDataset) -> np.ndarray:
+    """Tokens per document (a document may hold several sequences)."""
+    seq_lengths = np.asarray(ds.sequence_lengths, dtype=np.int64)
+    doc_idx = np.asarray(ds.document_indices, dtype=np.int64)
+    if len(doc_idx) - 1 == len(seq_lengths):
+        return seq_lengths
+    if len(seq_lengths) == 0:
+        return np.zeros(len(doc_idx) - 1, dtype=np.int64)
+    sums = np.add.reduceat(seq_lengths, doc_idx[:-1].clip(max=len(seq_lengths) - 1))
+    sums[doc_idx[:-1] == doc_idx[1:]] = 0
+    return sums
+
+
+class MTFDocumentPair:
+    """The inputs and targets indexed datasets of one MTF prefix, aligned by document.
+
+    Raises FileNotFoundError naming the missing file, and ValueError naming both files when their
+    document counts differ.
+    """
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.inputs_path, self.targets_path = mtf_paths(prefix)
+        for path in (self.inputs_path, self.targets_path):
+            for ext in (".idx", ".bin"):
+                if not os.path.isfile(path + ext):
+                    raise FileNotFoundError(
+                        f"MTF dataset {prefix!r}: {path + ext} does not exist (expected "
+                        f"tools/preprocess_data.py --json-keys {INPUTS_KEY} {TARGETS_KEY} output)")
+        self.inputs = IndexedDataset(self.inputs_path)
+        self.targets = IndexedDataset(self.targets_path)
+        n_in = len(self.inputs.document_indices) - 1
+        n_tg = len(self.targets.document_indices) - 1
+        if n_in != n_tg:
+            raise ValueError(
+                f"MTF dataset {prefix!r}: {self.inputs_path}.idx holds {n_in} documents but "
+                f"{self.targets_path}.idx holds {n_tg}; inputs and targets must pair up one to one")
+        self.num_documents = n_in
+        self.input_lengths = _document_lengths(self.inputs)
+        self.target_lengths = _document_lengths(self.targets)
+        self._one_seq_per_doc = (len(self.inputs) == n_in and len(self.targets) == n_tg)
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def _read(self, ds: IndexedDataset, doc: int, offset: int, length: int) -> np.ndarray:
+        if self._one_seq_per_doc:
+            return ds.get(doc, offset=offset, length=length)
+        lo, hi = ds.document_indices[doc], ds.document_indices[doc + 1]
+        full = np.concatenate([ds[i] for i in range(lo, hi)]) if hi > lo else np.zeros(0, np.int64)
+        return full[offset: offset + length]
+
+    def read_pair(self, doc: int, seq_length: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Input and target tokens of document ``doc``, truncated to fit ``seq_length`` (see
+        :func:`truncated_lengths`)."""
+        in_len, tg_len = int(self.input_lengths[doc]), int(self.target_lengths[doc])
+        keep_in, keep_tg = truncated_lengths(in_len, tg_len, seq_length)
+        inp = self._read(self.inputs, doc, in_len - keep_in, keep_in) if keep_in else np.zeros(0, np.int64)
+        tgt = self._read(self.targets, doc, 0, keep_tg) if keep_tg else np.zeros(0, np.int64)
+        return inp.astype(np.int64), tgt.astype(np.int64)
+
+    def fingerprint(self) -> Dict:
+        """What identifies these files for the pack cache."""
+        out = {}
+        for path in (self.inputs_path, self.targets_path):
+            st = os.stat(path + ".idx")
+            out[os.path.abspath(path)] = [st.st_size, int(st.st_mtime)]
+        out["documents"] = self.num_documents
+        out["tokens"] = [int(self.input_lengths.sum()), int(self.target_lengths.sum())]
+        return out
+
+
+def document_range(num_documents: int, start: float, end: float) -> Tuple[int, int]:
+    """Documents ``[lo, hi)`` of the fraction range ``start:end`` (``0.9:1`` is the last tenth and
+    never overlaps ``0:0.9``)."""
+    if not 0.0 <= start <= end <= 1.0:
+        raise ValueError(f"document range {start}:{end} must satisfy 0 <= START <= END <= 1")
+    return int(round(start * num_documents)), int(round(end * num_documents))
+
+
+def truncated_lengths(input_length, target_length, seq_length):
+    """(kept input tokens, kept target tokens) of a pair in a ``seq_length`` sample: the target is
+    kept whole when it fits and the input loses tokens from the left; a target longer than the
+    sequence keeps its first ``seq_length`` tokens and no input. Works on ints and arrays."""
+    keep_tg = np.minimum(target_length, seq_length)
+    keep_in = np.minimum(input_length, seq_length - keep_tg)
+    if np.ndim(keep_in) == 0:
+        return int(keep_in), int(keep_tg)
+    return keep_in, keep_tg
+
+
+def pack_lengths(lengths: Sequence[int], seq_length: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Best-fit-decreasing bin packing of items with ``lengths`` (each 1..seq_length) into bins of
+    ``seq_length``. Items are taken longest first (stable: equal lengths keep their given order);
+    each goes into the open bin with the least room that still fits it, else into a new bin.
+
+    Returns ``(items, offsets)``: bin ``b`` holds item indices ``items[offsets[b]:offsets[b+1]]``
+    (in placement order); bins are numbered in creation order.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and (lengths.min() < 1 or lengths.max() > seq_length):
+        raise ValueError(f"item lengths must be in [1, {seq_length}], got "
+                         f"[{lengths.min()}, {lengths.max()}]")
+    order = np.argsort(-lengths, kind="stable")
+    bins: List[List[int]] = []
+    by_room: List[List[int]] = [[] for _ in range(seq_length + 1)]  # open bins by remaining room
+    occupied = 0  # bit r set <=> by_room[r] is non-empty
+    lengths_list = lengths.tolist()
+    for idx in order.tolist():
+        length = lengths_list[idx]
+        fitting = occupied >> length
+        if fitting:
+            room = length + (fitting & -fitting).bit_length() - 1  # least room >= length
+            candidates = by_room[room]
+            b = candidates.pop()
+            if not candidates:
+                occupied &= ~(1 << room)
+        else:
+            b = len(bins)
+            bins.append([])
+            room = seq_length
+        bins[b].append(idx)
+        room -= length
+        if room > 0:
+            by_room[room].append(b)
+            occupied |= 1 << room
+    offsets = np.zeros(len(bins) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in bins])
+    items = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=int(offsets[-1]))
+    return items, offsets
+
+
+def build_attention_mask(segment_ids: np.ndarray, is_input: np.ndarray, prefix_lm: bool) -> np.ndarray:
+    """[s, s] bool, True = masked: causal attention within each segment (segment id > 0); with
+    ``prefix_lm`` input positions also see every input position of their segment."""
+    seg = np.asarray(segment_ids)
+    same = (seg[:, None] == seg[None, :]) & (seg[:, None] > 0)
+    n = seg.shape[0]
+    allowed = same & np.tri(n, dtype=bool)
+    if prefix_lm:
+        inp = np.asarray(is_input, dtype=bool)
+        allowed |= same & inp[:, None] & inp[None, :]
+    return ~allowed
+
+
+def _atomic_save_npy(path: str, array: np.ndarray) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}.npy"
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
+class MTFDataset(torch.utils.data.Dataset):
+    """Packed (input, target) samples from documents ``start:end`` of one MTF prefix.
+
+    Args:
+        name: short name (logs, cache file names).
+        prefix: MTF prefix (``PREFIX_inputs_document`` / ``PREFIX_targets_document``).
+        seq_length: tokens per sample.
+        num_samples: samples the dataset must provide (more epochs are added as needed; at least
+            one epoch is always built).
+        seed: shuffling seed.
+        doc_range: fractions ``(start, end)`` of the documents to use.
+        cache_dir: directory for the ``.npy`` pack index (None: build in memory every time).
+        pad_id: padding token id.
+        prefix_lm: bidirectional attention over each segment's inputs.
+        loss_on_targets_only: loss on target tokens only (else on every labelled token; refused
+            together with ``prefix_lm``, whose inputs see the tokens they would predict).
+        norm_target_loss: weight each segment's loss tokens by 1 / their count.
+        dataset_id: when not None, samples carry ``dataset_id`` (per-dataset training losses).
+    """
+
+    def __init__(self, name: str, prefix: str, seq_length: int, num_samples: int, seed: int,
+                 doc_range: Tuple[float, float] = (0.0, 1.0), cache_dir: Optional[str] = None,
+                 pad_id: int = 0, prefix_lm: bool = False, loss_on_targets_only: bool = True,
+                 norm_target_loss: bool = False, dataset_id: Optional[int] = None,
+                 pair: Optional[MTFDocumentPair] = None):
+        if prefix_lm and not loss_on_targets_only:
+            raise ValueError("prefix_lm with loss on input tokens leaks the answer (input tokens "
+                             "attend bidirectionally); use loss_on_targets_only with prefix_lm")
+        if seq_length < 2:
+            raise ValueError(f"seq_length {seq_length} must be at least 2")
+        self.name = name
+        self.pair = pair if pair is not None else MTFDocumentPair(prefix)
+        self.seq_length = int(seq_length)
+        self.seed = int(seed)
+        self.pad_id = int(pad_id)
+        self.prefix_lm = prefix_lm
+        self.loss_on_targets_only = loss_on_targets_only
+        self.norm_target_loss = norm_target_loss
+        self.dataset_id = dataset_id
+        self.lo, self.hi = document_range(len(self.pair), *doc_range)
+        in_len = self.pair.input_lengths[self.lo:self.hi]
+        tg_len = self.pair.target_lengths[self.lo:self.hi]
+        keep_in, keep_tg = truncated_lengths(in_len, tg_len, self.seq_length)
+        self.num_truncated = int(((keep_in < in_len) | (keep_tg < tg_len)).sum())
+        self.pair_lengths = (keep_in + keep_tg).astype(np.int64)
+        self.documents = np.nonzero(self.pair_lengths > 0)[0]  # empty pairs carry no tokens
+        self.num_empty = int(len(self.pair_lengths) - len(self.documents))
+        if len(self.documents) == 0:
+            raise ValueError(f"MTF dataset {name!r} ({prefix}, documents {self.lo}:{self.hi}) has "
+                             "no non-empty (input, target) pair")
+        if self.num_truncated:
+            warnings.warn(f"MTF dataset {name!r}: {self.num_truncated} of {self.hi - self.lo} pairs "
+                          f"exceed --seq-length {self.seq_length} and were truncated (inputs from "
+                          "the left first)")
+        self.num_samples = max(int(num_samples), 1)
+        self.items, self.offsets, self.epoch_starts = self._load_or_build(cache_dir)
+
+    # ---------------------------------------------------------------- index
+    def _cache_key(self) -> str:
+        desc = {"version": PACKING_VERSION, "files": self.pair.fingerprint(), "lo": self.lo,
+                "hi": self.hi, "seq_length": self.seq_length, "seed": self.seed,
+                "num_samples": self.num_samples}
+        return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
+
+    def _load_or_build(self, cache_dir: Optional[str]):
+        if cache_dir:
+            base = os.path.join(cache_dir, f"mtf_{self.name.replace(os.sep, '_')}_{self._cache_key()}")
+            paths = [f"{base}_{part}.npy" for part in ("items", "offsets", "epochs")]
+            if all(os.path.isfile(p) for p in paths):
+                return tuple(np.load(p, mmap_mode="r") for p in paths)
+        arrays = self._build()
+        if cache_dir:
+            try:
+                os.makedirs(cache_dir, exist_ok=True)
+                for path, array in zip(paths, arrays):
+                    _atomic_save_npy(path, array)
+            except OSError as e:
+                warnings.warn(f"MTF dataset {self.name!r}: could not write the pack cache in "
+                              f"{cache_dir} ({e}); continuing without it")
+        return arrays
+
+    def pack_epoch(self, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Packs of one epoch, in sample order: (document indices relative to the range, offsets)."""
+        rng = np.random.default_rng([self.seed, epoch, PACKING_VERSION])
+        docs = self.documents[rng.permutation(len(self.documents))]
+        items, offsets = pack_lengths(self.pair_lengths[docs], self.seq_length)
+        order = rng.permutation(len(offsets) - 1)
+        sizes = np.diff(offsets)[order]
+        starts = offsets[:-1][order]
+        gather = np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + \
+            np.arange(int(sizes.sum()))
+        new_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        return docs[items[gather]], new_offsets
+
+    def _build(self):
+        all_items, all_offsets, epoch_starts = [], [np.zeros(1, np.int64)], [0]
+        total_packs, total_items, epoch = 0, 0, 0
+        while total_packs < self.num_samples:
+            items, offsets = self.pack_epoch(epoch)
+            all_items.append(items)
+            all_offsets.append(offsets[1:] + total_items)
+            total_items += len(items)
+            total_packs += len(offsets) - 1
+            epoch_starts.append(total_packs)
+            epoch += 1
+        return (np.concatenate(all_items).astype(np.int64),
+                np.concatenate(all_offsets).astype(np.int64), np.asarray(epoch_starts, np.int64))
+
+    @property
+    def num_epochs(self) -> int:
+        return len(self.epoch_starts) - 1
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def efficiency(self) -> float:
+        """Non-padding tokens / all tokens over the built samples."""
+        used = self.pair_lengths[np.asarray(self.items)].sum()
+        return float(used) / (len(self) * self.seq_length)
+
+    # ---------------------------------------------------------------- samples
+    def documents_of_sample(self, index: int) -> np.ndarray:
+        """Absolute document indices packed into sample ``index`` (segment order)."""
+        return np.asarray(self.items[self.offsets[index]:self.offsets[index + 1]]) + self.lo
+
+    def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} outside [0, {len(self)}) of MTF dataset {self.name!r}")
+        pairs = [self.pair.read_pair(int(d), self.seq_length) for d in self.documents_of_sample(index)]
+        sample = pack_sample(pairs, self.seq_length, self.pad_id, prefix_lm=self.prefix_lm,
+                             loss_on_targets_only=self.loss_on_targets_only,
+                             norm_target_loss=self.norm_target_loss)
+        if self.dataset_id is not None:
+            sample["dataset_id"] = torch.tensor(self.dataset_id, dtype=torch.int64)
+        return sample
+
+
+def pack_sample(pairs: Sequence[Tuple[np.ndarray, np.ndarray]], seq_length: int, pad_id: int,
+                prefix_lm: bool = False, loss_on_targets_only: bool = True,
+                norm_target_loss: bool = False, with_attention_mask: bool = True
+                ) -> Dict[str, torch.Tensor]:
+    """One sample (dict of tensors, see the module docstring) from (input, target) token arrays
+    that together fit in ``seq_length``."""
+    tokens = np.full(seq_length, pad_id, dtype=np.int64)
+    labels = np.full(seq_length, pad_id, dtype=np.int64)
+    loss_mask = np.zeros(seq_length, dtype=np.float32)
+    position_ids = np.zeros(seq_length, dtype=np.int64)
+    segment_ids = np.zeros(seq_length, dtype=np.int64)
+    is_input = np.zeros(seq_length, dtype=bool)
+    pos = 0
+    for k, (inp, tgt) in enumerate(pairs, start=1):
+        n_in, n = len(inp), len(inp) + len(tgt)
+        if n == 0:
+            continue
+        if pos + n > seq_length:
+            raise ValueError(f"pairs of {pos + n} tokens do not fit in seq_length {seq_length}")
+        seg = np.concatenate([np.asarray(inp, np.int64), np.asarray(tgt, np.int64)])
+        end = pos + n
+        tokens[pos:end] = seg
+        labels[pos:end - 1] = seg[1:]
+        position_ids[pos:end] = np.arange(n)
+        segment_ids[pos:end] = k
+        is_input[pos:pos + n_in] = True
+        # position j predicts token j + 1; it is a target token when j + 1 >= pos + n_in
+        first = pos + max(n_in, 1) - 1 if loss_on_targets_only else pos
+        count = end - 1 - first
+        if count > 0:
+            loss_mask[first:end - 1] = 1.0 / count if norm_target_loss else 1.0
+        pos = end
+    sample = {
+        "tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
+        "loss_mask": torch.from_numpy(loss_mask), "position_ids": torch.from_numpy(position_ids),
+        "segment_ids": torch.from_numpy(segment_ids),
+    }
+    if with_attention_mask:
+        sample["attention_mask"] = torch.from_numpy(
+            build_attention_mask(segment_ids, is_input, prefix_lm)[None])
+    return sample
+
+
+# -------------------------------------------------------------------- blends
+def blend_indices(weights: Sequence[float], num_samples: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Deterministic weighted interleave (Megatron's blending rule): sample ``i`` comes from the
+    dataset whose count lags its share ``weight * (i + 1)`` most. Returns (dataset index,
+    sample index within that dataset) per blended sample."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or len(w) == 0 or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"blend weights {list(weights)} must be non-negative with a positive sum")
+    w = w / w.sum()
+    counts = np.zeros(len(w), dtype=np.int64)
+    dataset_index = np.zeros(num_samples, dtype=np.int64)
+    dataset_sample = np.zeros(num_samples, dtype=np.int64)
+    wl = w.tolist()
+    cl = [0] * len(w)
+    for i in range(num_samples):
+        best, best_err = 0, None
+        for d, wd in enumerate(wl):
+            err = wd * (i + 1) - cl[d]
+            if best_err is None or err > best_err:
+                best, best_err = d, err
+        dataset_index[i] = best
+        dataset_sample[i] = cl[best]
+        cl[best] += 1
+    counts[:] = cl
+    return dataset_index, dataset_sample
+
+
+class MTFBlendedDataset(torch.utils.data.Dataset):
+    """A weighted, deterministic interleave of datasets, ``num_samples`` long. ``factory(k, n)``
+    builds dataset ``k`` for ``n`` samples (the count the blend draws from it)."""
+
+    def __init__(self, weights: Sequence[float], num_samples: int,
+                 factory: Callable[[int, int], torch.utils.data.Dataset], names: Sequence[str] = ()):
+        self.num_samples = int(num_samples)
+        self.dataset_index, self.dataset_sample = blend_indices(weights, self.num_samples)
+        counts = np.bincount(self.dataset_index, minlength=len(weights))
+        self.datasets = [factory(k, max(int(c), 1)) for k, c in enumerate(counts)]
+        self.names = list(names)
+        for k, ds in enumerate(self.datasets):
+            if len(ds) < counts[k]:
+                raise ValueError(f"blend dataset {k} has {len(ds)} samples, {counts[k]} needed")
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
+        return self.datasets[int(self.dataset_index[index])][int(self.dataset_sample[index])]

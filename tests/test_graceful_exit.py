@@ -1,0 +1,58 @@
+"""--exit-signal-handler and --exit-duration-in-mins: save a checkpoint and exit 0."""
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from conftest import ROOT, free_port
+from e2e_helpers import deepspeed_launcher, read_jsonl, run_deepspeed
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    from tools.make_demo_data import make_demo_data
+    return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.2, verbose=False)
+
+
+def flags(demo_data, run_dir, extra=()):
+    return ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+            "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--train-iters", "100000", "--lr", "1e-3", "--data-path", demo_data["web"],
+            "--split", "98,1,1", "--data-cache-path", str(run_dir / "cache"), "--eval-iters", "0",
+            "--log-interval", "1", "--save", str(run_dir / "ckpt"),
+            "--metrics-jsonl", str(run_dir / "metrics.jsonl"), *extra]
+
+
+def test_sigterm_to_every_rank_saves_and_exits_zero(demo_data, tmp_path):
+    cmd = [deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(free_port()),
+           os.path.join(ROOT, "pretrain_gpt.py")] + flags(demo_data, tmp_path, ["--exit-signal-handler"])
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and len(read_jsonl(metrics)) >= 3):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+             if any(a.startswith("--local_rank=") for a in p.cmdline())]
+    assert len(ranks) == 2
+    for rank in ranks:  # as a cluster scheduler does: every task gets the signal
+        rank.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    assert "exit signal received" in out
+    saved = int((tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text())
+    assert saved >= 3
+    assert saved == read_jsonl(metrics)[-1]["iteration"]
+    assert (tmp_path / "ckpt" / f"iter_{saved:07d}").is_dir()
+
+
+def test_exit_duration_saves_and_exits_zero(demo_data, tmp_path):
+    proc = run_deepspeed("pretrain_gpt.py", flags(demo_data, tmp_path, ["--exit-duration-in-mins", "0.05"]))
+    assert "time limit reached" in proc.stdout
+    saved = int((tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text())
+    assert saved == read_jsonl(tmp_path / "metrics.jsonl")[-1]["iteration"] < 100000

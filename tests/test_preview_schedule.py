@@ -1,0 +1,106 @@
+"""tools/preview_schedule.py: the JSON equals stepping the scheduler; a 1e6-iteration preview runs."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.arguments import parse_args
+from megatron.learning_rates import build_opt_param_scheduler
+from megatron.schedules.units import batch_schedule_from_args
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import preview_schedule  # noqa: E402
+
+BASE = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 "
+        "--micro-batch-size 2").split()
+
+
+def stepped(flags):
+    """(consumed_samples, lr, wd) per iteration from stepping the real scheduler."""
+    args = parse_args(BASE + flags.split(), world_size=1, require_data=False)
+    bs = batch_schedule_from_args(args)
+    iters = args.train_iters if args.train_iters is not None else bs.iterations_for_samples(args.train_samples)
+    opt = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "wd_mult": 1.0,
+                            "lr_mult": 1.0}], lr=1.0)
+    sched = build_opt_param_scheduler(args, opt)
+    consumed, samples, lr, wd = 0, [], [], []
+    for i in range(iters + 1):
+        samples.append(consumed)
+        lr.append(opt.param_groups[0]["lr"])
+        wd.append(opt.param_groups[0]["weight_decay"])
+        batch = bs.batch_size_at_samples(consumed)
+        consumed += batch
+        sched.step(increment=batch)
+    return samples, lr, wd
+
+
+CASES = [
+    "--global-batch-size 4 --train-iters 120 --lr 1e-3 --lr-decay-style cosine --lr-warmup-iters 10 "
+    "--weight-decay-incr-style linear --start-weight-decay 0.01 --end-weight-decay 0.1",
+    "--global-batch-size 16 --rampup-batch-size 4 4 200 --train-iters 100 --lr 0.02 --min-lr 1e-4 "
+    "--lr-decay-style power --lr-warmup-iters 10 --power-scheduler-decay-iters 20 "
+    "--power-scheduler-a 0.05",
+    "--global-batch-size 8 --train-samples 900 --lr 1e-3 --lr-decay-style WSD "
+    "--lr-wsd-decay-samples 200 --lr-wsd-decay-style cosine --lr-warmup-samples 64",
+]
+
+
+@pytest.mark.parametrize("flags", CASES)
+def test_preview_json_equals_stepping_the_scheduler(tmp_path, flags):
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    plot = ["--output-png", str(png)] if flags == CASES[0] else []
+    preview_schedule.main(BASE + flags.split() + ["--output-json", str(out)] + plot)
+    data = json.loads(out.read_text())
+    samples, lr, wd = stepped(flags)
+    assert data["iteration"] == list(range(len(samples)))
+    assert data["consumed_samples"] == samples
+    assert data["lr"] == lr
+    assert data["weight_decay"] == wd
+    if plot:
+        assert png.stat().st_size > 1000
+    assert preview_schedule.preview(preview_schedule.parse_preview_args(BASE + flags.split())) == data
+
+
+def test_preview_with_schedule_config(tmp_path):
+    config = tmp_path / "s.yaml"
+    config.write_text("lr_schedule:\n  - {start: 0, schedule: {type: linear, from: 0.0, to: 1.0e-3}}\n"
+                      "  - {start: 30, schedule: {type: cosine, from: 1.0e-3, to: 1.0e-4, unit: iterations}}\n")
+    flags = f"--global-batch-size 4 --train-iters 80 --lr 1e-3 --lr-schedule-config {config}"
+    data = preview_schedule.preview(preview_schedule.parse_preview_args(BASE + flags.split()))
+    assert data["lr"] == stepped(flags)[1]
+
+
+def test_preview_a_million_iterations(tmp_path):
+    args = preview_schedule.parse_preview_args(
+        BASE + "--global-batch-size 1024 --rampup-batch-size 32 32 1000000 --train-iters 1000000 "
+               "--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2000".split())
+    start = time.perf_counter()
+    arrays = preview_schedule.schedule_arrays(args)
+    computed = time.perf_counter() - start
+    preview_schedule._write_json(arrays, str(tmp_path / "big.json"))
+    total = time.perf_counter() - start
+    print(f"\npreview of 1e6 iterations: values {computed:.2f} s, values + JSON {total:.2f} s")
+    assert len(arrays["lr"]) == 1_000_001 and np.all(np.isfinite(arrays["lr"]))
+
+
+def test_preview_cli(tmp_path):
+    out = tmp_path / "cli.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "preview_schedule.py")] + BASE +
+        "--global-batch-size 4 --train-iters 20 --lr 1e-3 --output-json".split() + [str(out)],
+        cwd="/", capture_output=True, text=True, env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(out.read_text())["lr"]) == 21
+
+
+def test_preview_bad_flags_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        preview_schedule.parse_preview_args(
+            BASE + "--global-batch-size 4 --train-iters 20 --lr 1e-3 --lr-warmup-iters 30".split())
+    assert info.value.code == 2 and "warmup" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""Preview the learning-rate and weight-decay schedules of a run without building a model.
+
+    python tools/preview_schedule.py [the training flags] --output-json F [--output-png F]
+
+writes ``{"iteration": [0..train_iters], "consumed_samples": [...], "lr": [...],
+"weight_decay": [...]}``: ``lr[i]``/``weight_decay[i]`` are the values of the optimizer step taken
+after ``i`` completed iterations (the values the scheduler gives; lr_mult/wd_mult = 1).
+Everything is vectorised, so 1e6 iterations take about a second.
+
+Structure for extensions: :func:`preview` returns the dict (more keys may be added by other
+functions, e.g. ``mixture``), and :func:`plot_preview` draws one panel per entry of
+:data:`PANELS` whose key is present.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+
+import json  # noqa: E402
+import time  # noqa: E402
+from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def add_preview_args(parser):
+    g = parser.add_argument_group("schedule preview")
+    g.add_argument("--output-json", default=None, help="Write the schedule values here.")
+    g.add_argument("--output-png", default=None, help="Plot LR and WD against iterations here.")
+    g.add_argument("--world-size", type=int, default=1,
+                   help="Number of ranks the run would use (for batch-size validation).")
+    return parser
+
+
+def parse_preview_args(argv: Optional[List[str]] = None):
+    from megatron.arguments import ArgumentError, get_parser, validate_args
+    parser = get_parser(add_preview_args)
+    args = parser.parse_args(argv)
+    try:
+        return validate_args(args, world_size=args.world_size, require_data=False)
+    except ArgumentError as e:
+        parser.error(str(e))
+
+
+class _NoOptimizer:
+    param_groups: list = []
+
+
+def schedule_arrays(args) -> Dict[str, np.ndarray]:
+    """``iteration``, ``consumed_samples``, ``lr``, ``weight_decay`` arrays for the run in ``args``
+    (the values :class:`OptimizerParamScheduler` gives, computed vectorised)."""
+    from megatron import learning_rates as lrs
+    from megatron.schedules.units import batch_schedule_from_args
+    bs = batch_schedule_from_args(args)
+    train_iters = (args.train_iters if args.train_iters is not None
+                   else bs.iterations_for_samples(args.train_samples))
+    iterations = np.arange(train_iters + 1, dtype=np.int64)
+    samples = bs.samples_at_iterations(iterations)
+    scheduler = lrs.OptimizerParamScheduler(_NoOptimizer(), lrs.scheduler_params_from_args(args, bs),
+                                            lrs.schedule_context_from_args(args, bs))
+    lr, wd = scheduler.values_at(iterations, samples)
+    return {"iteration": iterations, "consumed_samples": samples, "lr": lr, "weight_decay": wd}
+
+
+def preview(args) -> dict:
+    """The preview as a JSON-ready dict of lists (other keys, such as ``mixture``, are added by
+    their own functions)."""
+    return {key: value.tolist() for key, value in schedule_arrays(args).items()}
+
+
+def _plot_lr(ax, data):
+    ax.plot(data["iteration"], data["lr"], color="tab:blue")
+    ax.set_ylabel("learning rate")
+
+
+def _plot_wd(ax, data):
+    ax.plot(data["iteration"], data["weight_decay"], color="tab:orange")
+    ax.set_ylabel("weight decay")
+
+
+PANELS: List[Tuple[str, Callable]] = [("lr", _plot_lr), ("weight_decay", _plot_wd)]
+"""(key, draw(ax, data)): a panel is drawn when ``key`` is in the preview dict."""
+
+
+def plot_preview(data: dict, path: str, title: Optional[str] = None) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [(key, draw) for key, draw in PANELS if key in data]
+    n = len(data["iteration"])
+    if n > 20000:  # plotting a million points is slow and looks the same
+        keep = np.unique(np.linspace(0, n - 1, 20000).astype(np.int64))
+        data = {k: (np.asarray(v)[keep] if k in ("iteration", "consumed_samples") or
+                    (isinstance(v, (list, np.ndarray)) and len(v) == n) else v)
+                for k, v in data.items()}
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), sharex=True,
+                             squeeze=False)
+    for ax, (_, draw) in zip(axes[:, 0], panels):
+        draw(ax, data)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("iteration")
+    if title:
+        axes[0, 0].set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _json_array(values: np.ndarray) -> str:
+    """JSON text of a 1-D array; floats use repr (exact round trip), each distinct value once."""
+    if values.dtype.kind in "iu":
+        return "[" + ", ".join(map(str, values.tolist())) + "]"
+    unique, inverse = np.unique(values, return_inverse=True)
+    if len(unique) * 2 < len(values):
+        text = np.asarray(list(map(repr, unique.tolist())), dtype=object)[inverse]
+        return "[" + ", ".join(text.tolist()) + "]"
+    return "[" + ", ".join(map(repr, values.tolist())) + "]"
+
+
+def _write_json(data: dict, path: str) -> None:
+    """Like ``json.dump(data)`` but about twice as fast for long numeric arrays."""
+    parts = []
+    for key, values in data.items():
+        text = (_json_array(values) if isinstance(values, np.ndarray) and values.ndim == 1
+                else json.dumps(values.tolist() if isinstance(values, np.ndarray) else values))
+        parts.append(f"{json.dumps(key)}: {text}")
+    with open(path, "w") as f:
+        f.write("{" + ", ".join(parts) + "}\n")
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    start = time.perf_counter()
+    args = parse_preview_args(argv)
+    arrays = schedule_arrays(args)
+    if args.output_json:
+        _write_json(arrays, args.output_json)
+    if args.output_png:
+        data = {k: v for k, v in arrays.items()}
+        plot_preview(data, args.output_png, title=f"--lr-decay-style {args.lr_decay_style}"
+                     if not args.lr_schedule_config else f"--lr-schedule-config {args.lr_schedule_config}")
+    print(f"schedule preview: {len(arrays['iteration']) - 1} iterations in "
+          f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
+    return arrays
+
+
+if __name__ == "__main__":
+    main()

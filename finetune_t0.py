@@ -14,6 +14,7 @@ import shlex
 from typing import List, Optional, Sequence, Tuple
 
 from megatron.arguments import ArgumentError, parse_args
+from megatron.errors import run_entry_point
 from megatron.data.builder import train_valid_test_num_samples
 from megatron.data.mtf_dataset import MTFBlendedDataset, MTFDataset
 from megatron.model.gpt_model import build_gpt_model
@@ -204,4 +205,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_entry_point(main)

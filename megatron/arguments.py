@@ -9,10 +9,8 @@ import json
 import os
 from typing import Callable, List, Optional
 
-import deepspeed
-
 from megatron.errors import ConfigError
-from megatron.tokenizer import add_tokenizer_args
+from megatron.tokenizer.flags import add_tokenizer_args
 
 
 class ArgumentError(ConfigError):
@@ -188,8 +186,11 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
                    help="Set by the deepspeed launcher.")
 
 
-def get_parser(extra_args_provider: Optional[Callable] = None) -> argparse.ArgumentParser:
-    """The full parser; ``extra_args_provider(parser)`` adds a script's own flags."""
+def get_parser(extra_args_provider: Optional[Callable] = None,
+               deepspeed_args: bool = True) -> argparse.ArgumentParser:
+    """The full parser; ``extra_args_provider(parser)`` adds a script's own flags.
+    ``deepspeed_args=False`` leaves out DeepSpeed's flags (and its slow import) for tools that
+    build no engine; such a tool must define ``--deepspeed_config`` itself."""
     parser = argparse.ArgumentParser(
         description="Megatron-DeepSpeed GPT training", allow_abbrev=False,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -198,7 +199,10 @@ def get_parser(extra_args_provider: Optional[Callable] = None) -> argparse.Argum
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser) or parser
-    parser = deepspeed.add_config_arguments(parser)
+    if deepspeed_args:
+        import deepspeed
+
+        parser = deepspeed.add_config_arguments(parser)
     return parser
 
 

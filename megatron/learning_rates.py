@@ -25,6 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from megatron.errors import ConfigError
 from megatron.schedules.registry import Schedule, ScheduleContext, build_schedule
 from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
 
@@ -54,7 +55,7 @@ def load_schedule_config(path: str) -> Dict[str, Any]:
     """Read a ``--lr-schedule-config`` file (YAML or JSON) into a dict with keys ``lr_schedule``
     and optionally ``weight_decay_schedule``; ``ValueError`` naming the file otherwise."""
     if not os.path.isfile(path):
-        raise ValueError(f"--lr-schedule-config {path}: no such file")
+        raise ConfigError(f"--lr-schedule-config {path}: no such file")
     with open(path) as f:
         text = f.read()
     try:
@@ -64,15 +65,15 @@ def load_schedule_config(path: str) -> Dict[str, Any]:
             import yaml
             config = yaml.safe_load(text)
     except Exception as e:  # yaml.YAMLError, json.JSONDecodeError
-        raise ValueError(f"--lr-schedule-config {path}: cannot parse ({e})") from None
+        raise ConfigError(f"--lr-schedule-config {path}: cannot parse ({e})") from None
     if not isinstance(config, dict):
-        raise ValueError(f"--lr-schedule-config {path}: expected a mapping with key 'lr_schedule'")
+        raise ConfigError(f"--lr-schedule-config {path}: expected a mapping with key 'lr_schedule'")
     unknown = sorted(set(config) - {"lr_schedule", "weight_decay_schedule"})
     if unknown:
-        raise ValueError(f"--lr-schedule-config {path}: unknown key {unknown[0]!r} (known keys: "
+        raise ConfigError(f"--lr-schedule-config {path}: unknown key {unknown[0]!r} (known keys: "
                          "lr_schedule, weight_decay_schedule)")
     if "lr_schedule" not in config:
-        raise ValueError(f"--lr-schedule-config {path}: missing key 'lr_schedule'")
+        raise ConfigError(f"--lr-schedule-config {path}: missing key 'lr_schedule'")
     return config
 
 
@@ -209,7 +210,7 @@ def build_schedules(params: Dict[str, Any], context: ScheduleContext) -> Tuple[S
             config.update(decay=p["wsd_decay_steps"], decay_style=p["lr_wsd_decay_style"])
         lr = build_schedule(config, context)
     else:
-        raise ValueError(f"--lr-decay-style {p['lr_decay_style']!r} is not supported")
+        raise ConfigError(f"--lr-decay-style {p['lr_decay_style']!r} is not supported")
     if p.get("weight_decay_schedule") is not None:
         wd = build_schedule(p["weight_decay_schedule"], context)
     elif p["wd_incr_style"] == "constant":
@@ -218,7 +219,7 @@ def build_schedules(params: Dict[str, Any], context: ScheduleContext) -> Tuple[S
         wd = build_schedule({"type": p["wd_incr_style"], "unit": "samples", "from": p["start_wd"],
                              "to": p["end_wd"], "span": p["wd_incr_steps"]}, context)
     else:
-        raise ValueError(f"--weight-decay-incr-style {p['wd_incr_style']!r} is not supported")
+        raise ConfigError(f"--weight-decay-incr-style {p['wd_incr_style']!r} is not supported")
     return lr, wd
 
 
@@ -249,7 +250,7 @@ class OptimizerParamScheduler:
                  override_opt_param_scheduler: bool = False,
                  use_checkpoint_opt_param_scheduler: bool = False):
         if override_opt_param_scheduler and use_checkpoint_opt_param_scheduler:
-            raise ValueError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
+            raise ConfigError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
                              "are mutually exclusive")
         self.optimizer = optimizer
         self.params = dict(params)
@@ -333,7 +334,7 @@ class OptimizerParamScheduler:
         elif diffs:
             lines = "; ".join(f"{k} ({PARAM_FLAGS.get(k, k)}): flags {ours!r} vs checkpoint {theirs!r}"
                               for k, ours, theirs in diffs)
-            raise ValueError(
+            raise ConfigError(
                 f"the learning-rate/weight-decay schedule differs from the checkpoint's: {lines}. "
                 "Pass --override-opt_param-scheduler to use the flags, or "
                 "--use-checkpoint-opt_param-scheduler to use the checkpoint's values")

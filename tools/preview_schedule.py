@@ -30,12 +30,16 @@ def add_preview_args(parser):
     g.add_argument("--output-png", default=None, help="Plot LR and WD against iterations here.")
     g.add_argument("--world-size", type=int, default=1,
                    help="Number of ranks the run would use (for batch-size validation).")
+    # The training command's DeepSpeed flags are accepted (the JSON is checked against the batch
+    # flags) without importing DeepSpeed, which would dominate the tool's run time.
+    g.add_argument("--deepspeed", action="store_true", help="Accepted and ignored.")
+    g.add_argument("--deepspeed_config", default=None, help="Checked against the batch flags.")
     return parser
 
 
 def parse_preview_args(argv: Optional[List[str]] = None):
     from megatron.arguments import ArgumentError, get_parser, validate_args
-    parser = get_parser(add_preview_args)
+    parser = get_parser(add_preview_args, deepspeed_args=False)
     args = parser.parse_args(argv)
     try:
         return validate_args(args, world_size=args.world_size, require_data=False)

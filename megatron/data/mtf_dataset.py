@@ -45,6 +45,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from megatron.errors import ConfigError
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 INPUTS_KEY = "inputs"
@@ -96,7 +97,7 @@ class MTFDocumentPair:
         n_in = len(self.inputs.document_indices) - 1
         n_tg = len(self.targets.document_indices) - 1
         if n_in != n_tg:
-            raise ValueError(
+            raise ConfigError(
                 f"MTF dataset {prefix!r}: {self.inputs_path}.idx holds {n_in} documents but "
                 f"{self.targets_path}.idx holds {n_tg}; inputs and targets must pair up one to one")
         self.num_documents = n_in
@@ -138,7 +139,7 @@ def document_range(num_documents: int, start: float, end: float) -> Tuple[int, i
     """Documents ``[lo, hi)`` of the fraction range ``start:end`` (``0.9:1`` is the last tenth and
     never overlaps ``0:0.9``)."""
     if not 0.0 <= start <= end <= 1.0:
-        raise ValueError(f"document range {start}:{end} must satisfy 0 <= START <= END <= 1")
+        raise ConfigError(f"document range {start}:{end} must satisfy 0 <= START <= END <= 1")
     return int(round(start * num_documents)), int(round(end * num_documents))
 
 
@@ -239,7 +240,7 @@ class MTFDataset(torch.utils.data.Dataset):
                  norm_target_loss: bool = False, dataset_id: Optional[int] = None,
                  pair: Optional[MTFDocumentPair] = None):
         if prefix_lm and not loss_on_targets_only:
-            raise ValueError("prefix_lm with loss on input tokens leaks the answer (input tokens "
+            raise ConfigError("prefix_lm with loss on input tokens leaks the answer (input tokens "
                              "attend bidirectionally); use loss_on_targets_only with prefix_lm")
         if seq_length < 2:
             raise ValueError(f"seq_length {seq_length} must be at least 2")
@@ -261,7 +262,7 @@ class MTFDataset(torch.utils.data.Dataset):
         self.documents = np.nonzero(self.pair_lengths > 0)[0]  # empty pairs carry no tokens
         self.num_empty = int(len(self.pair_lengths) - len(self.documents))
         if len(self.documents) == 0:
-            raise ValueError(f"MTF dataset {name!r} ({prefix}, documents {self.lo}:{self.hi}) has "
+            raise ConfigError(f"MTF dataset {name!r} ({prefix}, documents {self.lo}:{self.hi}) has "
                              "no non-empty (input, target) pair")
         if self.num_truncated:
             warnings.warn(f"MTF dataset {name!r}: {self.num_truncated} of {self.hi - self.lo} pairs "

@@ -24,10 +24,11 @@ from typing import Any, Dict, Mapping, Optional, Type
 
 import numpy as np
 
+from megatron.errors import ConfigError
 from megatron.schedules.units import UNITS, BatchSchedule, check_unit
 
 
-class ScheduleError(ValueError):
+class ScheduleError(ConfigError):
     """A bad schedule config; the message names the key and the value."""
 
 

@@ -1,16 +1,11 @@
-"""Tokenizers for this training stack; ``build_tokenizer(args)`` is the entry point."""
+"""Tokenizers for this training stack; ``build_tokenizer(args)`` is the entry point.
 
-from .tokenizer import (
-    DEFAULT_TOKENIZER_TYPE,
-    TOKENIZER_TYPES,
-    ByteLevelTokenizer,
-    GPT2BPETokenizer,
-    HuggingFaceTokenizer,
-    add_tokenizer_args,
-    build_tokenizer,
-    padded_vocab_size,
-)
+Names are resolved lazily, so importing ``megatron.tokenizer.flags`` (argument parsing) does not
+import megatron-core.
+"""
+import importlib
 
+_FLAGS = ("DEFAULT_TOKENIZER_TYPE", "TOKENIZER_TYPES", "add_tokenizer_args")
 __all__ = [
     "DEFAULT_TOKENIZER_TYPE",
     "TOKENIZER_TYPES",
@@ -21,3 +16,11 @@ __all__ = [
     "build_tokenizer",
     "padded_vocab_size",
 ]
+
+
+def __getattr__(name):
+    if name not in __all__:
+        raise AttributeError(f"module 'megatron.tokenizer' has no attribute {name!r}")
+    module = importlib.import_module("megatron.tokenizer.flags" if name in _FLAGS
+                                     else "megatron.tokenizer.tokenizer")
+    return getattr(module, name)

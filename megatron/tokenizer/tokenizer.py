@@ -22,8 +22,7 @@ from megatron.errors import ConfigError
 # megatron-core renamed the abstract base class; accept either name.
 _MegatronTokenizerBase = getattr(_mt, "MegatronTokenizer", None) or _mt.MegatronLegacyTokenizer
 
-TOKENIZER_TYPES = ("ByteLevelTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer")
-DEFAULT_TOKENIZER_TYPE = "ByteLevelTokenizer"
+from megatron.tokenizer.flags import DEFAULT_TOKENIZER_TYPE, TOKENIZER_TYPES  # noqa: E402
 
 ENDOFTEXT = "<|endoftext|>"
 # Tokens accepted as end-of-document when a Hugging Face tokenizer declares no eos token, in order.
@@ -406,21 +405,3 @@ def build_tokenizer(args: argparse.Namespace):
     tp = getattr(args, "tensor_model_parallel_size", None) or 1
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, divisible_by, tp)
     return tokenizer
-
-
-def add_tokenizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the tokenizer flag group (``--tokenizer-type``, ``--vocab-file``, ``--merge-file``,
-    ``--tokenizer-model``) to ``parser`` and return it."""
-    group = parser.add_argument_group(title="tokenizer")
-    group.add_argument(
-        "--tokenizer-type", type=str, default=DEFAULT_TOKENIZER_TYPE, choices=TOKENIZER_TYPES,
-        help="What type of tokenizer to use (default: the embedded ByteLevelTokenizer).",
-    )
-    group.add_argument("--vocab-file", type=str, default=None,
-                       help="GPT-2 BPE vocab.json (GPT2BPETokenizer).")
-    group.add_argument("--merge-file", type=str, default=None,
-                       help="GPT-2 BPE merges.txt (GPT2BPETokenizer).")
-    group.add_argument("--tokenizer-model", type=str, default=None,
-                       help="tokenizer.json file or local tokenizer directory "
-                            "(HuggingFaceTokenizer).")
-    return parser

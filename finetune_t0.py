@@ -10,8 +10,11 @@ Extra flags: ``--prefix-lm`` (non-causal decoder: bidirectional attention over e
 pretrained checkpoint's weights only.
 """
 import os
-import shlex
 from typing import List, Optional, Sequence, Tuple
+
+from megatron.initialize import quiet_optional_dependency_warnings
+
+quiet_optional_dependency_warnings()
 
 from megatron.arguments import ArgumentError, parse_args
 from megatron.errors import run_entry_point
@@ -25,89 +28,29 @@ from megatron.training import EvalGroup, TrainData, gpt_forward_step, pretrain
 SplitItem = Tuple[float, float, float, str]
 
 
-def _add_flag(group, parser, *names, **kwargs) -> None:
-    """Add a flag unless megatron/arguments.py already defines it (no duplicate-flag conflict)."""
-    if any(n in parser._option_string_actions for n in names):
-        return
-    group.add_argument(*names, **kwargs)
-
-
 def extra_args_provider(parser):
-    """The T0 flags (and the weighted-split flags when the shared parser lacks them)."""
+    """The T0 flags; the weighted-split flags come from megatron/arguments.py."""
     g = parser.add_argument_group("T0 multitask finetuning")
-    _add_flag(g, parser, "--prefix-lm", action="store_true",
+    g.add_argument("--prefix-lm", action="store_true",
               help="Non-causal decoder: each segment's input tokens attend to each other "
                    "bidirectionally; target tokens attend causally.")
-    _add_flag(g, parser, "--loss-on-targets-only", dest="loss_on_targets_only",
+    g.add_argument("--loss-on-targets-only", dest="loss_on_targets_only",
               action="store_true", default=True,
               help="Loss on target tokens only (the T0 default).")
-    _add_flag(g, parser, "--no-loss-on-targets-only", dest="loss_on_targets_only",
+    g.add_argument("--no-loss-on-targets-only", dest="loss_on_targets_only",
               action="store_false", help="Loss on input and target tokens (causal decoder only).")
-    _add_flag(g, parser, "--norm-target-loss", action="store_true",
+    g.add_argument("--norm-target-loss", action="store_true",
               help="Weight each target's tokens by 1/len(target) so every target counts equally.")
-    for split in ("train", "valid", "test"):
-        _add_flag(g, parser, f"--{split}-weighted-split-paths", nargs="*", default=None,
-                  help='Groups "NAME: WEIGHT START:END PREFIX, ..." (one group per argument).')
-        _add_flag(g, parser, f"--{split}-weighted-split-paths-path", default=None,
-                  help="File holding the same groups (whole argument text, groups quoted, or "
-                       "one group per line).")
     return parser
 
 
 # ------------------------------------------------------------------ weighted split groups
-def _parse_group(text: str) -> Tuple[str, List[SplitItem]]:
-    """``"NAME: W START:END PREFIX, W START:END PREFIX"`` -> (NAME, items)."""
-    name, sep, rest = text.partition(":")
-    if not sep or not name.strip() or " " in name.strip():
-        raise ArgumentError(f"weighted split group {text!r}: expected 'NAME: WEIGHT START:END "
-                            "PREFIX, ...'")
-    items = []
-    for part in rest.split(","):
-        fields = part.split()
-        if not fields:
-            continue
-        if len(fields) != 3 or ":" not in fields[1]:
-            raise ArgumentError(f"weighted split group {name.strip()!r}: item {part.strip()!r} is "
-                                "not 'WEIGHT START:END PREFIX'")
-        try:
-            weight = float(fields[0])
-            start, end = (float(x) for x in fields[1].split(":"))
-        except ValueError:
-            raise ArgumentError(f"weighted split group {name.strip()!r}: item {part.strip()!r} has "
-                                "a non-numeric weight or range") from None
-        if not 0.0 <= start <= end <= 1.0 or weight < 0:
-            raise ArgumentError(f"weighted split group {name.strip()!r}: item {part.strip()!r} needs "
-                                "WEIGHT >= 0 and 0 <= START <= END <= 1")
-        items.append((weight, start, end, fields[2]))
-    if not items:
-        raise ArgumentError(f"weighted split group {name.strip()!r} has no items")
-    return name.strip(), items
-
-
-def _split_values(args, split: str) -> Optional[List[str]]:
-    values = getattr(args, f"{split}_weighted_split_paths", None)
-    path = getattr(args, f"{split}_weighted_split_paths_path", None)
-    if path:
-        if values:
-            raise ArgumentError(f"--{split}-weighted-split-paths and "
-                                f"--{split}-weighted-split-paths-path are mutually exclusive")
-        with open(path) as f:
-            text = f.read()
-        values = shlex.split(text) if '"' in text else [ln for ln in text.splitlines() if ln.strip()]
-    return values
-
-
 def weighted_split_groups(args, split: str) -> List[Tuple[str, List[SplitItem]]]:
-    """The named groups of ``--{split}-weighted-split-paths`` (and ``...-path FILE``) as
-    (name, [(weight, start, end, prefix)]), parsed by megatron/data/weighted_splits.py (file
-    existence is checked per MTF pair by MTFDocumentPair, since PREFIX itself has no .bin);
-    a minimal parser stands in when that module is absent."""
-    try:
-        from megatron.data.weighted_splits import weighted_split_groups_from_args
-    except ImportError:
-        return [_parse_group(v) for v in (_split_values(args, split) or [])]
-    groups = weighted_split_groups_from_args(args, check_files=False)[split]
-    return [(g.name, [(it.weight, it.start, it.end, it.prefix) for it in g.items]) for g in groups]
+    """The named groups of ``--{split}-weighted-split-paths`` (or ``...-path FILE``), parsed by
+    ``megatron.arguments`` (megatron/data/weighted_splits.py), as (name, [(weight, start, end,
+    prefix)]). Files are checked per inputs/targets pair by MTFDocumentPair."""
+    return [(g.name, [(it.weight, it.start, it.end, it.prefix) for it in g.items])
+            for g in args.weighted_split_groups[split]]
 
 
 # ------------------------------------------------------------------ datasets
@@ -157,9 +100,6 @@ def datasets_provider(args) -> TrainData:
     EvalGroup per ``--valid-weighted-split-paths`` (and ``--test-...``) group."""
     train_samples, valid_samples, test_samples = train_valid_test_num_samples(args)
     train_groups = weighted_split_groups(args, "train")
-    if not train_groups:
-        raise ArgumentError("finetune_t0.py needs --train-weighted-split-paths (or "
-                            "--train-weighted-split-paths-path)")
     train_items = [item for _, items in train_groups for item in items]
     train = build_group_dataset(args, "train", train_items, train_samples, with_dataset_id=True)
     eval_groups = []
@@ -186,13 +126,13 @@ def forward_step(engine, batch):
 
 def parse_t0_args(argv=None):
     """Parse flags with the T0 extras and check the T0-specific combinations."""
-    args = parse_args(argv, extra_args_provider=extra_args_provider, require_data=False)
+    args = parse_args(argv, extra_args_provider=extra_args_provider)
     if args.prefix_lm and not args.loss_on_targets_only:
-        raise SystemExit("finetune_t0.py: error: --prefix-lm needs --loss-on-targets-only (inputs "
-                         "attend bidirectionally, so a loss on them would see the answer)")
-    if not (args.train_weighted_split_paths or args.train_weighted_split_paths_path):
-        raise SystemExit("finetune_t0.py: error: --train-weighted-split-paths (or "
-                         "--train-weighted-split-paths-path) is required")
+        raise ArgumentError("--prefix-lm needs --loss-on-targets-only (inputs attend "
+                            "bidirectionally, so a loss on them would see the answer)")
+    if not args.weighted_split_groups["train"]:
+        raise ArgumentError("finetune_t0.py needs --train-weighted-split-paths (or "
+                            "--train-weighted-split-paths-path)")
     return args
 
 

@@ -4,12 +4,17 @@ Launch: ``deepspeed --num_gpus N pretrain_gpt.py [Megatron flags]`` (see README.
 """
 import os
 
+from megatron.initialize import quiet_optional_dependency_warnings
+
+quiet_optional_dependency_warnings()
+
 from megatron.arguments import parse_args
 from megatron.errors import run_entry_point
-from megatron.data.builder import build_train_valid_test_datasets, dataset_names
+from megatron.data.builder import build_pretraining_data
 from megatron.model.gpt_model import build_gpt_model
 from megatron.tokenizer import build_tokenizer
-from megatron.training import EvalGroup, TrainData, pretrain
+from megatron.data.train_data import TrainData
+from megatron.training import pretrain
 
 
 def model_provider(args):
@@ -18,14 +23,9 @@ def model_provider(args):
 
 
 def datasets_provider(args) -> TrainData:
-    """Static blends from ``--data-path``/``--split`` or ``--{train,valid,test}-data-path``."""
-    train, valid, test = build_train_valid_test_datasets(args, args.tokenizer)
-    groups = []
-    if valid is not None:
-        groups.append(EvalGroup("valid", valid, "valid"))
-    if test is not None:
-        groups.append(EvalGroup("test", test, "test"))
-    return TrainData(train=train, eval_groups=groups, dataset_names=dataset_names(args))
+    """Training set and evaluation groups from the data flags (static blend, curriculum blend
+    file, or weighted split paths)."""
+    return build_pretraining_data(args, args.tokenizer)
 
 
 def main(argv=None):

@@ -15,12 +15,17 @@ mkdir -p "$RUN"
 FLAGS=(
   --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128
   --micro-batch-size 4 --global-batch-size 16 --train-iters 200
-  --lr 2e-3 --min-lr 2e-4 --lr-decay-style cosine --lr-warmup-iters 20
+  # Power Scheduler (arXiv 2408.13359): lr = min(--lr, batch * a * tokens^b) after a linear
+  # warmup, exponential decay to --min-lr over the last 20 iterations. a is scaled down from the
+  # paper's 4.6 so that the power law, not the --lr cap, shapes this tiny run.
+  --lr 2e-3 --min-lr 1e-4 --lr-decay-style power --power-scheduler-a 0.03 --power-scheduler-b -0.51
+  --lr-warmup-iters 20 --power-scheduler-decay-iters 20
   --weight-decay 0.01 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0
-  --data-path 0.5 data/demo/web_text_document 0.3 data/demo/code_text_document 0.2 data/demo/math_text_document
-  --split 949,50,1 --data-cache-path "$RUN/cache"
+  --data-blend-config examples/demo_curriculum.yaml --data-cache-path "$RUN/cache"
   --log-interval 10 --eval-interval 50 --eval-iters 4
   --save "$RUN/checkpoints" --save-interval 100
   --metrics-jsonl "$RUN/metrics.jsonl" --tensorboard-dir "$RUN/tensorboard"
 )
+"$PY" tools/preview_schedule.py "${FLAGS[@]}" --output-json "$RUN/schedule_preview.json" \
+  --output-png "$RUN/schedule_preview.png"
 "$(dirname "$PY")/deepspeed" --num_gpus 2 pretrain_gpt.py "${FLAGS[@]}" "$@"

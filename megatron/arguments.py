@@ -150,6 +150,17 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--train-data-path", nargs="*", default=None)
     g.add_argument("--valid-data-path", nargs="*", default=None)
     g.add_argument("--test-data-path", nargs="*", default=None)
+    g.add_argument("--data-blend-config", default=None, metavar="FILE",
+                   help="YAML/JSON blend file: per split a blend / epochized_blend / sequential "
+                        "stages, weights may be schedules; named valid/test groups "
+                        "(see docs/curriculum.md).")
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-weighted-split-paths", nargs="*", default=None,
+                       help='BigScience groups, one per argument: "NAME: WEIGHT START:END PREFIX, ..."'
+                            + (" (each group evaluated and logged on its own)" if split != "train" else ""))
+        g.add_argument(f"--{split}-weighted-split-paths-path", default=None, metavar="FILE",
+                       help=f"File with the --{split}-weighted-split-paths text (quoted groups on one "
+                            "line, as BigScience's xP3 files, or one group per line).")
     g.add_argument("--data-cache-path", default=None, help="Directory for dataset index caches.")
     g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes.")
     g.add_argument("--reset-position-ids", action="store_true")
@@ -430,15 +441,45 @@ def _validate_lr_schedule(args) -> None:
                                 f"{grid[bad[0]]}")
 
 
+def _data_sources(args) -> List[str]:
+    """The data flags in use, one entry per kind of source."""
+    weighted = [f"--{split}-weighted-split-paths{suffix}" for split in ("train", "valid", "test")
+                for suffix in ("", "-path")
+                if getattr(args, f"{split}_weighted_split_paths{suffix.replace('-', '_')}")]
+    sources = []
+    if args.data_path:
+        sources.append("--data-path")
+    split_paths = [f"--{s}-data-path" for s in ("train", "valid", "test")
+                   if getattr(args, f"{s}_data_path")]
+    if split_paths:
+        sources.append("/".join(split_paths))
+    if args.data_blend_config:
+        sources.append("--data-blend-config")
+    if weighted:
+        sources.append("/".join(weighted))
+    return sources
+
+
 def _validate_data(args, require_data: bool) -> None:
-    split_paths = (args.train_data_path, args.valid_data_path, args.test_data_path)
-    has_split_paths = any(p for p in split_paths)
-    if require_data and not args.data_path and not has_split_paths:
-        raise ArgumentError("no training data: give --data-path, or --train-data-path "
-                            "(with --valid-data-path/--test-data-path)")
-    if args.data_path and has_split_paths:
-        raise ArgumentError("--data-path and --train-data-path/--valid-data-path/--test-data-path "
-                            "are mutually exclusive")
+    """Exactly one kind of data source; blend files and weighted-split groups are parsed here so
+    their errors (file, key, value) appear before any work starts."""
+    sources = _data_sources(args)
+    if require_data and not sources:
+        raise ArgumentError("no training data: give --data-path, --train-data-path (with "
+                            "--valid-data-path/--test-data-path), --data-blend-config or "
+                            "--train-weighted-split-paths")
+    if len(sources) > 1:
+        raise ArgumentError(f"{' and '.join(sources)} are mutually exclusive; use one kind of "
+                            "data source")
+    args.data_blend = None
+    if args.data_blend_config:
+        from megatron.data.blend_config import load_blend_config
+
+        args.data_blend = load_blend_config(args.data_blend_config)
+    from megatron.data.weighted_splits import weighted_split_groups_from_args
+
+    # Files are checked when datasets are built (T0 prefixes name inputs/targets pairs).
+    args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
     if args.tokenizer_type == "GPT2BPETokenizer" and (args.vocab_file is None or args.merge_file is None):
         raise ArgumentError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file")
     if args.tokenizer_type == "HuggingFaceTokenizer" and args.tokenizer_model is None:

@@ -3,10 +3,17 @@
 Layout: ``DIR/iter_NNNNNNN/`` holds DeepSpeed's model/optimizer files, the training state in the
 client state (iteration, consumed samples, scheduler) and one ``rng_state_rank{R}.pt`` per rank.
 ``DIR/latest_checkpointed_iteration.txt`` is written last, atomically (temporary file + rename), after
-every rank has finished writing, so it never points at an incomplete checkpoint.
+every rank has finished writing, so it never points at an incomplete checkpoint: a run killed
+during a save resumes from the previous complete checkpoint.
+
+Test hook (fault injection): with ``MEGATRON_FAULT_INJECT=kill_during_save:ITER`` in the environment,
+every rank sends itself SIGKILL after DeepSpeed and the RNG files of the checkpoint of iteration
+``ITER`` are written but before the tracker is updated (tests/test_checkpoint_safety.py). Unset in
+normal runs; any other value is ignored.
 """
 import os
 import random
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -18,6 +25,7 @@ from megatron.errors import ConfigError
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 1
 CLIENT_STATE_KEY = "megatron_training_state"  # our state inside DeepSpeed's client state
+FAULT_INJECT_ENV = "MEGATRON_FAULT_INJECT"  # test hook, see the module docstring
 
 
 class CheckpointError(ConfigError):
@@ -60,7 +68,19 @@ def rng_state() -> Dict[str, Any]:
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
+        state["cuda_rng_tracker"] = _cuda_rng_tracker_states()
     return state
+
+
+def _cuda_rng_tracker_states() -> Dict[str, Any]:
+    """megatron-core's tensor-parallel CUDA RNG tracker streams (dropout inside model-parallel
+    regions), which ``torch.cuda.get_rng_state`` does not cover; empty when there is none."""
+    try:
+        from megatron.core import tensor_parallel
+
+        return dict(tensor_parallel.get_cuda_rng_tracker().get_states())
+    except Exception:  # tracker not initialised / not available
+        return {}
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
@@ -70,6 +90,10 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+    if state.get("cuda_rng_tracker") and torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["cuda_rng_tracker"])
 
 
 def _rank() -> int:
@@ -94,6 +118,8 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState) -> str:
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     directory = os.path.join(save_dir, tag)
     _atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
+    if os.environ.get(FAULT_INJECT_ENV, "") == f"kill_during_save:{state.iteration}":
+        os.kill(os.getpid(), signal.SIGKILL)  # test hook, see the module docstring
     _barrier()
     if _rank() == 0:
         _atomic_write_text(os.path.join(save_dir, TRACKER_FILENAME), f"{state.iteration}\n")
@@ -129,16 +155,21 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
     if not os.path.isdir(directory):
         raise CheckpointError(f"--load {load_dir}: {TRACKER_FILENAME} names iteration {iteration} "
                               f"but {directory} does not exist")
+    if not any(name.endswith("model_states.pt") for name in os.listdir(directory)):
+        raise CheckpointError(f"--load {load_dir}: checkpoint {directory} is incomplete (no "
+                              "*model_states.pt file)")
+    error = None
     try:
         path, client_state = engine.load_checkpoint(
             load_dir, tag=tag, load_module_only=finetune,
             load_optimizer_states=load_optimizer and not finetune,
             load_lr_scheduler_states=False)
-    except CheckpointError:
-        raise
+    except CheckpointError as e:
+        error = e
     except Exception as e:  # torch/pickle/zip errors from deep inside: name the checkpoint instead
-        raise CheckpointError(f"--load {load_dir}: checkpoint {directory} is corrupt or incompatible "
-                              f"({type(e).__name__}: {e})") from e
+        error = CheckpointError(f"--load {load_dir}: checkpoint {directory} is corrupt or "
+                                f"incompatible ({_brief(e)})")
+    _raise_on_any_rank(error, load_dir)
     if path is None:
         raise CheckpointError(f"--load {load_dir}: checkpoint {directory} is incomplete "
                               "(DeepSpeed found no model states)")
@@ -153,10 +184,34 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
                           extra=dict(ours.get("extra", {})))
     if load_rng:
         rng_path = os.path.join(directory, f"rng_state_rank{_rank()}.pt")
+        error = None
         if os.path.isfile(rng_path):
             try:
                 set_rng_state(torch.load(rng_path, weights_only=False))
             except Exception as e:
-                raise CheckpointError(f"--load {load_dir}: {rng_path} is corrupt ({e}); "
-                                      "use --no-load-rng to skip it") from e
+                error = CheckpointError(f"--load {load_dir}: {rng_path} is corrupt ({_brief(e)}); "
+                                        "use --no-load-rng to skip it")
+        _raise_on_any_rank(error, load_dir)
     return state
+
+
+def _brief(e: Exception) -> str:
+    """``Type: first line of the message`` (torch's zip errors run over several sentences)."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = text.split(". ")[0]
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+def _raise_on_any_rank(error: Optional[CheckpointError], load_dir: str) -> None:
+    """Raise ``error`` here, and a CheckpointError on every other rank, when any rank failed to
+    read its part of a checkpoint (so no rank runs on into a collective its peer has left)."""
+    failed = error is not None
+    if torch.distributed.is_initialized():
+        flag = torch.tensor([1.0 if failed else 0.0])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        failed = bool(flag.item() > 0)
+    if error is not None:
+        raise error
+    if failed:
+        raise CheckpointError(f"--load {load_dir}: another rank could not read its part of the "
+                              "checkpoint (see that rank's error)")

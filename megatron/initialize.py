@@ -48,3 +48,13 @@ def print_rank_0(message: str) -> None:
     """Print on global rank 0 only (flushes, so launcher logs interleave sensibly)."""
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         print(message, flush=True)
+
+
+def quiet_optional_dependency_warnings() -> None:
+    """Hide megatron-core's import-time notices that optional Apex / Transformer Engine kernels are
+    absent (expected on CPU; the fallbacks are the intended path). Call before importing
+    megatron.core."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed")
+    warnings.filterwarnings("ignore", message=r"full scope is deprecated")

@@ -6,12 +6,12 @@ learning-rate scheduler is advanced by the samples of each iteration (Megatron-L
 """
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from megatron.checkpointing import TrainingState, load_checkpoint, save_checkpoint
+from megatron.data.train_data import EvalGroup, TrainData  # noqa: F401 (re-exported)
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.deepspeed_config import deepspeed_config_from_args
 from megatron.initialize import initialize_distributed, print_rank_0, set_seeds
@@ -19,25 +19,6 @@ from megatron.learning_rates import build_opt_param_scheduler
 from megatron.metrics import MetricsWriter, perplexity
 from megatron.optimizer import build_optimizer
 from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
-
-
-@dataclass
-class EvalGroup:
-    """One named validation or test set; ``split`` is "valid" or "test"."""
-
-    name: str
-    dataset: torch.utils.data.Dataset
-    split: str = "valid"
-
-
-@dataclass
-class TrainData:
-    """What a datasets provider returns: the training set, its per-dataset names (index =
-    ``dataset_id`` in samples, for per-dataset losses) and the evaluation groups."""
-
-    train: Optional[torch.utils.data.Dataset]
-    eval_groups: List[EvalGroup] = field(default_factory=list)
-    dataset_names: List[str] = field(default_factory=list)
 
 
 def _to_device(batch: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:
@@ -69,9 +50,12 @@ def _loader(dataset, consumed: int, args, total: Optional[int] = None) -> Iterat
         micro_batch_size=args.micro_batch_size,
         data_parallel_rank=parallel_state.get_data_parallel_rank(),
         data_parallel_size=parallel_state.get_data_parallel_world_size())
+    # Own generator: creating a DataLoader iterator otherwise draws its worker base seed from the
+    # global torch RNG, which would shift the dropout stream of a resumed run (exact resume).
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
                                          pin_memory=torch.cuda.is_available(),
-                                         persistent_workers=False)
+                                         persistent_workers=False,
+                                         generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)
 
 

@@ -45,42 +45,39 @@ def _parser():
     return finetune_t0.extra_args_provider(argparse.ArgumentParser())
 
 
-def test_extra_flags_defaults_and_guard():
+def test_extra_flags_defaults():
     args = _parser().parse_args([])
     assert args.loss_on_targets_only is True and not args.prefix_lm and not args.norm_target_loss
     args = _parser().parse_args(["--no-loss-on-targets-only", "--prefix-lm", "--norm-target-loss"])
     assert args.loss_on_targets_only is False and args.prefix_lm and args.norm_target_loss
-    # adding the flags twice (e.g. once arguments.py defines them) is no conflict
-    parser = _parser()
-    finetune_t0.extra_args_provider(parser)
 
 
 def test_weighted_split_groups(tmp_path):
+    from megatron.data.weighted_splits import weighted_split_groups_from_args
     args = argparse.Namespace(
         train_weighted_split_paths=["TRAIN: 0.3 0:0.95 data/a, 0.7 0:0.95 data/b"],
-        train_weighted_split_paths_path=None,
+        train_weighted_split_paths_path=None, test_weighted_split_paths=None,
+        test_weighted_split_paths_path=None,
         valid_weighted_split_paths=["VA: 1 0.95:1 data/a", "VB: 1 0.95:1 data/b"],
         valid_weighted_split_paths_path=None)
+    args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
     assert finetune_t0.weighted_split_groups(args, "train") == [
         ("TRAIN", [(0.3, 0.0, 0.95, "data/a"), (0.7, 0.0, 0.95, "data/b")])]
     assert [g[0] for g in finetune_t0.weighted_split_groups(args, "valid")] == ["VA", "VB"]
-    f = tmp_path / "valid.txt"
-    f.write_text('"VA: 1 0.95:1 data/a" "VB: 1 0.95:1 data/b"\n')
-    args.valid_weighted_split_paths, args.valid_weighted_split_paths_path = None, str(f)
-    assert [g[0] for g in finetune_t0.weighted_split_groups(args, "valid")] == ["VA", "VB"]
 
 
-def test_bad_group_is_named():
-    with pytest.raises(ValueError, match="VA"):
-        finetune_t0._parse_group("VA: 1 0.95-1 data/a")
-    args = argparse.Namespace(valid_weighted_split_paths=["VA: 1 0.95-1 data/a"],
-                              valid_weighted_split_paths_path=None)
-    with pytest.raises(ValueError, match="VA"):
-        finetune_t0.weighted_split_groups(args, "valid")
+def test_bad_group_is_named(toy, tmp_path):
+    from megatron.errors import ConfigError
+    flags = t0_flags(toy, tmp_path)
+    i = flags.index("--valid-weighted-split-paths")
+    flags[i + 1] = "VA: 1 0.95-1 data/a"
+    with pytest.raises(ConfigError, match="VA"):
+        finetune_t0.parse_t0_args(flags)
 
 
-def test_prefix_lm_with_input_loss_is_refused(toy, tmp_path, capsys):
-    with pytest.raises(SystemExit):
+def test_prefix_lm_with_input_loss_is_refused(toy, tmp_path):
+    from megatron.errors import ConfigError
+    with pytest.raises(ConfigError, match="--prefix-lm needs --loss-on-targets-only"):
         finetune_t0.parse_t0_args(t0_flags(toy, tmp_path, ["--no-loss-on-targets-only"]))
 
 

@@ -5,7 +5,12 @@
 
 writes ``{"iteration": [0..train_iters], "consumed_samples": [...], "lr": [...],
 "weight_decay": [...]}``: ``lr[i]``/``weight_decay[i]`` are the values of the optimizer step taken
-after ``i`` completed iterations (the values the scheduler gives; lr_mult/wd_mult = 1).
+after ``i`` completed iterations (the values the scheduler gives; lr_mult/wd_mult = 1). With
+``--data-blend-config`` or ``--train-weighted-split-paths`` it adds ``"mixture"`` and
+``"target_mixture"`` (``{dataset: [...]}``, one entry per step: ``mixture[d][i]`` is the fraction
+of the global batch of the step taken after ``i`` completed iterations that the built index draws
+from ``d``; ``target_mixture`` is what the weights ask) and ``"epochs"`` (``{dataset: epochs}``),
+warning about datasets repeated past ``--warn-epochs``.
 Everything is vectorised, so 1e6 iterations take about a second.
 
 Structure for extensions: :func:`preview` returns the dict (more keys may be added by other
@@ -28,6 +33,9 @@ def add_preview_args(parser):
     g = parser.add_argument_group("schedule preview")
     g.add_argument("--output-json", default=None, help="Write the schedule values here.")
     g.add_argument("--output-png", default=None, help="Plot LR and WD against iterations here.")
+    g.add_argument("--warn-epochs", type=float, default=1.0,
+                   help="Warn when the curriculum would draw a dataset for more than this many "
+                        "epochs.")
     g.add_argument("--world-size", type=int, default=1,
                    help="Number of ranks the run would use (for batch-size validation).")
     # The training command's DeepSpeed flags are accepted (the JSON is checked against the batch
@@ -67,10 +75,52 @@ def schedule_arrays(args) -> Dict[str, np.ndarray]:
     return {"iteration": iterations, "consumed_samples": samples, "lr": lr, "weight_decay": wd}
 
 
+def training_blend(args):
+    """The training :class:`SplitBlend` of ``--data-blend-config`` or
+    ``--train-weighted-split-paths`` (None for static ``--data-path`` blends)."""
+    if getattr(args, "data_blend", None) is not None and args.data_blend.train is not None:
+        return args.data_blend.train
+    groups = getattr(args, "weighted_split_groups", {}).get("train") or []
+    return groups[0].to_split_blend("--train-weighted-split-paths") if groups else None
+
+
+def mixture_arrays(args, train_iters: int) -> Optional[dict]:
+    """``mixture`` (what the built curriculum index draws: fraction of each step's global batch,
+    one entry per step, i.e. ``train_iters`` entries), ``target_mixture`` (what the weights ask,
+    at each step's first sample) and ``epochs`` (epochs drawn per dataset), from the same index
+    the training run builds (same seed and cache). None when the run has no blend to preview."""
+    blend = training_blend(args)
+    if blend is None:
+        return None
+    from megatron.data.builder import train_valid_test_num_samples
+    from megatron.data.curriculum import CurriculumIndex, resolve_constituents
+    from megatron.schedules.units import batch_schedule_from_args
+
+    index = CurriculumIndex(blend, resolve_constituents(blend, args.seq_length),
+                            train_valid_test_num_samples(args)[0], batch_schedule_from_args(args),
+                            seed=args.seed, cache_dir=args.data_cache_path)
+    mixture = index.iteration_mixture(train_iters)
+    target = index.target_iteration_mixture(train_iters)
+    return {"mixture": {name: mixture[d] for d, name in enumerate(index.names)},
+            "target_mixture": {name: target[d] for d, name in enumerate(index.names)},
+            "epochs": dict(index.epochs)}
+
+
+def warn_repeated(epochs: Dict[str, float], threshold: float) -> List[str]:
+    """Warnings for datasets drawn for more than ``threshold`` epochs."""
+    return [f"warning: dataset {name} would be repeated {e:.2f} epochs (> --warn-epochs "
+            f"{threshold:g}); its samples repeat with a fresh shuffle per epoch"
+            for name, e in epochs.items() if e > threshold]
+
+
 def preview(args) -> dict:
-    """The preview as a JSON-ready dict of lists (other keys, such as ``mixture``, are added by
-    their own functions)."""
-    return {key: value.tolist() for key, value in schedule_arrays(args).items()}
+    """The preview as a JSON-ready dict: schedule lists, and the mixture keys when the run has a
+    curriculum blend."""
+    arrays = schedule_arrays(args)
+    mixture = mixture_arrays(args, len(arrays["iteration"]) - 1)
+    if mixture is not None:
+        arrays.update(mixture)
+    return json.loads(_json_value(arrays))
 
 
 def _plot_lr(ax, data):
@@ -83,11 +133,37 @@ def _plot_wd(ax, data):
     ax.set_ylabel("weight decay")
 
 
-PANELS: List[Tuple[str, Callable]] = [("lr", _plot_lr), ("weight_decay", _plot_wd)]
+def _plot_mixture(ax, data):
+    steps = np.arange(len(next(iter(data["mixture"].values()))))
+    for k, (name, values) in enumerate(data["mixture"].items()):
+        color = f"C{k % 10}"
+        ax.plot(steps, values, color=color, label=f"{name} (drawn)")
+        target = data.get("target_mixture", {}).get(name)
+        if target is not None:
+            ax.plot(steps, target, color=color, linestyle="--", linewidth=0.8)
+    ax.set_ylabel("batch fraction")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7, loc="upper right", title="dashed: target", title_fontsize=7)
+
+
+PANELS: List[Tuple[str, Callable]] = [("lr", _plot_lr), ("weight_decay", _plot_wd),
+                                      ("mixture", _plot_mixture)]
 """(key, draw(ax, data)): a panel is drawn when ``key`` is in the preview dict."""
 
 
+def _thin(value, keep: np.ndarray):
+    """Every array in ``value`` (or in its dict values) sampled at ``keep`` (clipped to length)."""
+    if isinstance(value, dict):
+        return {k: _thin(v, keep) for k, v in value.items()}
+    if isinstance(value, (list, np.ndarray)) and len(value) > 1:
+        arr = np.asarray(value)
+        return arr[np.unique(np.minimum(keep, len(arr) - 1))]
+    return value
+
+
 def plot_preview(data: dict, path: str, title: Optional[str] = None) -> None:
+    """One panel per :data:`PANELS` entry present in ``data`` (LR, WD, data mixture), against
+    iterations, written as a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -95,9 +171,7 @@ def plot_preview(data: dict, path: str, title: Optional[str] = None) -> None:
     n = len(data["iteration"])
     if n > 20000:  # plotting a million points is slow and looks the same
         keep = np.unique(np.linspace(0, n - 1, 20000).astype(np.int64))
-        data = {k: (np.asarray(v)[keep] if k in ("iteration", "consumed_samples") or
-                    (isinstance(v, (list, np.ndarray)) and len(v) == n) else v)
-                for k, v in data.items()}
+        data = {k: _thin(v, keep) for k, v in data.items()}
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), sharex=True,
                              squeeze=False)
     for ax, (_, draw) in zip(axes[:, 0], panels):
@@ -122,21 +196,32 @@ def _json_array(values: np.ndarray) -> str:
     return "[" + ", ".join(map(repr, values.tolist())) + "]"
 
 
+def _json_value(value) -> str:
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return _json_array(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_json_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value.tolist() if isinstance(value, np.ndarray) else value)
+
+
 def _write_json(data: dict, path: str) -> None:
-    """Like ``json.dump(data)`` but about twice as fast for long numeric arrays."""
-    parts = []
-    for key, values in data.items():
-        text = (_json_array(values) if isinstance(values, np.ndarray) and values.ndim == 1
-                else json.dumps(values.tolist() if isinstance(values, np.ndarray) else values))
-        parts.append(f"{json.dumps(key)}: {text}")
-    with open(path, "w") as f:
-        f.write("{" + ", ".join(parts) + "}\n")
+    """Like ``json.dump(data)`` but about twice as fast for long numeric arrays; written to a
+    temporary name and renamed, so a reader never sees half a file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(_json_value(data) + "\n")
+    os.replace(tmp, path)
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
     start = time.perf_counter()
     args = parse_preview_args(argv)
     arrays = schedule_arrays(args)
+    mixture = mixture_arrays(args, len(arrays["iteration"]) - 1)
+    if mixture is not None:
+        arrays.update(mixture)
+        for warning in warn_repeated(mixture["epochs"], args.warn_epochs):
+            print(warning, file=sys.stderr)
     if args.output_json:
         _write_json(arrays, args.output_json)
     if args.output_png:

@@ -8,7 +8,9 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
 
+from megatron.data.train_data import EvalGroup, TrainData
 from megatron.errors import ConfigError
+from megatron.initialize import print_rank_0
 from megatron.schedules.units import batch_schedule_from_args
 
 
@@ -81,3 +83,69 @@ def dataset_names(args) -> List[str]:
                 name = name[: -len(suffix)]
         names.append(name)
     return names
+
+
+def _eval_groups(valid, test) -> List[EvalGroup]:
+    return ([EvalGroup(name, ds, "valid") for name, ds in valid]
+            + [EvalGroup(name, ds, "test") for name, ds in test])
+
+
+def _weighted_split_data(args, tokenizer) -> TrainData:
+    """``--{train,valid,test}-weighted-split-paths``: one training blend, one eval set per group."""
+    from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
+
+    groups = args.weighted_split_groups
+    if len(groups["train"]) > 1:
+        names = ", ".join(g.name for g in groups["train"])
+        raise WeightedSplitError(f"--train-weighted-split-paths: give one training group (got "
+                                 f"{len(groups['train'])}: {names}); put all its items in it")
+    for split in ("train", "valid", "test"):
+        for group in groups[split]:
+            for item in group.items:
+                check_prefixes_exist(f"--{split}-weighted-split-paths group {group.name}", [item.prefix])
+    n_train, n_valid, n_test = train_valid_test_num_samples(args)
+    config = gpt_dataset_config(args, tokenizer)
+    schedule = batch_schedule_from_args(args)
+    built = {split: build_weighted_split_datasets(groups[split], n, config, schedule, split,
+                                                  args.data_cache_path)
+             for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test))
+             if groups[split] and n > 0}
+    train = built.get("train", [(None, None)])[0][1]
+    return TrainData(train=train, eval_groups=_eval_groups(built.get("valid", []), built.get("test", [])),
+                     dataset_names=list(train.names) if train is not None else [])
+
+
+def _blend_config_data(args, tokenizer) -> TrainData:
+    """``--data-blend-config``: a curriculum training set and the file's named eval groups."""
+    from megatron.data.curriculum import build_blend_config_datasets
+
+    train, valid, test = build_blend_config_datasets(
+        args.data_blend, train_valid_test_num_samples(args), gpt_dataset_config(args, tokenizer),
+        batch_schedule_from_args(args), args.data_cache_path)
+    if train is not None:
+        epochs = ", ".join(f"{name} {e:.2f}" for name, e in train.epochs.items())
+        print_rank_0(f"curriculum: {len(train)} training samples from {len(train.names)} datasets; "
+                     f"epochs drawn: {epochs}")
+    return TrainData(train=train, eval_groups=_eval_groups(valid, test),
+                     dataset_names=list(train.names) if train is not None else [])
+
+
+def _static_blend_data(args, tokenizer) -> TrainData:
+    """``--data-path``/``--split`` or ``--{train,valid,test}-data-path``: megatron-core blends."""
+    train, valid, test = build_train_valid_test_datasets(args, tokenizer)
+    groups = []
+    if valid is not None:
+        groups.append(EvalGroup("valid", valid, "valid"))
+    if test is not None:
+        groups.append(EvalGroup("test", test, "test"))
+    return TrainData(train=train, eval_groups=groups, dataset_names=dataset_names(args))
+
+
+def build_pretraining_data(args, tokenizer) -> TrainData:
+    """Training set and evaluation groups for ``pretrain_gpt.py`` from whichever data flags are
+    given (validated to be exactly one kind by ``megatron.arguments``)."""
+    if getattr(args, "data_blend", None) is not None:
+        return _blend_config_data(args, tokenizer)
+    if any(getattr(args, "weighted_split_groups", {}).values()):
+        return _weighted_split_data(args, tokenizer)
+    return _static_blend_data(args, tokenizer)

@@ -1,0 +1,424 @@
+"""``--data-blend-config FILE``: YAML/JSON blend files -> typed blend configuration.
+
+File shape (see DESIGN.md, "Blend files")::
+
+    train:                       # one of: blend | epochized_blend | sequential
+      blend:
+        - {path: data/web_text_document, weight: 1}
+        - {path: data/code_text_document, split: "0:0.98",
+           weight: {type: linear, unit: iterations, points: {0: 100, 100: 10, 1000: 0}}}
+    valid:                       # a list of named groups
+      - {name: web, path: data/web_text_document, split: "0.98:1"}
+      - {name: mix, blend: [{path: a, weight: 1}, {path: b, weight: 2}]}
+
+``sequential`` is a list of stages, each ``{blend: [...], until: {iterations|samples|tokens: N}}``
+(``until`` is absolute run progress; the last blend stage may omit it and then runs to the end) or
+``{epochized_blend: [...]}`` (ends when its repetitions are done). Stages never mix.
+
+Every entry may carry ``split: "START:END"``: the documents of ``path`` in that fraction range, by
+position. Relative paths are resolved against the working directory first, then against the
+directory of the blend file.
+
+Errors are ``BlendConfigError`` (a ``ValueError``) naming the file, the key and the offending value.
+Checks that need the run length (all weights zero at some point, schedule values negative) happen
+when the curriculum index is built (``megatron.data.curriculum``).
+"""
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import yaml
+
+from megatron.errors import ConfigError
+
+__all__ = [
+    "BlendConfigError", "BlendEntry", "BlendStage", "SplitBlend", "BlendConfig",
+    "load_blend_config", "parse_blend_config", "parse_split_range", "check_dataset_prefix",
+]
+
+UNITS = ("iterations", "samples", "tokens")
+SCHEDULE_POINT_TYPES = ("linear", "step", "piecewise-linear", "piecewise_linear")
+
+Weight = Union[float, Dict[str, Any]]
+
+
+class BlendConfigError(ConfigError):
+    """A blend configuration error; the message names the file, the key and the value."""
+
+
+@dataclass(frozen=True)
+class BlendEntry:
+    """One dataset of a blend.
+
+    Attributes:
+        path: the ``.bin``/``.idx`` prefix (resolved).
+        weight: a number or a schedule dict (``{type, unit?, points?...}``).
+        split: ``(start, end)`` document fraction range, by position; ``(0.0, 1.0)`` = all.
+        repetitions: epochs to draw (``epochized_blend`` only), else None.
+        where: ``"FILE: key"`` for error messages.
+    """
+
+    path: str
+    weight: Optional[Weight] = 1.0
+    split: Tuple[float, float] = (0.0, 1.0)
+    repetitions: Optional[float] = None
+    where: str = ""
+
+    @property
+    def key(self) -> Tuple[str, float, float]:
+        """Identity of the constituent dataset: same path and range = same dataset."""
+        return (self.path, self.split[0], self.split[1])
+
+    @property
+    def weight_is_static(self) -> bool:
+        return not isinstance(self.weight, dict)
+
+    @property
+    def name(self) -> str:
+        """Short name: the prefix basename without ``_text_document``/``_document``."""
+        name = self.path.rstrip("/").split("/")[-1]
+        for suffix in ("_text_document", "_document"):
+            if name.endswith(suffix):
+                return name[: -len(suffix)]
+        return name
+
+    @property
+    def qualified_name(self) -> str:
+        """:attr:`name` plus the split range when it is not the whole dataset (tells apart two
+        ranges of one prefix)."""
+        if self.split == (0.0, 1.0):
+            return self.name
+        return f"{self.name}[{self.split[0]:g}:{self.split[1]:g}]"
+
+
+@dataclass(frozen=True)
+class BlendStage:
+    """One blend: ``kind`` is "blend" or "epochized_blend"; ``until`` = (unit, N) or None."""
+
+    kind: str
+    entries: Tuple[BlendEntry, ...]
+    until: Optional[Tuple[str, int]] = None
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class SplitBlend:
+    """What one split (or one named valid/test group) draws: stages in order (one for a plain
+    ``blend``/``epochized_blend``; several for ``sequential``)."""
+
+    stages: Tuple[BlendStage, ...]
+    name: Optional[str] = None
+    sequential: bool = False
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """The whole file: ``train`` (or None) and the named ``valid``/``test`` groups."""
+
+    source: str
+    train: Optional[SplitBlend] = None
+    valid: Tuple[SplitBlend, ...] = ()
+    test: Tuple[SplitBlend, ...] = ()
+
+    def canonical(self) -> str:
+        """Canonical JSON of the content (for cache keys)."""
+        from dataclasses import asdict
+
+        def clean(obj):
+            if isinstance(obj, dict):
+                return {str(k): clean(v) for k, v in obj.items() if k != "where" and k != "source"}
+            if isinstance(obj, (list, tuple)):
+                return [clean(v) for v in obj]
+            return obj
+
+        return json.dumps(clean(asdict(self)), sort_keys=True)
+
+
+# ----------------------------------------------------------------------------------------------
+def _err(where: str, msg: str) -> BlendConfigError:
+    return BlendConfigError(f"{where}: {msg}")
+
+
+def _check_keys(obj: Any, allowed: Sequence[str], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise _err(where, f"expected a mapping, got {type(obj).__name__} {obj!r}")
+    unknown = [k for k in obj if k not in allowed]
+    if unknown:
+        raise _err(where, f"unknown key {unknown[0]!r} (value {obj[unknown[0]]!r}); allowed keys: "
+                          f"{', '.join(allowed)}")
+
+
+def parse_split_range(text: Any, where: str) -> Tuple[float, float]:
+    """``"START:END"`` -> (start, end) with 0 <= start < end <= 1."""
+    if isinstance(text, (list, tuple)) and len(text) == 2:
+        parts = list(text)
+    elif isinstance(text, str) and text.count(":") == 1:
+        parts = text.split(":")
+    else:
+        raise _err(where, f"split {text!r} is not of the form \"START:END\" (e.g. \"0.98:1\")")
+    try:
+        start, end = (float(p) for p in parts)
+    except (TypeError, ValueError):
+        raise _err(where, f"split {text!r}: START and END must be numbers") from None
+    if not (0.0 <= start <= 1.0 and 0.0 <= end <= 1.0) or math.isnan(start) or math.isnan(end):
+        raise _err(where, f"split {text!r} lies outside [0, 1]")
+    if not start < end:
+        raise _err(where, f"split {text!r} is empty (START must be < END)")
+    return (start, end)
+
+
+def check_dataset_prefix(path: str, where: str) -> None:
+    """Raise naming ``where`` if ``path.bin`` or ``path.idx`` is missing."""
+    for ext in (".bin", ".idx"):
+        if not os.path.isfile(path + ext):
+            raise _err(where, f"dataset file {path + ext!r} does not exist (path {path!r})")
+
+
+def _resolve_path(path: Any, base_dir: Optional[str], where: str, check_files: bool) -> str:
+    if not isinstance(path, str) or not path:
+        raise _err(where, f"path must be a non-empty string, got {path!r}")
+    resolved = path
+    if (base_dir and not os.path.isabs(path) and not os.path.exists(path + ".idx")
+            and os.path.exists(os.path.join(base_dir, path) + ".idx")):
+        resolved = os.path.join(base_dir, path)
+    if check_files:
+        check_dataset_prefix(resolved, where)
+    return resolved
+
+
+def _number(value: Any, where: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value) if isinstance(value, str) else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise _err(where, f"{what} must be a number")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise _err(where, f"{what} {value!r} is not finite")
+    return value
+
+
+def _parse_weight(value: Any, where: str) -> Weight:
+    if isinstance(value, dict):
+        return _parse_schedule(value, where)
+    weight = _number(value, where, f"weight {value!r}")
+    if weight < 0:
+        raise _err(where, f"weight {value!r} is negative")
+    return weight
+
+
+def _parse_schedule(spec: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """Validate the parts of a weight schedule dict this module understands (``unit``,
+    ``points``, constant values); other keys are left to the schedule registry."""
+    out = dict(spec)
+    if "type" not in spec:
+        raise _err(where, f"weight schedule {spec!r} has no 'type' (e.g. linear, step, cosine)")
+    unit = spec.get("unit", "iterations")
+    if unit not in UNITS:
+        raise _err(where + ".unit", f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
+    out["unit"] = unit
+    if "points" in spec:
+        points = spec["points"]
+        if isinstance(points, dict):
+            items = list(points.items())
+        elif isinstance(points, (list, tuple)) and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 for p in points):
+            items = [tuple(p) for p in points]
+        else:
+            raise _err(where + ".points", f"points {points!r} must be a mapping "
+                                          "{progress: weight} or a list of [progress, weight] pairs")
+        if not items:
+            raise _err(where + ".points", "points is empty")
+        xs, ys = [], []
+        for x, y in items:
+            xv = _number(x, where + ".points", f"point {x!r}")
+            yv = _number(y, where + f".points[{x!r}]", f"weight {y!r}")
+            if yv < 0:
+                raise _err(where + f".points[{x!r}]", f"weight {y!r} is negative")
+            if xv < 0:
+                raise _err(where + ".points", f"point {x!r} is negative")
+            xs.append(xv)
+            ys.append(yv)
+        for a, b in zip(xs, xs[1:]):
+            if not b > a:
+                raise _err(where + ".points", f"points are not sorted in increasing order: {b:g} "
+                                              f"comes after {a:g} (points {points!r})")
+        out["points"] = {x: y for x, y in zip(xs, ys)}
+    try:  # unknown schedule types/keys: ask the schedule registry when it is there
+        from megatron.schedules import registry
+    except ImportError:
+        registry = None
+    if registry is not None:
+        try:
+            cls = registry.get_schedule_class(spec["type"])
+        except ValueError as exc:
+            raise _err(where + ".type", str(exc)) from None
+        allowed = set(cls.keys) | {"type", "unit"}
+        for key in spec:
+            if key not in allowed:
+                raise _err(where, f"unknown key {key!r} (value {spec[key]!r}) for schedule type "
+                                  f"{spec['type']!r}; allowed keys: {', '.join(sorted(allowed))}")
+    for key in ("value", "from", "to", "start_value", "end_value", "min", "max"):
+        if key in spec and isinstance(spec[key], (int, float)) and spec[key] < 0:
+            raise _err(where + f".{key}", f"weight {spec[key]!r} is negative")
+    return out
+
+
+def _parse_until(value: Any, where: str) -> Tuple[str, int]:
+    _check_keys(value, UNITS, where)
+    if len(value) != 1:
+        raise _err(where, f"until {value!r} must give exactly one of {', '.join(UNITS)}")
+    (unit, n), = value.items()
+    n = _number(n, where + f".{unit}", f"until {n!r}")
+    if n <= 0 or n != int(n):
+        raise _err(where + f".{unit}", f"until {value[unit]!r} must be a positive integer")
+    return (unit, int(n))
+
+
+def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> Tuple[BlendEntry, ...]:
+    if not isinstance(items, list):
+        raise _err(where, f"{kind} must be a list of entries, got {type(items).__name__} {items!r}")
+    if not items:
+        raise _err(where, f"{kind} is empty: a stage with nothing to draw")
+    allowed = ("path", "weight", "split") + (("repetitions",) if kind == "epochized_blend" else ())
+    entries, seen = [], {}
+    for i, item in enumerate(items):
+        w = f"{where}[{i}]"
+        _check_keys(item, allowed, w)
+        if "path" not in item:
+            raise _err(w, "missing key 'path'")
+        if kind == "blend" and "weight" not in item:
+            raise _err(w, "missing key 'weight'")
+        path = _resolve_path(item["path"], base_dir, w + ".path", check_files)
+        if "weight" in item:
+            weight = _parse_weight(item["weight"], w + ".weight")
+        else:  # epochized_blend default: proportional to the remaining samples
+            weight = None
+        split = parse_split_range(item["split"], w + ".split") if "split" in item else (0.0, 1.0)
+        reps = None
+        if kind == "epochized_blend":
+            if "repetitions" not in item:
+                raise _err(w, "missing key 'repetitions'")
+            reps = _number(item["repetitions"], w + ".repetitions", f"repetitions {item['repetitions']!r}")
+            if reps <= 0:
+                raise _err(w + ".repetitions", f"repetitions {item['repetitions']!r} must be > 0")
+        entry = BlendEntry(path=path, weight=weight, split=split, repetitions=reps, where=w)
+        if entry.key in seen:
+            raise _err(w + ".path", f"dataset {item['path']!r} (split {split[0]:g}:{split[1]:g}) "
+                                    f"is listed twice in this blend (also at {seen[entry.key]})")
+        seen[entry.key] = w
+        entries.append(entry)
+    if kind == "blend" and all(e.weight_is_static and e.weight == 0 for e in entries):
+        raise _err(where, "all weights are zero: a stage with nothing to draw")
+    return tuple(entries)
+
+
+_BLEND_FORMS = ("blend", "epochized_blend", "sequential")
+
+
+def _parse_split_blend(obj: Any, where: str, base_dir, check_files, name=None) -> SplitBlend:
+    forms = [k for k in _BLEND_FORMS if isinstance(obj, dict) and k in obj]
+    if len(forms) != 1:
+        raise _err(where, f"give exactly one of {', '.join(_BLEND_FORMS)} (got {obj!r})")
+    form = forms[0]
+    if form in ("blend", "epochized_blend"):
+        entries = _parse_entries(obj[form], form, f"{where}.{form}", base_dir, check_files)
+        return SplitBlend(stages=(BlendStage(form, entries, None, f"{where}.{form}"),), name=name,
+                          where=where)
+    stages_spec = obj["sequential"]
+    w = f"{where}.sequential"
+    if not isinstance(stages_spec, list) or not stages_spec:
+        raise _err(w, f"sequential must be a non-empty list of stages, got {stages_spec!r}")
+    stages = []
+    last_until: Optional[Tuple[str, int]] = None
+    for i, spec in enumerate(stages_spec):
+        ws = f"{w}[{i}]"
+        _check_keys(spec, ("blend", "epochized_blend", "until"), ws)
+        kinds = [k for k in ("blend", "epochized_blend") if k in spec]
+        if len(kinds) != 1:
+            raise _err(ws, f"a stage needs exactly one of blend, epochized_blend (got {spec!r})")
+        kind = kinds[0]
+        until = None
+        if "until" in spec:
+            if kind == "epochized_blend":
+                raise _err(ws + ".until", "an epochized_blend stage ends when its repetitions are "
+                                          f"done; 'until' ({spec['until']!r}) is not allowed")
+            until = _parse_until(spec["until"], ws + ".until")
+            if last_until and last_until[0] == until[0] and until[1] <= last_until[1]:
+                raise _err(ws + ".until", f"until {until[0]}={until[1]} is not after the previous "
+                                          f"stage's {last_until[0]}={last_until[1]}: a stage with "
+                                          "nothing to draw")
+            last_until = until
+        elif kind == "blend" and i != len(stages_spec) - 1:
+            raise _err(ws, "a blend stage other than the last needs 'until: {iterations|samples|"
+                           "tokens: N}'")
+        entries = _parse_entries(spec[kind], kind, f"{ws}.{kind}", base_dir, check_files)
+        stages.append(BlendStage(kind, entries, until, ws))
+    return SplitBlend(stages=tuple(stages), name=name, sequential=True, where=where)
+
+
+def _parse_groups(obj: Any, split: str, where: str, base_dir, check_files) -> Tuple[SplitBlend, ...]:
+    if isinstance(obj, dict):  # a single unnamed blend form: one group named after the split
+        return (_parse_split_blend(obj, where, base_dir, check_files, name=split),)
+    if not isinstance(obj, list) or not obj:
+        raise _err(where, f"{split} must be a non-empty list of named groups, got {obj!r}")
+    groups, names = [], {}
+    for i, item in enumerate(obj):
+        w = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise _err(w, f"expected a mapping, got {item!r}")
+        if "name" not in item or not isinstance(item["name"], str) or not item["name"]:
+            raise _err(w, f"a {split} group needs a non-empty 'name' (got {item.get('name')!r})")
+        name = item["name"]
+        if name in names:
+            raise _err(w + ".name", f"group name {name!r} is used twice (also at {names[name]})")
+        names[name] = w
+        if "path" in item:
+            _check_keys(item, ("name", "path", "split", "weight"), w)
+            entry = {k: v for k, v in item.items() if k != "name"}
+            entry.setdefault("weight", 1.0)
+            entries = _parse_entries([entry], "blend", w, base_dir, check_files)
+            groups.append(SplitBlend(stages=(BlendStage("blend", entries, None, w),), name=name,
+                                     where=w))
+        else:
+            _check_keys(item, ("name",) + _BLEND_FORMS, w)
+            groups.append(_parse_split_blend({k: v for k, v in item.items() if k != "name"}, w,
+                                             base_dir, check_files, name=name))
+    return tuple(groups)
+
+
+def parse_blend_config(data: Any, source: str = "<blend config>", base_dir: Optional[str] = None,
+                       check_files: bool = True) -> BlendConfig:
+    """Typed :class:`BlendConfig` from already-loaded YAML/JSON ``data``; ``source`` names the file
+    in errors."""
+    _check_keys(data, ("train", "valid", "test"), source)
+    train = None
+    if data.get("train") is not None:
+        train = _parse_split_blend(data["train"], f"{source}: train", base_dir, check_files,
+                                   name="train")
+    valid = _parse_groups(data["valid"], "valid", f"{source}: valid", base_dir, check_files) \
+        if data.get("valid") is not None else ()
+    test = _parse_groups(data["test"], "test", f"{source}: test", base_dir, check_files) \
+        if data.get("test") is not None else ()
+    return BlendConfig(source=source, train=train, valid=valid, test=test)
+
+
+def load_blend_config(path: str, check_files: bool = True) -> BlendConfig:
+    """Load ``--data-blend-config FILE`` (``.json`` as JSON, anything else as YAML)."""
+    if not os.path.isfile(path):
+        raise BlendConfigError(f"--data-blend-config: file {path!r} does not exist")
+    with open(path, "r", encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise BlendConfigError(f"{path}: cannot parse: {exc}") from exc
+    if data is None:
+        raise BlendConfigError(f"{path}: the file is empty")
+    return parse_blend_config(data, source=path, base_dir=os.path.dirname(os.path.abspath(path)),
+                              check_files=check_files)

@@ -1,0 +1,382 @@
+"""megatron/data/curriculum.py: curriculum index bounds, megatron-core equivalence for static
+weights, epochized/sequential blends, resume, data-parallel independence, caching."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megatron.core.datasets import helpers
+from megatron.core.datasets.blended_dataset import BlendedDataset
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from megatron.core.datasets.utils import Split
+from megatron.data import curriculum
+from megatron.data.blend_config import BlendConfigError, parse_blend_config
+from megatron.data.curriculum import (Constituent, CurriculumIndex, build_blending_index,
+                                      resolve_constituents,
+                                      build_curriculum_dataset)
+from megatron.data.samplers import PretrainingBatchSampler
+from megatron.schedules.units import BatchSchedule
+from megatron.tokenizer import ByteLevelTokenizer
+
+SEQ = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gloo_group(dist_group):
+    """megatron-core's BlendedDataset calls torch.distributed.get_rank() unguarded."""
+    yield
+
+
+def _make(prefix, ndocs, value, seed):
+    rng = np.random.default_rng(seed)
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for k in range(ndocs):
+        n = int(rng.integers(5, 40))
+        b.add_document(np.full(n, value, dtype=np.uint16), [n])
+    b.finalize(prefix + ".idx")
+    return prefix
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("curr")
+    return {name: _make(str(d / f"{name}_text_document"), ndocs, i + 1, i)
+            for i, (name, ndocs) in enumerate([("a", 40), ("b", 60), ("c", 30)])}
+
+
+def _gpt_config(cache, seed=1):
+    return GPTDatasetConfig(random_seed=seed, sequence_length=SEQ, tokenizer=ByteLevelTokenizer(),
+                            reset_position_ids=False, reset_attention_mask=False,
+                            eod_mask_loss=False, path_to_cache=str(cache), blend=None,
+                            blend_per_split=None, split="1,0,0")
+
+
+def _fake_index(blend_obj, N, gbs=4, rampup=None, spe=10 ** 6):
+    cfg = parse_blend_config({"train": blend_obj}, "t.yaml", check_files=False).train
+    cons, seen = [], set()
+    for stage in cfg.stages:
+        for e in stage.entries:
+            if e.key not in seen:
+                seen.add(e.key)
+                s = spe if isinstance(spe, int) else spe[e.path]
+                cons.append(Constituent(e.path, e.split, e.name, 0, 10, 10, s * SEQ + 1, s))
+    return CurriculumIndex(cfg, cons, N, BatchSchedule(gbs, rampup, SEQ))
+
+
+def _prefix_error(idx):
+    """(target integral - realised count) at every prefix, [D, N+1]."""
+    N = idx.num_samples
+    tw = idx.target_weights(np.arange(N))
+    T = np.concatenate([np.zeros((tw.shape[0], 1)), np.cumsum(tw, axis=1)], axis=1)
+    C = np.zeros_like(T)
+    C[np.asarray(idx.dataset_index, dtype=np.int64), np.arange(1, N + 1)] = 1
+    return T - np.cumsum(C, axis=1)
+
+
+# --- bounds -------------------------------------------------------------------------------------
+_point = st.tuples(st.integers(0, 400), st.sampled_from([0.0, 0.05, 1.0, 3.0, 100.0]))
+_sched = st.fixed_dictionaries({
+    "type": st.sampled_from(["linear", "step"]),
+    "unit": st.sampled_from(["iterations", "samples", "tokens"]),
+    "points": st.lists(_point, min_size=1, max_size=4, unique_by=lambda p: p[0]),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scheds=st.lists(st.one_of(_sched, st.sampled_from([0.5, 1.0, 7.0])), min_size=1, max_size=8),
+       N=st.integers(1, 1500), gbs=st.integers(1, 9))
+def test_counts_track_integral_of_target_weights(scheds, N, gbs):
+    entries = []
+    for k, s in enumerate(scheds):
+        if isinstance(s, dict):
+            scale = {"iterations": 1, "samples": gbs, "tokens": gbs * SEQ}[s["unit"]]
+            s = dict(s, points={x * scale: y for x, y in sorted(s["points"])})
+        entries.append({"path": f"d{k}", "weight": s})
+    entries.append({"path": "floor", "weight": 0.01})  # never all-zero
+    idx = _fake_index({"blend": entries}, N, gbs)
+    err = _prefix_error(idx)
+    assert err.max() <= 2.0 + 1e-9, err.max()     # never more than 2 samples behind
+    assert (-err).max() <= 1.0 + 1e-9, (-err).max()  # never more than 1 sample ahead
+    assert len(idx.dataset_index) == N and idx.counts.sum() == N
+
+
+def test_static_weights_within_one_and_identical_to_megatron():
+    w = [0.5, 0.2, 0.3, 1.7]
+    idx = _fake_index({"blend": [{"path": f"d{k}", "weight": x} for k, x in enumerate(w)]}, 5000)
+    err = _prefix_error(idx)
+    assert np.abs(err).max() <= 1.0
+    ref_id = np.zeros(5000, dtype=np.int16)
+    ref_sample = np.zeros(5000, dtype=np.int64)
+    norm = (np.array(w) / np.sum(w)).tolist()
+    helpers.build_blending_indices(ref_id, ref_sample, norm, len(w), 5000, False)
+    np.testing.assert_array_equal(np.asarray(idx.dataset_index), ref_id)
+    np.testing.assert_array_equal(np.asarray(idx.dataset_sample_index), ref_sample)
+    ids, samples = build_blending_index(w, 5000)
+    np.testing.assert_array_equal(ids, ref_id)
+    np.testing.assert_array_equal(samples, ref_sample)
+    assert idx.dataset_index.dtype == np.uint8 and idx.dataset_sample_index.dtype == np.int32
+
+
+def test_python_fallback_matches_compiled(monkeypatch):
+    blend = {"blend": [{"path": "a", "weight": {"type": "linear", "points": {0: 1, 20: 5}}},
+                       {"path": "b", "weight": {"type": "step", "unit": "samples",
+                                                "points": {0: 2, 50: 0, 120: 1}}},
+                       {"path": "c", "weight": 0.3}]}
+    fast = _fake_index(blend, 300)
+    monkeypatch.setitem(curriculum._KERNEL, "fn", None)
+    slow = _fake_index(blend, 300)
+    np.testing.assert_array_equal(np.asarray(fast.dataset_index), np.asarray(slow.dataset_index))
+    np.testing.assert_array_equal(np.asarray(fast.dataset_sample_index),
+                                  np.asarray(slow.dataset_sample_index))
+
+
+def test_weight_zero_means_no_new_samples_and_rampup_iterations():
+    # gbs ramps 2 -> 8; code's weight is 0 from iteration 10 on.
+    idx = _fake_index({"blend": [{"path": "web", "weight": 1},
+                                 {"path": "code", "weight": {"type": "step", "points": {0: 1, 10: 0}}}]},
+                      400, gbs=8, rampup=(2, 2, 60))
+    start10 = idx.batch_schedule.samples_at_iteration(10)
+    ids = np.asarray(idx.dataset_index)
+    assert (ids[start10 + 2:] == 0).all()
+    assert abs((ids[:start10] == 1).sum() - start10 / 2) <= 1
+    mix = idx.iteration_mixture()
+    target = idx.target_iteration_mixture()
+    assert mix.shape == target.shape == (2, idx.progress.num_iterations)
+    np.testing.assert_allclose(target[:, 12:], [[1.0] * (target.shape[1] - 12), [0.0] * (target.shape[1] - 12)])
+
+
+def test_all_weights_zero_is_an_error_naming_the_file():
+    with pytest.raises(BlendConfigError, match=r"t.yaml: train.blend: all weights are zero at sample 40 \(iteration 10\)"):
+        _fake_index({"blend": [{"path": "a", "weight": {"type": "step", "points": {0: 1, 10: 0}}},
+                               {"path": "b", "weight": {"type": "linear", "points": {0: 1, 10: 0}}}]},
+                    100, gbs=4)
+
+
+# --- epochized and sequential -------------------------------------------------------------------
+def test_epochized_exact_repetitions_default_weights_finish_together():
+    spe = {"a": 30, "b": 70, "c": 11}
+    idx = _fake_index({"epochized_blend": [{"path": "a", "repetitions": 2},
+                                           {"path": "b", "repetitions": 1},
+                                           {"path": "c", "repetitions": 3}]}, 60 + 70 + 33, spe=spe)
+    assert idx.counts.tolist() == [60, 70, 33]
+    assert idx.epochs == {"a": 2.0, "b": 1.0, "c": 3.0}
+    ids = np.asarray(idx.dataset_index)
+    for d in range(3):  # each dataset's last sample is near the end: they finish together
+        assert np.nonzero(ids == d)[0].max() >= len(ids) - 8
+    for d in range(3):
+        np.testing.assert_array_equal(np.sort(np.asarray(idx.dataset_sample_index)[ids == d]),
+                                      np.arange(idx.counts[d]))
+
+
+def test_epochized_with_schedule_keeps_repetitions():
+    spe = {"a": 50, "b": 40}
+    idx = _fake_index({"epochized_blend": [
+        {"path": "a", "repetitions": 1, "weight": 1},
+        {"path": "b", "repetitions": 2, "weight": {"type": "linear", "points": {0: 0, 10: 5}}}]},
+        130, gbs=4, spe=spe)
+    assert idx.counts.tolist() == [50, 80]
+    ids = np.asarray(idx.dataset_index)
+    assert (ids[:4] == 0).all()  # weight 0 at the start: the schedule shapes the interleaving
+
+
+def test_sequential_stages_never_mix():
+    spe = {"a": 25, "b": 15, "c": 10 ** 6}
+    idx = _fake_index({"sequential": [
+        {"epochized_blend": [{"path": "a", "repetitions": 1}, {"path": "b", "repetitions": 2}]},
+        {"blend": [{"path": "c", "weight": 1}, {"path": "a", "weight": 1}], "until": {"iterations": 30}},
+        {"blend": [{"path": "c", "weight": 1}]}]}, 200, gbs=4, spe=spe)
+    ids = np.asarray(idx.dataset_index)
+    samples = np.asarray(idx.dataset_sample_index)
+    assert set(ids[:55].tolist()) == {0, 1} and (np.bincount(ids[:55]) == [25, 30]).all()
+    assert set(ids[55:120].tolist()) == {0, 2}
+    assert set(ids[120:].tolist()) == {2}
+    # "a" continues where the first stage stopped
+    np.testing.assert_array_equal(np.sort(samples[ids == 0]), np.arange((ids == 0).sum()))
+    np.testing.assert_array_equal(samples[ids == 2], np.arange((ids == 2).sum()))
+
+
+def test_sequential_too_short_is_an_error():
+    with pytest.raises(BlendConfigError, match="stages provide 10 samples but the run needs 50"):
+        _fake_index({"sequential": [{"epochized_blend": [{"path": "a", "repetitions": 1}]}]}, 50,
+                    spe=10)
+
+
+# --- real datasets ------------------------------------------------------------------------------
+def test_static_blend_equals_megatron_blended_dataset(data, tmp_path):
+    cfg = parse_blend_config({"train": {"blend": [{"path": data["a"], "weight": 0.3},
+                                                  {"path": data["b"], "weight": 0.5},
+                                                  {"path": data["c"], "weight": 0.2}]}}, "s.yaml")
+    gc = _gpt_config(tmp_path / "cache")
+    N = 300
+    ours = build_curriculum_dataset(cfg.train, N, gc, BatchSchedule(4, None, SEQ))
+    low = {p: IndexedDataset(p) for p in (data["a"], data["b"], data["c"])}
+    gpts = [GPTDataset(low[p], p, np.arange(len(low[p].sequence_lengths), dtype=np.int32), int(n),
+                       Split.train, gc) for p, n in zip((data["a"], data["b"], data["c"]), ours.counts)]
+    ref = BlendedDataset(gpts, [0.3, 0.5, 0.2], N, gc)
+    np.testing.assert_array_equal(np.asarray(ours.dataset_index), ref.dataset_index)
+    np.testing.assert_array_equal(np.asarray(ours.dataset_sample_index), ref.dataset_sample_index)
+    for i in (0, 1, 57, 299):
+        a, b = ours[i], ref[i]
+        assert int(a["dataset_id"]) == int(b["dataset_id"])
+        assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["labels"], b["labels"])
+    assert ours.epochs["a"] > 1  # repeated past one epoch with GPTDataset's multi-epoch shuffle
+
+
+def test_split_ranges_select_documents_by_position(data, tmp_path):
+    cfg = parse_blend_config({"valid": [{"name": "head", "path": data["b"], "split": "0:0.5"},
+                                        {"name": "tail", "path": data["b"], "split": "0.5:1"}]}, "v.yaml")
+    gc = _gpt_config(tmp_path / "cache")
+    head = build_curriculum_dataset(cfg.valid[0], 20, gc, BatchSchedule(4, None, SEQ), "valid")
+    tail = build_curriculum_dataset(cfg.valid[1], 20, gc, BatchSchedule(4, None, SEQ), "valid")
+    assert head.index.constituents[0].doc_begin == 0 and head.index.constituents[0].doc_end == 30
+    assert tail.index.constituents[0].doc_begin == 30 and tail.index.constituents[0].doc_end == 60
+    g_head, g_tail = head.datasets[0], tail.datasets[0]
+    assert set(np.asarray(g_head.document_index).tolist()) <= set(range(30))
+    assert set(np.asarray(g_tail.document_index).tolist()) <= set(range(30, 60))
+    assert head.names == ["b"] and tail.names == ["b"]  # one range per set: the short name
+
+
+def test_two_ranges_of_one_prefix_get_distinct_names(data):
+    blend = parse_blend_config({"train": {"blend": [
+        {"path": data["b"], "split": "0:0.5", "weight": 1},
+        {"path": data["b"], "split": "0.5:1", "weight": 1}]}}, "t.yaml").train
+    assert [c.name for c in resolve_constituents(blend, 8)] == ["b", "b[0.5:1]"]
+
+
+def _schedule_cfg(data, until=None):
+    return parse_blend_config({"train": {"blend": [
+        {"path": data["a"], "weight": 1},
+        {"path": data["b"], "weight": {"type": "linear", "points": {0: 5, 20: 0.2}}},
+        {"path": data["c"], "weight": {"type": "step", "unit": "samples", "points": {0: 0, 40: 2}}},
+    ]}}, "r.yaml")
+
+
+def test_resume_and_data_parallel_give_the_same_sequence(data, tmp_path):
+    gc = _gpt_config(tmp_path / "cache")
+    ds = build_curriculum_dataset(_schedule_cfg(data).train, 240, gc, BatchSchedule(8, None, SEQ))
+    full = [int(ds[i]["dataset_id"]) * 10 ** 6 + int(ds[i]["tokens"].sum()) for i in range(240)]
+
+    def global_sequence(consumed, dp, mbs=2):
+        per_rank = [list(PretrainingBatchSampler(240, consumed, mbs, r, dp)) for r in range(dp)]
+        seq = []
+        for step in zip(*per_rank):
+            for batch in step:
+                seq.extend(int(ds[i]["dataset_id"]) * 10 ** 6 + int(ds[i]["tokens"].sum()) for i in batch)
+        return seq
+
+    assert global_sequence(0, 1) == full
+    assert global_sequence(0, 2) == full
+    for consumed in (8, 96, 200):
+        assert global_sequence(consumed, 2) == full[consumed:]
+        assert global_sequence(consumed, 1) == full[consumed:]
+
+
+def test_cache_reuse_invalidation_and_half_written(data, tmp_path):
+    cache = tmp_path / "cache"
+    gc = _gpt_config(cache)
+    bs = BatchSchedule(8, None, SEQ)
+    first = build_curriculum_dataset(_schedule_cfg(data).train, 240, gc, bs)
+    first_ids = np.array(first.dataset_index)
+    assert not first.index.cache_hit and os.path.isdir(first.index.cache_path)
+    again = build_curriculum_dataset(_schedule_cfg(data).train, 240, gc, bs)
+    assert again.index.cache_hit and again.index.cache_path == first.index.cache_path
+    np.testing.assert_array_equal(np.asarray(again.dataset_index), first_ids)
+    # a different config, length or batch schedule -> a different cache entry
+    other_cfg = parse_blend_config({"train": {"blend": [{"path": data["a"], "weight": 1},
+                                                        {"path": data["b"], "weight": 2}]}}, "r.yaml")
+    for other in (build_curriculum_dataset(other_cfg.train, 240, gc, bs),
+                  build_curriculum_dataset(_schedule_cfg(data).train, 248, gc, bs),
+                  build_curriculum_dataset(_schedule_cfg(data).train, 240, gc, BatchSchedule(4, None, SEQ))):
+        assert not other.index.cache_hit and other.index.cache_path != first.index.cache_path
+    # a half-written entry (truncated array) is ignored and rebuilt
+    path = first.index.cache_path
+    ids_file = os.path.join(path, "dataset_index.npy")
+    with open(ids_file, "r+b") as f:
+        f.truncate(os.path.getsize(ids_file) // 2)
+    rebuilt = build_curriculum_dataset(_schedule_cfg(data).train, 240, gc, bs)
+    assert not rebuilt.index.cache_hit
+    np.testing.assert_array_equal(np.asarray(rebuilt.dataset_index), first_ids)
+    # an entry without its completion marker is ignored too
+    os.unlink(os.path.join(path, "meta.json"))
+    assert not build_curriculum_dataset(_schedule_cfg(data).train, 240, gc, bs).index.cache_hit
+    assert build_curriculum_dataset(_schedule_cfg(data).train, 240, gc, bs).index.cache_hit
+    # leftovers of an interrupted write (temp dirs) are never read
+    leftovers = [n for n in os.listdir(cache) if ".tmp-" in n]
+    assert leftovers == []
+
+
+def test_negative_schedule_value_is_an_error(data, tmp_path, monkeypatch):
+    cfg = parse_blend_config({"train": {"blend": [
+        {"path": data["a"], "weight": 1},
+        {"path": data["b"], "weight": {"type": "cosine", "from": 1.0, "to": 0.5}}]}}, "n.yaml")
+
+    class Negative:
+        unit = "iterations"
+
+        def __call__(self, p):
+            return 1.0 - np.asarray(p, dtype=np.float64) / 5.0
+
+    monkeypatch.setattr(curriculum, "weight_schedule",
+                        lambda config, context: Negative() if isinstance(config, dict) else
+                        curriculum._standin_schedule(config))
+    with pytest.raises(BlendConfigError, match=r"n.yaml: train.blend\[1\].weight: .*negative"):
+        build_curriculum_dataset(cfg.train, 100, _gpt_config(tmp_path / "c"), BatchSchedule(4, None, SEQ))
+
+
+def test_target_weights_preview(data, tmp_path):
+    ds = build_curriculum_dataset(_schedule_cfg(data).train, 240, _gpt_config(tmp_path / "c"),
+                                  BatchSchedule(8, None, SEQ))
+    tw = ds.target_weights([0, 39, 40, 239])
+    np.testing.assert_allclose(tw.sum(axis=0), 1.0)
+    np.testing.assert_allclose(tw[:, 0], [1 / 6, 5 / 6, 0.0])
+    assert tw[2, 2] > 0 and tw[2, 1] == 0
+
+
+def test_blend_file_end_to_end_epochized_and_groups(data, tmp_path):
+    import yaml
+    from megatron.data.blend_config import load_blend_config
+    from megatron.data.curriculum import build_blend_config_datasets
+
+    path = tmp_path / "blend.yaml"
+    path.write_text(yaml.safe_dump({
+        "train": {"epochized_blend": [{"path": data["a"], "repetitions": 2, "split": "0:0.9"},
+                                      {"path": data["c"], "repetitions": 1}]},
+        "valid": [{"name": "a_tail", "path": data["a"], "split": "0.9:1"},
+                  {"name": "mix", "blend": [{"path": data["b"], "weight": 1},
+                                            {"path": data["c"], "weight": 1}]}],
+        "test": [{"name": "b", "path": data["b"]}]}))
+    cfg = load_blend_config(str(path))
+    gc = _gpt_config(tmp_path / "cache")
+    bs = BatchSchedule(4, None, SEQ)
+    probe = CurriculumIndex(cfg.train, curriculum.resolve_constituents(cfg.train, SEQ), 1, bs)
+    n_train = int(sum(c.samples_per_epoch * r for c, r in zip(probe.constituents, (2, 1))))
+    train, valid, test = build_blend_config_datasets(cfg, (n_train, 12, 8), gc, bs)
+    # one epoch as GPTDataset counts it
+    for c, ds in zip(train.index.constituents, train.datasets):
+        one = GPTDataset(ds.dataset, f"probe-{c.name}", np.arange(c.doc_begin, c.doc_end, dtype=np.int32),
+                         None, Split.train, gc)
+        assert len(one) == c.samples_per_epoch
+    assert train.epochs == {"a": 2.0, "c": 1.0}
+    assert [n for n, _ in valid] == ["a_tail", "mix"] and [n for n, _ in test] == ["b"]
+    assert len(valid[0][1]) == 12 and len(test[0][1]) == 8
+    assert valid[1][1].counts.tolist() == [6, 6]
+    train[n_train - 1]
+
+
+def test_zero_static_weight_is_never_drawn_and_registry_schedules_work():
+    idx = _fake_index({"blend": [{"path": "a", "weight": 1}, {"path": "z", "weight": 0},
+                                 {"path": "b", "weight": 2}]}, 500)
+    assert idx.counts.tolist()[1] == 0 and idx.counts.sum() == 500
+    # a registry schedule that needs the run's span (cosine over the whole run, in samples)
+    idx = _fake_index({"blend": [{"path": "a", "weight": 1},
+                                 {"path": "b", "weight": {"type": "cosine", "unit": "samples",
+                                                          "from": 3.0, "to": 0.0}}]}, 400)
+    tw = idx.target_weights([0, 399])
+    np.testing.assert_allclose(tw[:, 0], [0.25, 0.75])
+    assert tw[1, 1] < 1e-3
+    assert _prefix_error(idx).max() <= 2.0

@@ -1,0 +1,79 @@
+"""End to end: pretrain_gpt.py with a curriculum blend file and with weighted split paths, through
+the deepspeed launcher with 2 CPU ranks; every validation group is evaluated and logged on its own."""
+import json
+
+import pytest
+
+from e2e_helpers import read_jsonl, run_deepspeed
+
+ITERS = 8
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    from tools.make_demo_data import make_demo_data
+    return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.2, verbose=False)
+
+
+def base_flags(run_dir):
+    return ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+            "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--train-iters", str(ITERS), "--lr", "1e-3", "--lr-decay-style", "cosine",
+            "--log-interval", "1", "--eval-interval", "4", "--eval-iters", "1",
+            "--data-cache-path", str(run_dir / "cache"), "--metrics-jsonl", str(run_dir / "m.jsonl"),
+            "--hidden-dropout", "0", "--attention-dropout", "0"]
+
+
+def blend_file(demo_data, path):
+    config = {
+        "train": {"blend": [
+            {"path": demo_data["web"], "split": "0:0.9", "weight": 1},
+            {"path": demo_data["code"], "split": "0:0.9",
+             "weight": {"type": "linear", "unit": "iterations", "points": {0: 0, ITERS: 2}}},
+            {"path": demo_data["math"], "split": "0:0.9",
+             "weight": {"type": "step", "unit": "iterations", "points": {0: 1, ITERS // 2: 0}}}]},
+        "valid": [{"name": "web_heldout", "path": demo_data["web"], "split": "0.9:1"},
+                  {"name": "math_heldout", "path": demo_data["math"], "split": "0.9:1"}],
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_curriculum_blend_file_end_to_end(demo_data, tmp_path):
+    config = blend_file(demo_data, tmp_path / "blend.json")
+    proc = run_deepspeed("pretrain_gpt.py", base_flags(tmp_path) + ["--data-blend-config", str(config)])
+    records = read_jsonl(tmp_path / "m.jsonl")
+    train = [r for r in records if "split" not in r]
+    assert [r["iteration"] for r in train] == list(range(1, ITERS + 1))
+    # math's weight steps to 0 at iteration 4: no math samples afterwards; code fades in
+    assert "math" in train[0]["per_dataset_loss"]
+    assert all("math" not in r["per_dataset_loss"] for r in train[ITERS // 2 + 1:])
+    assert any("code" in r["per_dataset_loss"] for r in train[ITERS // 2:])
+    evals = [(r["iteration"], r["group"]) for r in records if r.get("split") == "valid"]
+    assert evals == [(4, "web_heldout"), (4, "math_heldout"), (8, "web_heldout"), (8, "math_heldout")]
+    assert "valid web_heldout | iteration 8" in proc.stdout
+    assert "curriculum:" in proc.stdout
+
+
+def test_weighted_split_paths_end_to_end(demo_data, tmp_path):
+    groups = tmp_path / "valid_groups.txt"
+    groups.write_text(f'"VALID_WEB: 1 0.95:1 {demo_data["web"]}" "VALID_CODE: 1 0.95:1 {demo_data["code"]}"\n')
+    flags = base_flags(tmp_path) + [
+        "--train-weighted-split-paths",
+        f"TRAIN: 0.6 0:0.95 {demo_data['web']}, 0.4 0:0.95 {demo_data['code']}",
+        "--valid-weighted-split-paths-path", str(groups)]
+    run_deepspeed("pretrain_gpt.py", flags)
+    records = read_jsonl(tmp_path / "m.jsonl")
+    evals = [(r["iteration"], r["group"]) for r in records if r.get("split") == "valid"]
+    assert evals == [(4, "VALID_WEB"), (4, "VALID_CODE"), (8, "VALID_WEB"), (8, "VALID_CODE")]
+    assert all(r["lm_loss"] > 0 for r in records if r.get("split") == "valid")
+    assert set(records[0]["per_dataset_loss"]) <= {"web", "code"}
+
+
+def test_bad_blend_file_fails_before_training(demo_data, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"train:\n  blend:\n    - {{path: {demo_data['web']}, wieght: 1}}\n")
+    proc = run_deepspeed("pretrain_gpt.py", base_flags(tmp_path) + ["--data-blend-config", str(bad)],
+                         num_ranks=1, check=False)
+    assert proc.returncode != 0
+    assert "wieght" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -28,4 +28,5 @@ FLAGS=(
 )
 "$PY" tools/preview_schedule.py "${FLAGS[@]}" --output-json "$RUN/schedule_preview.json" \
   --output-png "$RUN/schedule_preview.png"
+if [ "${DEMO_PREVIEW_ONLY:-0}" = 1 ]; then exit 0; fi  # docs/make_images.sh wants the preview only
 "$(dirname "$PY")/deepspeed" --num_gpus 2 pretrain_gpt.py "${FLAGS[@]}" "$@"

@@ -104,3 +104,42 @@ def test_preview_bad_flags_exit_2(capsys):
         preview_schedule.parse_preview_args(
             BASE + "--global-batch-size 4 --train-iters 20 --lr 1e-3 --lr-warmup-iters 30".split())
     assert info.value.code == 2 and "warmup" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(tmp_path_factory):
+    from tools.make_demo_data import make_demo_data
+    return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.1, verbose=False)
+
+
+def test_preview_mixture_is_the_training_index(tmp_path, tiny_demo, dist_group):
+    """mixture[d][i] equals the fraction of step i's global batch that the dataset built for
+    training draws from d (same seed, same cache), and the target follows the schedule."""
+    from megatron.data.builder import build_pretraining_data
+    from megatron.tokenizer import build_tokenizer
+
+    blend = tmp_path / "blend.json"
+    blend.write_text(json.dumps({"train": {"blend": [
+        {"path": tiny_demo["web"], "weight": 1},
+        {"path": tiny_demo["math"],
+         "weight": {"type": "linear", "unit": "iterations", "points": {0: 3, 20: 0}}}]}}))
+    flags = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+             "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+             "--train-iters", "30", "--lr", "1e-3", "--eval-iters", "0",
+             "--data-blend-config", str(blend), "--data-cache-path", str(tmp_path / "cache")]
+    args = preview_schedule.parse_preview_args(flags + ["--output-json", str(tmp_path / "p.json")])
+    preview_schedule.main(flags + ["--output-json", str(tmp_path / "p.json")])
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert set(data["mixture"]) == {"web", "math"} and len(data["mixture"]["web"]) == 30
+
+    train_args = parse_args(flags, world_size=1)
+    train_args.tokenizer = build_tokenizer(train_args)
+    train = build_pretraining_data(train_args, train_args.tokenizer).train
+    ids = np.asarray(train.index.dataset_index[: 30 * 8]).reshape(30, 8)
+    for d, name in enumerate(train.names):
+        assert data["mixture"][name] == pytest.approx((ids == d).mean(axis=1).tolist())
+    assert data["epochs"] == pytest.approx(train.epochs)
+    math = np.asarray(data["target_mixture"]["math"])
+    expected = np.interp(np.arange(30), [0, 20], [3, 0])
+    assert math == pytest.approx(expected / (expected + 1))
+    assert args.data_blend is not None

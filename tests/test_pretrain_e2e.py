@@ -106,3 +106,21 @@ def test_truncated_checkpoint_gives_a_clear_error(full_run, demo_data, tmp_path)
     log = proc.stdout + proc.stderr
     assert "error: --load" in log and "is corrupt or incompatible" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_batch_size_rampup_through_the_engine(demo_data, tmp_path):
+    """--rampup-batch-size changes DeepSpeed's gradient accumulation on the fly; the logged batch
+    sizes and consumed samples follow megatron-core's rampup rule (BatchSchedule)."""
+    from megatron.schedules.units import BatchSchedule
+    run = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+           "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "16",
+           "--rampup-batch-size", "4", "4", "64", "--train-iters", "12", "--lr", "1e-3",
+           "--data-path", demo_data["web"], "--split", "98,1,1", "--eval-iters", "0",
+           "--data-cache-path", str(tmp_path / "cache"), "--log-interval", "1",
+           "--metrics-jsonl", str(tmp_path / "m.jsonl")]
+    run_deepspeed("pretrain_gpt.py", run)
+    records = read_jsonl(tmp_path / "m.jsonl")
+    table = BatchSchedule(16, (4, 4, 64)).consumed_samples_table(12)
+    assert [r["consumed_samples"] for r in records] == table[1:].tolist()
+    assert [r["global_batch_size"] for r in records] == (table[1:] - table[:-1]).tolist()
+    assert records[-1]["global_batch_size"] == 16 and records[0]["global_batch_size"] == 4

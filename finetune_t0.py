@@ -10,7 +10,7 @@ Extra flags: ``--prefix-lm`` (non-causal decoder: bidirectional attention over e
 pretrained checkpoint's weights only.
 """
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from megatron.initialize import quiet_optional_dependency_warnings
 

@@ -132,7 +132,8 @@ def read_tracker(load_dir: str) -> Optional[int]:
     path = os.path.join(load_dir, TRACKER_FILENAME)
     if not os.path.isfile(path):
         return None
-    text = open(path).read().strip()
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8", errors="replace").strip()
     try:
         return int(text)
     except ValueError:

@@ -334,10 +334,6 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     engine, optimizer, scheduler = setup_model_and_optimizer(
         args, model_provider, batch_schedule.batch_size_at_samples(0))
     state = _restore(engine, args, scheduler)
-    if state.consumed_samples:
-        batch = batch_schedule.batch_size_at_samples(state.consumed_samples)
-        if batch != engine.train_batch_size():
-            engine.set_train_batch_size(batch)
     print_rank_0(f"training: {args.train_iters} iterations, global batch {args.global_batch_size}, "
                  f"micro batch {args.micro_batch_size}, data-parallel size {args.data_parallel_size}, "
                  f"gradient accumulation {args.gradient_accumulation_steps}, "

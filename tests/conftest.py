@@ -28,3 +28,10 @@ def dist_group():
         os.environ["MASTER_PORT"] = str(free_port())
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     yield
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory):
+    """A small copy of the embedded demo corpus: {"web"|"code"|"math": .bin/.idx prefix}."""
+    from tools.make_demo_data import make_demo_data
+    return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.2, verbose=False)

@@ -2,17 +2,9 @@
 the deepspeed launcher with 2 CPU ranks; every validation group is evaluated and logged on its own."""
 import json
 
-import pytest
-
 from e2e_helpers import read_jsonl, run_deepspeed
 
 ITERS = 8
-
-
-@pytest.fixture(scope="module")
-def demo_data(tmp_path_factory):
-    from tools.make_demo_data import make_demo_data
-    return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.2, verbose=False)
 
 
 def base_flags(run_dir):

@@ -5,16 +5,9 @@ import subprocess
 import time
 
 import psutil
-import pytest
 
 from conftest import ROOT, free_port
 from e2e_helpers import deepspeed_launcher, read_jsonl, run_deepspeed
-
-
-@pytest.fixture(scope="module")
-def demo_data(tmp_path_factory):
-    from tools.make_demo_data import make_demo_data
-    return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.2, verbose=False)
 
 
 def flags(demo_data, run_dir, extra=()):

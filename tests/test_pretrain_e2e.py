@@ -1,5 +1,4 @@
 """End to end: pretrain_gpt.py through the deepspeed launcher with 2 CPU ranks, then resume."""
-import os
 import shutil
 
 import pytest
@@ -7,13 +6,6 @@ import pytest
 from e2e_helpers import read_jsonl, run_deepspeed
 
 TRAIN_ITERS = 24
-
-
-@pytest.fixture(scope="module")
-def demo_data(tmp_path_factory):
-    from tools.make_demo_data import make_demo_data
-    out = tmp_path_factory.mktemp("demo")
-    return make_demo_data(str(out), size_mb=0.3, verbose=False)
 
 
 def flags(demo_data, run_dir, extra=()):
@@ -28,6 +20,15 @@ def flags(demo_data, run_dir, extra=()):
         "--log-interval", "1", "--eval-interval", "12", "--eval-iters", "2",
         "--save", str(run_dir / "ckpt"), "--save-interval", "12",
         "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "7", *extra]
+
+
+def copy_checkpoint(src, iteration, dst):
+    """A checkpoint directory ``dst`` holding only ``src``'s checkpoint of ``iteration``."""
+    dst.mkdir()
+    tag = f"iter_{iteration:07d}"
+    shutil.copytree(src / tag, dst / tag)
+    (dst / "latest_checkpointed_iteration.txt").write_text(f"{iteration}\n")
+    return dst
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +75,7 @@ def test_checkpoints_written_atomically(full_run):
 def test_resume_continues_the_same_sequence(full_run, demo_data, tmp_path):
     run_dir, _, records = full_run
     # Resume from the iteration-12 checkpoint of the uninterrupted run.
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    shutil.copytree(run_dir / "ckpt" / "iter_0000012", ckpt / "iter_0000012")
-    (ckpt / "latest_checkpointed_iteration.txt").write_text("12\n")
+    ckpt = copy_checkpoint(run_dir / "ckpt", 12, tmp_path / "ckpt")
     resumed_flags = flags(demo_data, tmp_path, ["--load", str(ckpt)])
     resumed_flags[resumed_flags.index("--data-cache-path") + 1] = str(run_dir / "cache")
     proc = run_deepspeed("pretrain_gpt.py", resumed_flags)
@@ -94,10 +92,7 @@ def test_resume_continues_the_same_sequence(full_run, demo_data, tmp_path):
 
 def test_truncated_checkpoint_gives_a_clear_error(full_run, demo_data, tmp_path):
     run_dir, _, _ = full_run
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    shutil.copytree(run_dir / "ckpt" / "iter_0000012", ckpt / "iter_0000012")
-    (ckpt / "latest_checkpointed_iteration.txt").write_text("12\n")
+    ckpt = copy_checkpoint(run_dir / "ckpt", 12, tmp_path / "ckpt")
     states = next(p for p in (ckpt / "iter_0000012").iterdir() if p.name.endswith("model_states.pt"))
     states.write_bytes(states.read_bytes()[:1000])
     resumed_flags = flags(demo_data, tmp_path, ["--load", str(ckpt)])

@@ -106,13 +106,7 @@ def test_preview_bad_flags_exit_2(capsys):
     assert info.value.code == 2 and "warmup" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def tiny_demo(tmp_path_factory):
-    from tools.make_demo_data import make_demo_data
-    return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.1, verbose=False)
-
-
-def test_preview_mixture_is_the_training_index(tmp_path, tiny_demo, dist_group):
+def test_preview_mixture_is_the_training_index(tmp_path, demo_data, dist_group):
     """mixture[d][i] equals the fraction of step i's global batch that the dataset built for
     training draws from d (same seed, same cache), and the target follows the schedule."""
     from megatron.data.builder import build_pretraining_data
@@ -120,8 +114,8 @@ def test_preview_mixture_is_the_training_index(tmp_path, tiny_demo, dist_group):
 
     blend = tmp_path / "blend.json"
     blend.write_text(json.dumps({"train": {"blend": [
-        {"path": tiny_demo["web"], "weight": 1},
-        {"path": tiny_demo["math"],
+        {"path": demo_data["web"], "weight": 1},
+        {"path": demo_data["math"],
          "weight": {"type": "linear", "unit": "iterations", "points": {0: 3, 20: 0}}}]}}))
     flags = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
              "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",

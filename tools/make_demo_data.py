@@ -116,21 +116,21 @@ def _fn_body(rng: random.Random, arg: str) -> List[str]:
     kind = rng.randrange(6)
     k = rng.randint(2, 9)
     if kind == 0:
-        return [f"    result = 0", f"    for x in {arg}:", f"        if x > {k}:",
-                f"            result += x", f"    return result"]
+        return ["    result = 0", f"    for x in {arg}:", f"        if x > {k}:",
+                "            result += x", "    return result"]
     if kind == 1:
         return [f"    return [x * {k} for x in {arg} if x % {rng.randint(2, 5)} == 0]"]
     if kind == 2:
         return [f"    counts = {{}}", f"    for x in {arg}:",
-                f"        counts[x] = counts.get(x, 0) + 1",
+                "        counts[x] = counts.get(x, 0) + 1",
                 f"    return sorted(counts.items(), key=lambda kv: -kv[1])[:{k}]"]
     if kind == 3:
-        return [f"    if not {arg}:", f"        return 0.0",
+        return [f"    if not {arg}:", "        return 0.0",
                 f"    return sum({arg}) / len({arg})"]
     if kind == 4:
-        return [f"    best = None", f"    for i, x in enumerate({arg}):",
-                f"        if best is None or x < best[1]:", f"            best = (i, x)",
-                f"    return best"]
+        return ["    best = None", f"    for i, x in enumerate({arg}):",
+                "        if best is None or x < best[1]:", "            best = (i, x)",
+                "    return best"]
     return [f"    lo, hi = {-k}, {k}", f"    return [min(max(x, lo), hi) for x in {arg}]"]
 
 

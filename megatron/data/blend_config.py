@@ -26,8 +26,9 @@ when the curriculum index is built (``megatron.data.curriculum``).
 import json
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+import struct
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -36,6 +37,7 @@ from megatron.errors import ConfigError
 __all__ = [
     "BlendConfigError", "BlendEntry", "BlendStage", "SplitBlend", "BlendConfig",
     "load_blend_config", "parse_blend_config", "parse_split_range", "check_dataset_prefix",
+    "indexed_dataset_problem",
 ]
 
 UNITS = ("iterations", "samples", "tokens")
@@ -170,11 +172,57 @@ def parse_split_range(text: Any, where: str) -> Tuple[float, float]:
     return (start, end)
 
 
+_IDX_MAGIC = b"MMIDIDX\x00\x00"
+_IDX_HEADER_BYTES = 34  # magic (9), version <Q, dtype code <B, sequence count <Q, document count <Q
+# megatron-core's indexed_dataset.DType codes -> item size in bytes
+_IDX_DTYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+
+
+def indexed_dataset_problem(path: str) -> Optional[str]:
+    """What is wrong with the ``path.idx``/``path.bin`` pair (megatron-core's indexed dataset
+    format), or None if the header is sound and both files are as long as the header says.
+
+    Reads only the 34-byte header and the last sequence's length and pointer, so it is cheap; it
+    turns the bare ``AssertionError``/``struct.error``/``ValueError`` megatron-core raises on a
+    truncated or foreign file into a message naming the file."""
+    idx, bin_ = path + ".idx", path + ".bin"
+    fix = "; rebuild it with tools/preprocess_data.py"
+    size = os.path.getsize(idx)
+    with open(idx, "rb") as f:
+        header = f.read(_IDX_HEADER_BYTES)
+        if len(header) < _IDX_HEADER_BYTES or header[:9] != _IDX_MAGIC:
+            return (f"dataset index {idx!r} is truncated or not a Megatron .idx file ({size} bytes, "
+                    f"no valid header){fix}")
+        version, code, nseq, ndoc = struct.unpack("<QBQQ", header[9:])
+        if version != 1 or code not in _IDX_DTYPE_SIZES:
+            return (f"dataset index {idx!r} has an unsupported header (version {version}, dtype code "
+                    f"{code}){fix}")
+        need = _IDX_HEADER_BYTES + nseq * (4 + 8) + ndoc * 8
+        if size < need:
+            return (f"dataset index {idx!r} is truncated: {size} bytes, but its header ({nseq} "
+                    f"sequences, {ndoc} documents) needs {need}{fix}")
+        if nseq == 0:
+            return None
+        f.seek(_IDX_HEADER_BYTES + (nseq - 1) * 4)
+        (last_len,) = struct.unpack("<i", f.read(4))
+        f.seek(_IDX_HEADER_BYTES + nseq * 4 + (nseq - 1) * 8)
+        (last_ptr,) = struct.unpack("<q", f.read(8))
+    bin_need = last_ptr + last_len * _IDX_DTYPE_SIZES[code]
+    bin_size = os.path.getsize(bin_)
+    if bin_size < bin_need:
+        return (f"dataset file {bin_!r} is truncated: {bin_size} bytes, but {idx!r} indexes "
+                f"{bin_need}{fix}")
+    return None
+
+
 def check_dataset_prefix(path: str, where: str) -> None:
-    """Raise naming ``where`` if ``path.bin`` or ``path.idx`` is missing."""
+    """Raise naming ``where`` if ``path.bin`` or ``path.idx`` is missing, truncated or corrupt."""
     for ext in (".bin", ".idx"):
         if not os.path.isfile(path + ext):
             raise _err(where, f"dataset file {path + ext!r} does not exist (path {path!r})")
+    problem = indexed_dataset_problem(path)
+    if problem:
+        raise _err(where, problem)
 
 
 def _resolve_path(path: Any, base_dir: Optional[str], where: str, check_files: bool) -> str:
@@ -199,7 +247,7 @@ def _number(value: Any, where: str, what: str) -> float:
             raise _err(where, f"{what} must be a number")
     value = float(value)
     if math.isnan(value) or math.isinf(value):
-        raise _err(where, f"{what} {value!r} is not finite")
+        raise _err(where, f"{what} is not finite")
     return value
 
 

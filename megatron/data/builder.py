@@ -8,6 +8,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
 
+from megatron.data.blend_config import indexed_dataset_problem
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.errors import ConfigError
 from megatron.initialize import print_rank_0
@@ -49,7 +50,8 @@ def gpt_dataset_config(args, tokenizer) -> GPTDatasetConfig:
 
 
 def check_prefixes_exist(flag: str, paths: Optional[List[str]]) -> None:
-    """Raise a ValueError naming ``flag`` and the prefix when a ``.bin`` or ``.idx`` is missing."""
+    """Raise a ValueError naming ``flag`` and the prefix when a ``.bin`` or ``.idx`` is missing,
+    truncated or corrupt."""
     if not paths:
         return
     prefixes, _ = get_blend_from_list(paths)
@@ -58,6 +60,9 @@ def check_prefixes_exist(flag: str, paths: Optional[List[str]]) -> None:
         if missing:
             raise ConfigError(f"{flag}: dataset prefix {prefix!r} has no {' or '.join(missing)} file "
                              f"(expected {prefix}.bin and {prefix}.idx from tools/preprocess_data.py)")
+        problem = indexed_dataset_problem(prefix)
+        if problem:
+            raise ConfigError(f"{flag}: {problem}")
 
 
 def build_train_valid_test_datasets(args, tokenizer) -> List[Optional[torch.utils.data.Dataset]]:

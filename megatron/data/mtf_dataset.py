@@ -47,10 +47,16 @@ import torch
 
 from megatron.errors import ConfigError
 from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.data.blend_config import indexed_dataset_problem
 
 INPUTS_KEY = "inputs"
 TARGETS_KEY = "targets"
 PACKING_VERSION = 1
+
+
+class MTFFileNotFoundError(ConfigError, FileNotFoundError):
+    """A missing inputs/targets file: a :class:`ConfigError` (entry points print ``error: ...``
+    instead of a traceback) that is still a ``FileNotFoundError``."""
 
 
 def mtf_paths(prefix: str) -> Tuple[str, str]:
@@ -89,9 +95,12 @@ class MTFDocumentPair:
         for path in (self.inputs_path, self.targets_path):
             for ext in (".idx", ".bin"):
                 if not os.path.isfile(path + ext):
-                    raise FileNotFoundError(
+                    raise MTFFileNotFoundError(
                         f"MTF dataset {prefix!r}: {path + ext} does not exist (expected "
                         f"tools/preprocess_data.py --json-keys {INPUTS_KEY} {TARGETS_KEY} output)")
+            problem = indexed_dataset_problem(path)
+            if problem:
+                raise ConfigError(f"MTF dataset {prefix!r}: {problem}")
         self.inputs = IndexedDataset(self.inputs_path)
         self.targets = IndexedDataset(self.targets_path)
         n_in = len(self.inputs.document_indices) - 1

@@ -93,8 +93,12 @@ def _encode_numbered_line(item: Tuple[int, str]) -> Tuple[int, Dict[str, List[in
 
 def _numbered_lines(path: str) -> Iterator[Tuple[int, str]]:
     """Yield (1-based line number, line) for each non-blank line of ``path``."""
-    with open(path, "r", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"--input {path!r} line {line_no}: not UTF-8 text ({exc})") from None
             if line.strip():
                 yield line_no, line
 

@@ -298,8 +298,18 @@ class HuggingFaceTokenizer(_TokenizerBase):
             vocab = self._tok.get_vocab(with_added_tokens=True)
             cfg_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
             if os.path.isfile(cfg_path):
-                with open(cfg_path, encoding="utf-8") as f:
-                    cfg = json.load(f)
+                try:
+                    with open(cfg_path, encoding="utf-8") as f:
+                        cfg = json.load(f)
+                except (OSError, ValueError) as exc:
+                    raise ConfigError(
+                        f"--tokenizer-model {path!r}: {cfg_path!r} beside it is not valid JSON: {exc}"
+                    ) from exc
+                if not isinstance(cfg, dict):
+                    raise ConfigError(
+                        f"--tokenizer-model {path!r}: {cfg_path!r} beside it must hold a JSON "
+                        f"object, got {type(cfg).__name__}"
+                    )
                 for key in ("eos_token", "bos_token", "pad_token"):
                     specials[key] = _special_token_text(cfg.get(key))
         self._vocab = vocab

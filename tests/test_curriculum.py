@@ -1,7 +1,6 @@
 """megatron/data/curriculum.py: curriculum index bounds, megatron-core equivalence for static
 weights, epochized/sequential blends, resume, data-parallel independence, caching."""
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -380,3 +379,138 @@ def test_zero_static_weight_is_never_drawn_and_registry_schedules_work():
     np.testing.assert_allclose(tw[:, 0], [0.25, 0.75])
     assert tw[1, 1] < 1e-3
     assert _prefix_error(idx).max() <= 2.0
+
+
+# --- piecewise-linear fast path (samples/tokens units) -------------------------------------------
+def _fast_path_weight(kind, unit, pts, span):
+    """A samples/tokens-unit weight schedule of a piecewise-linear kind (breakpoints anywhere,
+    also between samples for tokens)."""
+    points = {float(x) * span / 400.0: v for x, v in sorted(pts)}
+    if kind in ("linear", "step", "piecewise-linear"):
+        return {"type": kind, "unit": unit, "points": points}
+    xs = sorted(points)
+    if kind == "decay":  # linear from/to with a warmup ramp: breakpoints at warmup and span
+        return {"type": "linear", "unit": unit, "from": pts[0][1], "to": pts[-1][1],
+                "warmup": xs[0] / 2, "warmup_from": pts[-1][1], "span": xs[-1] + 1.0}
+    if kind == "warmup":
+        return {"type": "constant", "unit": unit, "value": pts[0][1], "warmup": xs[-1] + 0.5}
+    # staged: a step, then (when it starts before the end of training) a linear decay
+    stages = [{"start": 0, "schedule": {"type": "step", "points": {0: pts[0][1], xs[0] / 2: pts[-1][1]}}}]
+    second = min(xs[-1] + 1.0, span - 1.0)
+    if second > 0:
+        stages.append({"start": second, "schedule": {"type": "linear", "from": pts[0][1], "to": 0.0}})
+    return {"type": "staged", "unit": unit, "stages": stages}
+
+
+_fast_sched = st.tuples(
+    st.sampled_from(["linear", "step", "piecewise-linear", "decay", "warmup", "staged"]),
+    st.sampled_from(["samples", "tokens", "iterations"]),
+    st.lists(st.tuples(st.integers(0, 440), st.sampled_from([0.0, 0.05, 1.0, 3.0, 100.0])),
+             min_size=1, max_size=4, unique_by=lambda p: p[0]))
+
+
+def _run_both_paths(entries, N, gbs, rampup, chunk):
+    old_chunk = curriculum.CHUNK
+    curriculum.CHUNK = chunk
+    try:
+        out = {}
+        for fast in (True, False):
+            CurriculumIndex.linear_fast_path = fast
+            out[fast] = _fake_index({"blend": entries}, N, gbs, rampup=rampup)
+    finally:
+        curriculum.CHUNK = old_chunk
+        CurriculumIndex.linear_fast_path = True
+    return out[True], out[False]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scheds=st.lists(st.one_of(_fast_sched, st.sampled_from([0.5, 7.0])), min_size=1, max_size=7),
+       N=st.integers(1, 1500), gbs=st.integers(1, 9), ramp=st.booleans(),
+       chunk=st.sampled_from([1 << 20, 64, 7]))
+def test_linear_fast_path_bounds_and_agrees_with_per_sample_path(scheds, N, gbs, ramp, chunk):
+    entries = []
+    for k, s in enumerate(scheds):
+        if isinstance(s, tuple):
+            kind, unit, pts = s
+            span = {"iterations": max(N // gbs, 1), "samples": N, "tokens": N * SEQ}[unit]
+            s = _fast_path_weight(kind, unit, pts, span)
+        entries.append({"path": f"d{k}", "weight": s})
+    entries.append({"path": "floor", "weight": 0.01})
+    rampup = (1, 1, 3 * gbs) if ramp and gbs > 1 else None
+    fast, slow = _run_both_paths(entries, N, gbs, rampup, chunk)
+    for idx in (fast, slow):
+        err = _prefix_error(idx)
+        assert err.max() <= 2.0 + 1e-9, err.max()
+        assert (-err).max() <= 1.0 + 1e-9, (-err).max()
+        assert len(idx.dataset_index) == N and idx.counts.sum() == N
+        np.testing.assert_array_equal(idx.counts, np.bincount(np.asarray(idx.dataset_index),
+                                                              minlength=len(idx.constituents)))
+    # both track the same per-sample target, so their counts never differ by 3 or more
+    D = len(fast.constituents)
+    c_fast = np.cumsum(np.eye(D, dtype=np.int64)[np.asarray(fast.dataset_index)], axis=0)
+    c_slow = np.cumsum(np.eye(D, dtype=np.int64)[np.asarray(slow.dataset_index)], axis=0)
+    assert np.abs(c_fast - c_slow).max(initial=0) <= 2
+    for d, ds_fast in enumerate(fast.counts):  # dataset sample ids stay 0..count-1 in order
+        np.testing.assert_array_equal(
+            np.asarray(fast.dataset_sample_index)[np.asarray(fast.dataset_index) == d],
+            np.arange(ds_fast))
+
+
+def _count_evaluations(monkeypatch):
+    seen = {"samples": 0, "linear": 0}
+    raw, linear = CurriculumIndex._raw_weights, CurriculumIndex._build_linear
+
+    def counting_raw(self, plan, samples, check=True):
+        seen["samples"] += len(samples)
+        return raw(self, plan, samples, check)
+
+    def counting_linear(self, *args):
+        seen["linear"] += 1
+        return linear(self, *args)
+
+    monkeypatch.setattr(CurriculumIndex, "_raw_weights", counting_raw)
+    monkeypatch.setattr(CurriculumIndex, "_build_linear", counting_linear)
+    return seen
+
+
+def test_linear_fast_path_evaluates_segment_ends_only(monkeypatch):
+    seen = _count_evaluations(monkeypatch)
+    N = 300_000
+    idx = _fake_index({"blend": [
+        {"path": "a", "weight": 2.0},
+        {"path": "b", "weight": {"type": "linear", "unit": "samples", "points": {0: 10, N // 3: 1, N: 0}}},
+        {"path": "c", "weight": {"type": "step", "unit": "tokens",
+                                 "points": {0: 1, N * SEQ // 2 + 3: 5, 3 * N * SEQ // 4: 0.5}}}]}, N)
+    assert seen["linear"] == 1 and seen["samples"] < 100, seen
+    err = _prefix_error(idx)
+    assert err.max() <= 2.0 and (-err).max() <= 1.0
+    # a schedule that is not piecewise linear (cosine) or caps (epochized) keep the per-sample path
+    seen.update(samples=0, linear=0)
+    _fake_index({"blend": [{"path": "a", "weight": 1.0},
+                           {"path": "b", "weight": {"type": "cosine", "unit": "samples", "from": 3.0}}]}, 500)
+    assert seen["linear"] == 0 and seen["samples"] >= 500
+    _fake_index({"epochized_blend": [
+        {"path": "a", "repetitions": 1, "weight": 1},
+        {"path": "b", "repetitions": 1, "weight": {"type": "linear", "unit": "samples", "points": {0: 0, 10: 5}}}]},
+        200, spe=100)
+    assert seen["linear"] == 0
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 50])
+def test_python_fallback_matches_compiled_linear_fast_path(monkeypatch, chunk):
+    blend = {"blend": [
+        {"path": "a", "weight": {"type": "linear", "points": {0: 1, 20: 5}}},  # iterations unit
+        {"path": "b", "weight": {"type": "step", "unit": "tokens", "points": {0: 2, 50 * SEQ + 3: 0, 120 * SEQ: 1}}},
+        {"path": "c", "weight": {"type": "linear", "unit": "samples", "from": 0.0, "to": 4.0, "warmup": 30,
+                                 "warmup_from": 2.0}},
+        {"path": "d", "weight": {"type": "staged", "unit": "samples", "stages": [
+            {"start": 0, "schedule": 0.3}, {"start": 200, "schedule": {"type": "linear", "from": 3, "to": 0}}]}}]}
+    monkeypatch.setattr(curriculum, "CHUNK", chunk)
+    fast = _fake_index(blend, 400, rampup=(1, 1, 12))
+    monkeypatch.setitem(curriculum._KERNEL, "fn", None)
+    slow = _fake_index(blend, 400, rampup=(1, 1, 12))
+    np.testing.assert_array_equal(np.asarray(fast.dataset_index), np.asarray(slow.dataset_index))
+    np.testing.assert_array_equal(np.asarray(fast.dataset_sample_index),
+                                  np.asarray(slow.dataset_sample_index))
+    err = _prefix_error(fast)
+    assert err.max() <= 2.0 and (-err).max() <= 1.0

@@ -24,6 +24,17 @@ Algorithm (one pass, compiled):
     ``T_d`` is kept as ``B_d + w_d * (i - s)``; the schedules are evaluated vectorised (numpy) per
     chunk of 2**20 samples and the C++ loop carries its state between chunks.
 
+    Fast path for samples/tokens units (no caps, every schedule piecewise linear: linear, step,
+    piecewise-linear, constant, staged of those; iterations-unit and static weights may be mixed
+    in): the stage is cut at the schedules' breakpoints (and at iteration starts when an
+    iterations-unit schedule is present), so every raw weight is affine on each segment; the
+    schedules are evaluated at the segments' first and last samples only, and the kernel
+    interpolates and normalises the raw weights of every sample itself. The target is thus the
+    same exact per-sample integral as evaluating every sample (up to rounding), with the same
+    rule and bounds, at a cost close to the static builder's. The kernel keeps the lag
+    ``T_d - c_d`` itself (no precision lost as ``T_d`` grows). Other samples/tokens schedules
+    (cosine, ...) or caps use the per-sample segments.
+
     ``epochized_blend`` stages add a cap per dataset (its samples per epoch x repetitions): an
     exhausted dataset drops out and the rest are renormalised, so each is drawn exactly its
     repetitions; without weights the weights are proportional to the samples each must give
@@ -38,7 +49,6 @@ import ctypes
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import subprocess
@@ -46,7 +56,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -64,7 +74,7 @@ __all__ = [
     "build_blend_config_datasets",
 ]
 
-INDEX_VERSION = "curriculum-index-v1"
+INDEX_VERSION = "curriculum-index-v2"  # v2: piecewise-linear samples/tokens fast path
 CHUNK = 1 << 20
 
 
@@ -91,6 +101,31 @@ def weight_schedule(config: Any, context: WeightContext):
         total={"iterations": float(context.num_iterations), "samples": samples,
                "tokens": samples * context.batch_schedule.seq_length})
     return build_schedule(config, schedule_context)
+
+
+def _linear_breakpoints(schedule) -> Optional[np.ndarray]:
+    """Progress positions (in the schedule's unit) between which ``schedule`` is linear (affine),
+    or None when it is not known to be piecewise linear. Only exact built-in classes qualify (a
+    subclass may change ``values``)."""
+    from megatron.schedules import builtin
+    from megatron.schedules.staged import Staged
+
+    kind = type(schedule)
+    if kind is builtin.Constant:
+        return np.asarray([schedule.warmup] if schedule.warmup > 0 else [], dtype=np.float64)
+    if kind in (builtin.PiecewiseLinear, builtin.Step):
+        return np.asarray(schedule._x, dtype=np.float64)
+    if kind is builtin.Linear:  # warmup ramp, linear decay, then constant
+        return np.asarray([schedule.warmup, schedule.span], dtype=np.float64)
+    if kind is Staged:
+        out = [np.asarray(schedule.starts, dtype=np.float64)]
+        for start, sub in zip(schedule.starts, schedule.schedules):
+            inner = _linear_breakpoints(sub)
+            if inner is None:
+                return None
+            out.append(inner + (start if schedule.relative else 0.0))
+        return np.concatenate(out)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +322,56 @@ static int64_t run(int64_t i0, int64_t i1, int32_t D, const int64_t* seg_starts,
   }
   return 0;
 }
+// Piecewise-linear raw weights, no caps (the "lead" rule): segment k covers [starts[k],
+// starts[k + 1]) (the last one up to i1; starts[0] == i0) and the raw weight of dataset d at sample
+// i of it is max(a[d * S + k] + b[d * S + k] * (i - starts[k]), 0), normalised per sample: the
+// target integral is the exact per-sample sum. E (carried between chunks) is the lag T_d - c_d,
+// kept directly (small magnitude: no precision lost as T grows). scratch: [3D] doubles.
+template <typename TI, typename TS>
+static int64_t run_pl(int64_t i0, int64_t i1, int32_t D, const int64_t* starts, int64_t S,
+                      const double* a, const double* b, const int64_t* base, int64_t* counts,
+                      double* E, double* scratch, TI* out_id, TS* out_sample) {
+  double* ak = scratch; double* bk = scratch + D; double* r = scratch + 2 * D;
+  for (int64_t k = 0; k < S; ++k) {
+    const int64_t s = starts[k];
+    const int64_t e = (k + 1 < S) ? starts[k + 1] : i1;
+    for (int32_t d = 0; d < D; ++d) { ak[d] = a[(int64_t)d * S + k]; bk[d] = b[(int64_t)d * S + k]; }
+    for (int64_t i = s; i < e; ++i) {
+      const double t = (double)(i - s);
+      double R = 0.0;
+      for (int32_t d = 0; d < D; ++d) {
+        double v = ak[d] + bk[d] * t;
+        v = v > 0.0 ? v : 0.0;
+        r[d] = v;
+        R += v;
+      }
+      if (!(R > 0.0)) return -(i + 1);
+      const double inv = 1.0 / R;
+      // deficit T_d(i + 1) - c_d(i): they sum to 1, so the first largest is positive (eligible)
+      int32_t best = 0;
+      double best_err = 0.0;
+      for (int32_t d = 0; d < D; ++d) {
+        const double err = E[d] + r[d] * inv;
+        E[d] = err;
+        if (d == 0 || err > best_err) { best = d; best_err = err; }
+      }
+      E[best] = best_err - 1.0;
+      out_id[i - i0] = (TI)best;
+      out_sample[i - i0] = (TS)(counts[best] + base[best]);
+      counts[best] += 1;
+    }
+  }
+  return 0;
+}
+extern "C" int64_t curriculum_build_pl(int64_t i0, int64_t i1, int32_t D, const int64_t* starts,
+    int64_t S, const double* a, const double* b, const int64_t* base, int64_t* counts, double* E,
+    double* scratch, void* out_id, int32_t id_bytes, void* out_sample, int32_t sample_bytes) {
+#define RUN_PL(TI, TS) return run_pl(i0, i1, D, starts, S, a, b, base, counts, E, scratch, (TI*)out_id, (TS*)out_sample)
+  if (id_bytes == 1 && sample_bytes == 4) RUN_PL(uint8_t, int32_t);
+  if (id_bytes == 1 && sample_bytes == 8) RUN_PL(uint8_t, int64_t);
+  if (id_bytes == 2 && sample_bytes == 4) RUN_PL(int16_t, int32_t);
+  RUN_PL(int16_t, int64_t);
+}
 extern "C" int64_t curriculum_build(int64_t i0, int64_t i1, int32_t D, const int64_t* seg_starts,
     int64_t S, const double* seg_w, int32_t prenorm, int32_t lead, int32_t all_positive,
     const int64_t* caps, const int64_t* base,
@@ -300,6 +385,8 @@ extern "C" int64_t curriculum_build(int64_t i0, int64_t i1, int32_t D, const int
 }
 """
 
+# no FMA contraction: the Python fallback reproduces the kernel's arithmetic bit for bit
+_CXXFLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
 _KERNEL_LOCK = threading.Lock()
 _KERNEL: Dict[str, Any] = {}
 
@@ -317,7 +404,7 @@ def _load_kernel(cache_dir: Optional[str] = None):
             return _KERNEL["fn"]
         fn = None
         if os.environ.get("MEGATRON_CURRICULUM_NO_CPP") != "1":
-            digest = hashlib.sha1(_KERNEL_SOURCE.encode()).hexdigest()[:16]
+            digest = hashlib.sha1((_KERNEL_SOURCE + " ".join(_CXXFLAGS)).encode()).hexdigest()[:16]
             for directory in (_kernel_dir(cache_dir), _kernel_dir(None)):
                 try:
                     os.makedirs(directory, exist_ok=True)
@@ -327,7 +414,7 @@ def _load_kernel(cache_dir: Optional[str] = None):
                         with os.fdopen(fd, "w") as f:
                             f.write(_KERNEL_SOURCE)
                         tmp_lib = src[:-4] + ".so"
-                        subprocess.run(["g++", "-O3", "-shared", "-fPIC", "-o", tmp_lib, src],
+                        subprocess.run(["g++", *_CXXFLAGS, "-o", tmp_lib, src],
                                        check=True, capture_output=True)
                         os.replace(tmp_lib, lib_path)
                         os.unlink(src)
@@ -340,6 +427,11 @@ def _load_kernel(cache_dir: Optional[str] = None):
                                    ctypes.c_int32, p,
                                    ctypes.c_int32]
                     fn.restype = ctypes.c_int64
+                    pl = lib.curriculum_build_pl
+                    pl.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, p, ctypes.c_int64,
+                                   p, p, p, p, p, p, p, ctypes.c_int32, p, ctypes.c_int32]
+                    pl.restype = ctypes.c_int64
+                    _KERNEL["pl"] = pl
                     break
                 except (OSError, subprocess.CalledProcessError) as exc:
                     logger.warning("curriculum kernel: cannot compile/load in %s (%s)", directory, exc)
@@ -394,6 +486,46 @@ def _python_kernel(i0, i1, D, seg_starts, seg_w, prenorm, lead, caps, base, coun
     return 0
 
 
+def _python_pl_kernel(i0, i1, D, starts, a, b, base, counts, E, out_id, out_sample) -> int:
+    """Same loop as the C++ ``run_pl`` (same double arithmetic, so the same index)."""
+    S = len(starts)
+    A, Bs = a.tolist(), b.tolist()
+    El, C, base_l = [float(x) for x in E], [int(x) for x in counts], [int(x) for x in base]
+    rc = 0
+    try:
+        for k in range(S):
+            s = int(starts[k])
+            e = int(starts[k + 1]) if k + 1 < S else i1
+            ak = [A[d][k] for d in range(D)]
+            bk = [Bs[d][k] for d in range(D)]
+            for i in range(s, e):
+                t = float(i - s)
+                r, R = [], 0.0
+                for d in range(D):
+                    v = ak[d] + bk[d] * t
+                    v = v if v > 0.0 else 0.0
+                    r.append(v)
+                    R += v
+                if not R > 0.0:
+                    rc = -(i + 1)
+                    return rc
+                inv = 1.0 / R
+                best, best_err = 0, 0.0
+                for d in range(D):
+                    err = El[d] + r[d] * inv
+                    El[d] = err
+                    if d == 0 or err > best_err:
+                        best, best_err = d, err
+                El[best] = best_err - 1.0
+                out_id[i - i0] = best
+                out_sample[i - i0] = C[best] + base_l[best]
+                C[best] += 1
+    finally:
+        E[:] = El
+        counts[:] = C
+    return rc
+
+
 def _ptr(a: np.ndarray):
     return a.ctypes.data_as(ctypes.c_void_p)
 
@@ -409,10 +541,12 @@ class _KernelState:
         self.counts = np.zeros(D, dtype=np.int64)
         self.sd = np.zeros(3 * D, dtype=np.float64)
         self.si = np.zeros(2, dtype=np.int64)
+        self.scratch = np.zeros(3 * D, dtype=np.float64)
         self.prenorm = int(bool(prenorm))
         self.lead = int(bool(lead))
         self.all_positive = int(bool(all_positive))  # static weights all > 0 (megatron's case)
         self.fn = _load_kernel(cache_dir)
+        self.pl_fn = _KERNEL.get("pl") if self.fn is not None else None
 
     def run(self, i0: int, i1: int, seg_starts: np.ndarray, seg_w: np.ndarray,
             out_id: np.ndarray, out_sample: np.ndarray) -> int:
@@ -427,6 +561,24 @@ class _KernelState:
                            self.prenorm, self.lead, self.all_positive, _ptr(self.caps), _ptr(self.base), _ptr(self.counts),
                            _ptr(self.sd), _ptr(self.si), _ptr(out_id), out_id.itemsize,
                            _ptr(out_sample), out_sample.itemsize))
+
+    def run_pl(self, i0: int, i1: int, starts: np.ndarray, a: np.ndarray, b: np.ndarray,
+               out_id: np.ndarray, out_sample: np.ndarray) -> int:
+        """Fill samples [i0, i1) (stage-local) from piecewise-linear raw weights: segment k starts
+        at ``starts[k]`` (``starts[0] == i0``), raw weight ``a[:, k] + b[:, k] * (i - starts[k])``
+        normalised per sample (no caps). ``sd[:D]`` carries the lag (target integral - count)."""
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        S = len(starts)
+        a = np.ascontiguousarray(a, dtype=np.float64).reshape(self.D, S)
+        b = np.ascontiguousarray(b, dtype=np.float64).reshape(self.D, S)
+        E = self.sd[:self.D]  # a view: updated in place
+        if self.pl_fn is None:
+            return _python_pl_kernel(i0, i1, self.D, starts, a, b, self.base, self.counts, E,
+                                     out_id, out_sample)
+        assert out_id.flags.c_contiguous and out_sample.flags.c_contiguous and E.flags.c_contiguous
+        return int(self.pl_fn(i0, i1, self.D, _ptr(starts), S, _ptr(a), _ptr(b), _ptr(self.base),
+                              _ptr(self.counts), _ptr(E), _ptr(self.scratch), _ptr(out_id),
+                              out_id.itemsize, _ptr(out_sample), out_sample.itemsize))
 
 
 def build_blending_index(weights: Sequence[float], size: int, cache_dir: Optional[str] = None,
@@ -498,8 +650,11 @@ class CurriculumIndex:
         self.sample_dtype = np.int32 if self.num_samples < 2 ** 31 - 1 else np.int64
         self.cache_path = None
         self.cache_hit = False
+        self._built_counts: Optional[np.ndarray] = None
         self.dataset_index, self.dataset_sample_index = self._load_or_build(cache_dir)
-        self.counts = self._counts()
+        # a fresh build knows its counts (the kernels' own): no pass over the index for them
+        self.counts = (self._built_counts if self._built_counts is not None and not self.cache_hit
+                       else self._counts())
         self.epochs = {c.name: float(self.counts[i]) / c.samples_per_epoch
                        for i, c in enumerate(self.constituents)}
 
@@ -617,26 +772,112 @@ class CurriculumIndex:
             all_positive = granularity is None and all(
                 e.weight is None or (not isinstance(e.weight, dict) and e.weight > 0)
                 for e in plan.stage.entries)
+            bounds = self._linear_segments(plan) if granularity == "samples" else None
             state = _KernelState(Ds, np.asarray(plan.caps), base, True, cache_dir, lead=lead,
                                  all_positive=all_positive)
-            # the kernel (which releases the GIL) fills chunk k in a worker thread while this
-            # thread evaluates the weight schedules of chunk k + 1
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                pending = None
-                for lo, hi, starts, norm in self._chunks(plan, granularity):
-                    if pending is not None:
-                        self._check_rc(plan, pending.result())
-                    g_lo, g_hi = plan.begin + lo, plan.begin + hi
-                    pending = pool.submit(state.run, lo, hi, starts, norm, out_id[g_lo:g_hi],
-                                          out_sample[g_lo:g_hi])
-                if pending is not None:
-                    self._check_rc(plan, pending.result())
+            if bounds is not None:
+                self._build_linear(plan, state, bounds, out_id, out_sample)
+            else:
+                self._build_segments(plan, state, granularity, out_id, out_sample)
             if Ds:  # stage-local ids -> global ids
                 mapping = np.asarray(plan.ids, dtype=self.id_dtype)
                 if not np.array_equal(mapping, np.arange(Ds, dtype=self.id_dtype)):
                     out_id[plan.begin:plan.end] = mapping[out_id[plan.begin:plan.end]]
             global_counts[list(plan.ids)] += state.counts
+        self._built_counts = global_counts
         return out_id, out_sample
+
+    def _build_segments(self, plan: _StagePlan, state: "_KernelState", granularity: Optional[str],
+                        out_id: np.ndarray, out_sample: np.ndarray) -> None:
+        """Piecewise-constant weights: one segment per iteration / per sample / in all."""
+        # the kernel (which releases the GIL) fills chunk k in a worker thread while this
+        # thread evaluates the weight schedules of chunk k + 1
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for lo, hi, starts, norm in self._chunks(plan, granularity):
+                if pending is not None:
+                    self._check_rc(plan, pending.result())
+                g_lo, g_hi = plan.begin + lo, plan.begin + hi
+                pending = pool.submit(state.run, lo, hi, starts, norm, out_id[g_lo:g_hi],
+                                      out_sample[g_lo:g_hi])
+            if pending is not None:
+                self._check_rc(plan, pending.result())
+
+    # Samples/tokens-unit schedules that are piecewise linear (linear, step, piecewise-linear,
+    # constant, staged of those): rather than evaluating and normalising the weights of every
+    # sample in numpy, the stage is cut into segments on which every raw weight is affine in the
+    # sample index (cuts at the schedules' breakpoints, at iteration starts if an iterations-unit
+    # schedule is present, and at chunk starts); the schedules are evaluated at each segment's
+    # first and last sample only and the kernel normalises per sample. The target is the same
+    # per-sample integral as evaluating every sample (up to rounding), so the same bounds hold.
+    linear_fast_path = True
+
+    def _linear_segments(self, plan: _StagePlan) -> Optional[Tuple[np.ndarray, bool]]:
+        """(sorted global sample indices where a segment must start, iterations-unit schedule
+        present) when the fast path applies to ``plan``, else None."""
+        if not self.linear_fast_path or any(c >= 0 for c in plan.caps):
+            return None
+        cuts, iterations = [np.zeros(0, dtype=np.int64)], False
+        for e, i in zip(plan.stage.entries, plan.ids):
+            if not isinstance(e.weight, dict):
+                continue
+            sched = self._schedule(i, id(plan), e)
+            unit = getattr(sched, "unit", "iterations")
+            if unit == "iterations":
+                iterations = True
+                continue
+            if unit not in ("samples", "tokens"):
+                return None
+            points = _linear_breakpoints(sched)
+            if points is None:
+                return None
+            points = points[np.isfinite(points)]
+            scale = 1.0 if unit == "samples" else float(self.batch_schedule.seq_length)
+            q = np.clip(np.floor(points / scale), -4, self.num_samples + 4).astype(np.int64)
+            # a breakpoint between samples q and q + 1 (or at q): q and q + 1 start segments,
+            # so no segment has a breakpoint inside it (q - 1, q + 2: float rounding margin)
+            cuts.append((q[:, None] + np.arange(-1, 3, dtype=np.int64)).reshape(-1))
+        return np.unique(np.concatenate(cuts)), iterations
+
+    def _build_linear(self, plan: _StagePlan, state: "_KernelState", bounds, out_id: np.ndarray,
+                      out_sample: np.ndarray) -> None:
+        cuts, iterations = bounds
+        length = plan.end - plan.begin
+
+        def chunks():
+            for lo in range(0, length, CHUNK):
+                hi = min(length, lo + CHUNK)
+                g_lo, g_hi = plan.begin + lo, plan.begin + hi
+                parts = [np.array([g_lo], dtype=np.int64), cuts[(cuts > g_lo) & (cuts < g_hi)]]
+                if iterations:
+                    parts.append(self.progress.iteration_starts(g_lo + 1, g_hi))
+                starts = np.unique(np.concatenate(parts))
+                lasts = np.append(starts[1:], g_hi) - 1
+                first = self._raw_weights(plan, starts)
+                last = first.copy()
+                multi = np.flatnonzero(lasts > starts)
+                if len(multi):
+                    last[:, multi] = self._raw_weights(plan, lasts[multi])
+                # raw weights are affine and non-negative on a segment: their sum is zero inside
+                # it only if zero at an end
+                zero = np.concatenate([starts[~(first.sum(axis=0) > 0)],
+                                       lasts[~(last.sum(axis=0) > 0)]])
+                if len(zero):
+                    self._all_zero_error(plan, int(zero.min()))
+                slope = (last - first) / np.maximum(lasts - starts, 1).astype(np.float64)
+                yield lo, hi, starts - plan.begin, first, slope
+
+        # the kernel (which releases the GIL) fills chunk k while this thread prepares chunk k + 1
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for lo, hi, starts, first, slope in chunks():
+                if pending is not None:
+                    self._check_rc(plan, pending.result())
+                g_lo, g_hi = plan.begin + lo, plan.begin + hi
+                pending = pool.submit(state.run_pl, lo, hi, starts, first, slope,
+                                      out_id[g_lo:g_hi], out_sample[g_lo:g_hi])
+            if pending is not None:
+                self._check_rc(plan, pending.result())
 
     def _chunks(self, plan: _StagePlan, granularity: Optional[str]):
         """Per chunk of the stage: (lo, hi) stage-local, segment starts (stage-local) and their

@@ -155,7 +155,7 @@ def get_schedule_class(name: str) -> Type[Schedule]:
 
 def _ensure_builtins() -> None:
     import megatron.schedules.builtin  # noqa: F401  (registers the built-in kinds)
-    import megatron.schedules.staged  # noqa: F401
+    import megatron.schedules.staged  # noqa: F401  (registers the staged kind)
 
 
 def _number(value, where: str) -> float:

@@ -330,18 +330,8 @@ def test_blend_file_through_validate_args(data, tmp_path):
 
 
 def _curriculum_index(blend, num_samples, global_batch_size=4):
-    from megatron.data.curriculum import Constituent, CurriculumIndex
-    from megatron.schedules.units import BatchSchedule
-
-    cfg = parse_blend_config({"train": blend}, "t.yaml", check_files=False).train
-    cons, seen = [], set()
-    for stage in cfg.stages:
-        for e in stage.entries:
-            if e.key not in seen:
-                seen.add(e.key)
-                cons.append(Constituent(e.path, e.split, e.name, 0, 10, 10, 10 ** 6 * 16 + 1,
-                                        10 ** 6))
-    return CurriculumIndex(cfg, cons, num_samples, BatchSchedule(global_batch_size, None, 16))
+    from curriculum_helpers import fake_index
+    return fake_index(blend, num_samples, global_batch_size)
 
 
 def test_blend_file_all_weights_zero_at_some_point():

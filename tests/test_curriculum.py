@@ -15,12 +15,13 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatase
 from megatron.core.datasets.utils import Split
 from megatron.data import curriculum
 from megatron.data.blend_config import BlendConfigError, parse_blend_config
-from megatron.data.curriculum import (Constituent, CurriculumIndex, build_blending_index,
-                                      resolve_constituents,
-                                      build_curriculum_dataset)
+from megatron.data.curriculum import (CurriculumIndex, build_blending_index,
+                                      build_curriculum_dataset, resolve_constituents)
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.schedules.units import BatchSchedule
 from megatron.tokenizer import ByteLevelTokenizer
+
+from curriculum_helpers import fake_index
 
 SEQ = 16
 
@@ -56,15 +57,7 @@ def _gpt_config(cache, seed=1):
 
 
 def _fake_index(blend_obj, N, gbs=4, rampup=None, spe=10 ** 6):
-    cfg = parse_blend_config({"train": blend_obj}, "t.yaml", check_files=False).train
-    cons, seen = [], set()
-    for stage in cfg.stages:
-        for e in stage.entries:
-            if e.key not in seen:
-                seen.add(e.key)
-                s = spe if isinstance(spe, int) else spe[e.path]
-                cons.append(Constituent(e.path, e.split, e.name, 0, 10, 10, s * SEQ + 1, s))
-    return CurriculumIndex(cfg, cons, N, BatchSchedule(gbs, rampup, SEQ))
+    return fake_index(blend_obj, N, gbs, rampup, spe, seq=SEQ)
 
 
 def _prefix_error(idx):

@@ -3,8 +3,8 @@ bitwise the same per-iteration lr, consumed samples, per-dataset losses and loss
 never stopped (CPU, 2 ranks through the real ``deepspeed`` launcher); and a 2-rank checkpoint resumed
 on 1 rank continues the same consumed-samples, lr and global-sample sequence.
 
-Scenarios are entries of ``SCENARIOS``; a curriculum (``--data-blend-config``) scenario is one more
-entry with its flags, and every test below picks it up.
+Scenarios are entries of ``SCENARIOS`` (pretraining with a curriculum blend file and a staged LR
+schedule; packed T0 finetuning); every test below picks each up.
 """
 import json
 import os
@@ -40,16 +40,31 @@ lr_schedule:
 
 
 # ------------------------------------------------------------------ scenarios
+CURRICULUM = """\
+train:
+  blend:
+    - {{path: {web}, split: "0:0.95", weight: 1}}
+    - path: {code}
+      split: "0:0.95"
+      weight: {{type: linear, unit: iterations, points: {{0: 0, 16: 2}}}}
+    - path: {math}
+      split: "0:0.95"
+      weight: {{type: step, unit: samples, points: {{0: 1, 64: 0.2}}}}
+valid:
+  - {{name: web_heldout, path: {web}, split: "0.95:1"}}
+"""
+
+
 def pretrain_flags(data: Dict[str, str], run_dir, extra=()) -> List[str]:
-    """Staged LR from --lr-schedule-config and a static 3-dataset blend."""
+    """Staged LR from --lr-schedule-config and a 3-dataset curriculum from --data-blend-config."""
     schedule = os.path.join(data["dir"], "staged_lr.yaml")
     return [
         "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
         "--train-iters", str(TRAIN_ITERS), "--lr", "3e-3", "--lr-schedule-config", schedule,
         "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7",
-        "--data-path", "0.5", data["web"], "0.3", data["code"], "0.2", data["math"],
-        "--split", "98,1,1", "--data-cache-path", os.path.join(data["dir"], "cache"),
+        "--data-blend-config", os.path.join(data["dir"], "curriculum.yaml"),
+        "--data-cache-path", os.path.join(data["dir"], "cache"),
         "--eval-iters", "1", "--eval-interval", "5", "--log-interval", "1",
         "--save", str(run_dir / "ckpt"), "--save-interval", "1",
         "--metrics-jsonl", str(run_dir / "metrics.jsonl"), *extra]
@@ -60,6 +75,8 @@ def make_pretrain_data(out) -> Dict[str, str]:
     data = dict(make_demo_data(str(out), size_mb=0.2, verbose=False), dir=str(out))
     with open(os.path.join(str(out), "staged_lr.yaml"), "w") as f:
         f.write(STAGED_LR)
+    with open(os.path.join(str(out), "curriculum.yaml"), "w") as f:
+        f.write(CURRICULUM.format(**data))
     return data
 
 
@@ -96,7 +113,7 @@ class Scenario:
 
 
 SCENARIOS = {
-    "pretrain_staged_lr_static_blend": Scenario("pretrain_gpt.py", pretrain_flags, make_pretrain_data),
+    "pretrain_staged_lr_curriculum": Scenario("pretrain_gpt.py", pretrain_flags, make_pretrain_data),
     "t0_packed_prefix_lm": Scenario("finetune_t0.py", t0_flags, make_t0_data),
 }
 
@@ -221,7 +238,7 @@ def test_resume_on_fewer_data_parallel_ranks(reference, tmp_path):
     optimizer states to another data-parallel size (its universal-checkpoint conversion does not
     handle megatron-core's ``_extra_state`` entries), so the optimizer state is not loaded
     (--no-load-optim): the model, scheduler, consumed samples and data order carry over."""
-    data, run_dir, want, _ = reference("pretrain_staged_lr_static_blend")
+    data, run_dir, want, _ = reference("pretrain_staged_lr_curriculum")
     start = 5
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -267,10 +284,10 @@ def test_global_sample_order_is_independent_of_data_parallel_size(consumed):
 
 
 def test_blended_dataset_index_is_independent_of_world(tmp_path, dist_group):
-    """The blended dataset (global sample -> dataset, sample) is rebuilt identically from the same
-    flags, so a resumed run with any data-parallel size reads the same global samples."""
+    """The curriculum dataset (global sample -> dataset, sample) is rebuilt identically from the
+    same flags, so a resumed run with any data-parallel size reads the same global samples."""
     from megatron.arguments import parse_args
-    from megatron.data.builder import build_train_valid_test_datasets
+    from megatron.data.builder import build_pretraining_data
     from megatron.tokenizer import build_tokenizer
     data = make_pretrain_data(tmp_path / "data")
     datasets = []
@@ -278,7 +295,7 @@ def test_blended_dataset_index_is_independent_of_world(tmp_path, dist_group):
         args = parse_args(pretrain_flags(data, tmp_path / run))
         args.data_cache_path = str(tmp_path / f"cache_{run}")  # built from scratch each time
         args.tokenizer = build_tokenizer(args)
-        datasets.append(build_train_valid_test_datasets(args, args.tokenizer)[0])
+        datasets.append(build_pretraining_data(args, args.tokenizer).train)
     a, b = datasets
     assert len(a) == len(b)
     for i in range(0, 8 * TRAIN_ITERS):

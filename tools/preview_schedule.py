@@ -188,7 +188,7 @@ def plot_preview(data: dict, path: str, title: Optional[str] = None) -> None:
 def _json_array(values: np.ndarray) -> str:
     """JSON text of a 1-D array; floats use repr (exact round trip), each distinct value once."""
     if values.dtype.kind in "iu":
-        return "[" + ", ".join(map(str, values.tolist())) + "]"
+        return json.dumps(values.tolist())
     unique, inverse = np.unique(values, return_inverse=True)
     if len(unique) * 2 < len(values):
         text = np.asarray(list(map(repr, unique.tolist())), dtype=object)[inverse]

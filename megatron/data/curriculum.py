@@ -131,38 +131,30 @@ def _linear_breakpoints(schedule) -> Optional[np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 # Progress conversion
 class _Progress:
-    """Global sample index -> iteration / samples / tokens (rampup aware)."""
+    """Global sample index -> iteration / samples / tokens (rampup aware), through the run's
+    :class:`BatchSchedule` (the one place that converts units)."""
 
     def __init__(self, batch_schedule: BatchSchedule, num_samples: int):
         self.bs = batch_schedule
         self.num_samples = int(num_samples)
         self.num_iterations = batch_schedule.iterations_for_samples(max(self.num_samples, 1))
-        self.table = (batch_schedule.consumed_samples_table(self.num_iterations)
-                      if batch_schedule.rampup else None)
 
     def iteration_of(self, samples: np.ndarray) -> np.ndarray:
-        samples = np.asarray(samples, dtype=np.int64)
-        if self.table is None:
-            return samples // self.bs.global_batch_size
-        return np.searchsorted(self.table, samples, side="right") - 1
+        """The (0-based) iteration that global sample index ``samples`` belongs to."""
+        return self.bs.iterations_at_samples(np.asarray(samples, dtype=np.int64))
 
     def iteration_starts(self, lo: int, hi: int) -> np.ndarray:
         """Global sample indices in [lo, hi) where an iteration starts."""
-        if self.table is None:
-            g = self.bs.global_batch_size
-            first = -(-lo // g) * g
-            return np.arange(first, hi, g, dtype=np.int64)
-        t = self.table
-        return t[(t >= lo) & (t < hi)].astype(np.int64)
+        if hi <= lo:
+            return np.zeros(0, dtype=np.int64)
+        first = self.bs.iterations_for_samples(lo)
+        last = int(self.bs.iterations_at_samples(hi - 1))
+        starts = self.bs.samples_at_iterations(np.arange(first, last + 1, dtype=np.int64))
+        return starts[(starts >= lo) & (starts < hi)].astype(np.int64)
 
     def of(self, samples: np.ndarray, unit: str) -> np.ndarray:
-        if unit == "iterations":
-            return self.iteration_of(samples).astype(np.float64)
-        if unit == "samples":
-            return np.asarray(samples, dtype=np.float64)
-        if unit == "tokens":
-            return np.asarray(samples, dtype=np.float64) * float(self.bs.seq_length)
-        raise ValueError(f"unknown progress unit {unit!r}")
+        """Progress in ``unit`` at global sample indices ``samples`` (float64)."""
+        return self.bs.convert(samples, "samples", unit)
 
     def samples_for(self, unit: str, n: int) -> int:
         """Global sample index where progress ``unit`` reaches ``n``."""
@@ -1035,10 +1027,7 @@ class CurriculumIndex:
     def target_iteration_mixture(self, num_iterations: Optional[int] = None) -> np.ndarray:
         """[D, num_iterations] target mixture at the first sample of each iteration."""
         n_it = self.progress.num_iterations if num_iterations is None else int(num_iterations)
-        if self.progress.table is None:
-            firsts = np.arange(n_it, dtype=np.int64) * self.batch_schedule.global_batch_size
-        else:
-            firsts = self.batch_schedule.consumed_samples_table(n_it)[:n_it]
+        firsts = self.batch_schedule.samples_at_iterations(np.arange(n_it, dtype=np.int64))
         return self.target_weights(np.minimum(firsts, self.num_samples - 1))
 
 

@@ -18,6 +18,7 @@ quiet_optional_dependency_warnings()
 
 from megatron.arguments import ArgumentError, parse_args
 from megatron.errors import run_entry_point
+from megatron.data.blend_config import short_dataset_name
 from megatron.data.builder import train_valid_test_num_samples
 from megatron.data.mtf_dataset import MTFBlendedDataset, MTFDataset
 from megatron.model.gpt_model import build_gpt_model
@@ -54,14 +55,6 @@ def weighted_split_groups(args, split: str) -> List[Tuple[str, List[SplitItem]]]
 
 
 # ------------------------------------------------------------------ datasets
-def _short_name(prefix: str) -> str:
-    name = prefix.rstrip("/").split("/")[-1]
-    for suffix in ("_inputs_document", "_targets_document"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
-
-
 def build_group_dataset(args, name: str, items: Sequence[SplitItem], num_samples: int,
                         with_dataset_id: bool = False) -> MTFBlendedDataset:
     """A weighted blend of packed MTF datasets, one per group item, ``num_samples`` long."""
@@ -71,13 +64,13 @@ def build_group_dataset(args, name: str, items: Sequence[SplitItem], num_samples
         weight, start, end, prefix = items[k]
         cache = args.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(prefix)), "cache")
         return MTFDataset(
-            f"{name}_{k}_{_short_name(prefix)}", prefix, args.seq_length, n, args.seed,
+            f"{name}_{k}_{short_dataset_name(prefix)}", prefix, args.seq_length, n, args.seed,
             doc_range=(start, end), cache_dir=cache, pad_id=pad_id, prefix_lm=args.prefix_lm,
             loss_on_targets_only=args.loss_on_targets_only,
             norm_target_loss=args.norm_target_loss,
             dataset_id=k if with_dataset_id else None)
 
-    names = [_short_name(item[3]) for item in items]
+    names = [short_dataset_name(item[3]) for item in items]
     return MTFBlendedDataset([item[0] for item in items], num_samples, factory, names)
 
 
@@ -86,7 +79,7 @@ def dataset_names(groups) -> List[str]:
     names = []
     for _, items in groups:
         for item in items:
-            base = _short_name(item[3])
+            base = short_dataset_name(item[3])
             name, k = base, 1
             while name in names:
                 k += 1

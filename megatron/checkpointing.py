@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from megatron.atomic_io import atomic_path, atomic_write_text
 from megatron.errors import ConfigError
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
@@ -48,18 +49,8 @@ def checkpoint_tag(iteration: int) -> str:
 
 
 def _atomic_torch_save(obj: Any, path: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def rng_state() -> Dict[str, Any]:
@@ -122,7 +113,7 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState) -> str:
         os.kill(os.getpid(), signal.SIGKILL)  # test hook, see the module docstring
     _barrier()
     if _rank() == 0:
-        _atomic_write_text(os.path.join(save_dir, TRACKER_FILENAME), f"{state.iteration}\n")
+        atomic_write_text(os.path.join(save_dir, TRACKER_FILENAME), f"{state.iteration}\n", fsync=True)
     _barrier()
     return directory
 

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
+from megatron.atomic_io import atomic_write_text  # noqa: E402
 from megatron.data.preprocess import output_prefix_for_key, preprocess_jsonl  # noqa: E402
 
 DOMAINS = ("web", "code", "math")
@@ -257,12 +258,9 @@ def make_demo_data(
     for domain in DOMAINS:
         docs = generate_domain(domain, size_bytes, seed)
         jsonl = os.path.join(output_dir, f"{domain}.jsonl")
-        tmp = jsonl + f".tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            for i, text in enumerate(docs):
-                rec = {"id": f"{domain}-{i:06d}", "domain": domain, "text": text}
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        os.replace(tmp, jsonl)
+        atomic_write_text(jsonl, "".join(
+            json.dumps({"id": f"{domain}-{i:06d}", "domain": domain, "text": text},
+                       ensure_ascii=False) + "\n" for i, text in enumerate(docs)))
         result = preprocess_jsonl(
             jsonl, os.path.join(output_dir, domain), ["text"], None,
             append_eod=True, workers=1, log_interval=0,
@@ -273,11 +271,8 @@ def make_demo_data(
         if verbose:
             print(f"wrote {jsonl} and {prefixes[domain]}.{{bin,idx}}: "
                   f"{result.num_documents} documents, {result.num_tokens['text']} tokens")
-    tmp = manifest_path + f".tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"params": params, "datasets": summary}, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, manifest_path)
+    atomic_write_text(manifest_path, json.dumps({"params": params, "datasets": summary}, indent=2,
+                                                sort_keys=True) + "\n")
     if verbose:
         print(f"wrote {manifest_path}")
     return prefixes

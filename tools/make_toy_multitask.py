@@ -32,6 +32,8 @@ from typing import Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
+from megatron.atomic_io import atomic_write_text  # noqa: E402
+
 TRAIN_TASKS = ("sentiment", "topic", "copy", "addition", "contains")
 HELDOUT_TASKS = ("animal_or_object", "first_word")
 RANK_EVAL_TASKS = ("sentiment", "copy", "contains", "animal_or_object", "first_word")
@@ -180,11 +182,8 @@ def pretrain_text(n: int, seed: int) -> List[str]:
 
 
 def _write_jsonl(path: str, records: List[dict], keys=("task", "inputs", "targets")) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps({k: r[k] for k in keys}, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps({k: r[k] for k in keys}, ensure_ascii=False) + "\n"
+                                    for r in records))
 
 
 def make_toy_multitask(output_dir: str, examples_per_task: int = 1500, seed: int = 1234,

@@ -37,6 +37,7 @@ from megatron.errors import ConfigError
 __all__ = [
     "BlendConfigError", "BlendEntry", "BlendStage", "SplitBlend", "BlendConfig",
     "load_blend_config", "parse_blend_config", "parse_split_range", "check_dataset_prefix",
+    "short_dataset_name",
     "indexed_dataset_problem",
 ]
 
@@ -79,12 +80,8 @@ class BlendEntry:
 
     @property
     def name(self) -> str:
-        """Short name: the prefix basename without ``_text_document``/``_document``."""
-        name = self.path.rstrip("/").split("/")[-1]
-        for suffix in ("_text_document", "_document"):
-            if name.endswith(suffix):
-                return name[: -len(suffix)]
-        return name
+        """Short name: :func:`short_dataset_name` of the prefix."""
+        return short_dataset_name(self.path)
 
     @property
     def qualified_name(self) -> str:
@@ -140,6 +137,17 @@ class BlendConfig:
 
 
 # ----------------------------------------------------------------------------------------------
+def short_dataset_name(prefix: str) -> str:
+    """A dataset's name in logs and metrics: the basename of its ``.bin/.idx`` prefix without the
+    suffix that ``tools/preprocess_data.py`` adds (``_text_document``, ``_inputs_document``,
+    ``_targets_document``, ``_document``)."""
+    name = prefix.rstrip("/").split("/")[-1]
+    for suffix in ("_text_document", "_inputs_document", "_targets_document", "_document"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def _err(where: str, msg: str) -> BlendConfigError:
     return BlendConfigError(f"{where}: {msg}")
 

@@ -77,17 +77,12 @@ def build_train_valid_test_datasets(args, tokenizer) -> List[Optional[torch.util
 
 def dataset_names(args) -> List[str]:
     """Short names of the training blend's datasets, in blend order (``dataset_id`` order):
-    the basename of each prefix, with ``_text_document``/``_document`` stripped."""
+    see :func:`~megatron.data.blend_config.short_dataset_name`."""
+    from megatron.data.blend_config import short_dataset_name
+
     paths = args.data_path or args.train_data_path or []
     prefixes, _ = get_blend_from_list(paths) if paths else ([], None)
-    names = []
-    for prefix in prefixes:
-        name = prefix.rstrip("/").split("/")[-1]
-        for suffix in ("_text_document", "_document"):
-            if name.endswith(suffix):
-                name = name[: -len(suffix)]
-        names.append(name)
-    return names
+    return [short_dataset_name(prefix) for prefix in prefixes]
 
 
 def _eval_groups(valid, test) -> List[EvalGroup]:

@@ -45,6 +45,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from megatron.atomic_io import atomic_path
 from megatron.errors import ConfigError
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.data.blend_config import indexed_dataset_problem
@@ -218,9 +219,8 @@ def build_attention_mask(segment_ids: np.ndarray, is_input: np.ndarray, prefix_l
 
 
 def _atomic_save_npy(path: str, array: np.ndarray) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}.npy"
-    np.save(tmp, array)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)
 
 
 class MTFDataset(torch.utils.data.Dataset):

@@ -27,7 +27,8 @@ import numpy as np
 
 from megatron.errors import ConfigError
 from megatron.schedules.registry import Schedule, ScheduleContext, build_schedule
-from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
+from megatron.schedules.units import (BatchSchedule, batch_schedule_from_args,
+                                      train_iterations_from_args)
 
 logger = logging.getLogger(__name__)
 
@@ -97,16 +98,10 @@ def scheduler_steps_from_args(args) -> dict:
             "wd_incr_steps": wd_incr}
 
 
-def _train_iters(args, batch_schedule: BatchSchedule) -> int:
-    if args.train_iters is not None:
-        return int(args.train_iters)
-    return batch_schedule.iterations_for_samples(args.train_samples)
-
-
 def schedule_context_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> ScheduleContext:
     """The run's :class:`ScheduleContext`: length of training in every unit, and batch schedule."""
     bs = batch_schedule or batch_schedule_from_args(args)
-    iters = _train_iters(args, bs)
+    iters = train_iterations_from_args(args, bs)
     samples = args.train_samples if args.train_samples is not None else bs.samples_at_iteration(iters)
     return ScheduleContext(bs, {"iterations": float(iters), "samples": float(samples),
                                 "tokens": float(samples) * bs.seq_length})

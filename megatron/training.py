@@ -18,7 +18,8 @@ from megatron.initialize import initialize_distributed, print_rank_0, set_seeds
 from megatron.learning_rates import build_opt_param_scheduler
 from megatron.metrics import MetricsWriter, perplexity
 from megatron.optimizer import build_optimizer
-from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
+from megatron.schedules.units import (BatchSchedule, batch_schedule_from_args,
+                                      train_iterations_from_args)
 
 
 def _to_device(batch: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:
@@ -326,8 +327,7 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     initialize_distributed(args)
     set_seeds(args.seed)
     batch_schedule = batch_schedule_from_args(args)
-    if args.train_samples is not None:
-        args.train_iters = batch_schedule.iterations_for_samples(args.train_samples)
+    args.train_iters = train_iterations_from_args(args, batch_schedule)
     data = datasets_provider(args)
     rank0 = torch.distributed.get_rank() == 0
     metrics = MetricsWriter(args.metrics_jsonl, args.tensorboard_dir, enabled=rank0)

@@ -63,10 +63,9 @@ def schedule_arrays(args) -> Dict[str, np.ndarray]:
     """``iteration``, ``consumed_samples``, ``lr``, ``weight_decay`` arrays for the run in ``args``
     (the values :class:`OptimizerParamScheduler` gives, computed vectorised)."""
     from megatron import learning_rates as lrs
-    from megatron.schedules.units import batch_schedule_from_args
+    from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
     bs = batch_schedule_from_args(args)
-    train_iters = (args.train_iters if args.train_iters is not None
-                   else bs.iterations_for_samples(args.train_samples))
+    train_iters = train_iterations_from_args(args, bs)
     iterations = np.arange(train_iters + 1, dtype=np.int64)
     samples = bs.samples_at_iterations(iterations)
     scheduler = lrs.OptimizerParamScheduler(_NoOptimizer(), lrs.scheduler_params_from_args(args, bs),

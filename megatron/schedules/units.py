@@ -155,6 +155,14 @@ class BatchSchedule:
         return int(samples) * self.seq_length
 
 
+def train_iterations_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
+    """Optimizer steps of the run: ``--train-iters``, or the iterations that ``--train-samples``
+    needs under the (rampup-aware) batch schedule."""
+    if args.train_iters is not None:
+        return int(args.train_iters)
+    return (batch_schedule or batch_schedule_from_args(args)).iterations_for_samples(args.train_samples)
+
+
 def batch_schedule_from_args(args) -> BatchSchedule:
     """The run's :class:`BatchSchedule` from ``--global-batch-size``, ``--rampup-batch-size``,
     ``--seq-length``."""

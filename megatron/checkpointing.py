@@ -22,6 +22,7 @@ import torch
 
 from megatron.atomic_io import atomic_path, atomic_write_text
 from megatron.errors import ConfigError
+from megatron.initialize import all_reduce_small
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 1
@@ -199,8 +200,7 @@ def _raise_on_any_rank(error: Optional[CheckpointError], load_dir: str) -> None:
     read its part of a checkpoint (so no rank runs on into a collective its peer has left)."""
     failed = error is not None
     if torch.distributed.is_initialized():
-        flag = torch.tensor([1.0 if failed else 0.0])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        flag = all_reduce_small(torch.tensor([1.0 if failed else 0.0]), torch.distributed.ReduceOp.MAX)
         failed = bool(flag.item() > 0)
     if error is not None:
         raise error

@@ -58,3 +58,15 @@ def quiet_optional_dependency_warnings() -> None:
 
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed")
     warnings.filterwarnings("ignore", message=r"full scope is deprecated")
+
+
+def all_reduce_small(tensor: torch.Tensor, op=None) -> torch.Tensor:
+    """All-reduce a small tensor (flags, loss sums) over all ranks and return the result on the
+    CPU. The reduction runs where the backend needs it: on this rank's GPU for nccl, which cannot
+    reduce CPU tensors, else on the CPU. Without a process group the tensor is returned as is."""
+    if not torch.distributed.is_initialized():
+        return tensor
+    on_gpu = torch.distributed.get_backend() == "nccl"
+    work = tensor.to(torch.device("cuda", torch.cuda.current_device())) if on_gpu else tensor.clone()
+    torch.distributed.all_reduce(work, op=op if op is not None else torch.distributed.ReduceOp.SUM)
+    return work.cpu()

@@ -14,7 +14,7 @@ from megatron.checkpointing import TrainingState, load_checkpoint, save_checkpoi
 from megatron.data.train_data import EvalGroup, TrainData  # noqa: F401 (re-exported)
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.deepspeed_config import deepspeed_config_from_args
-from megatron.initialize import initialize_distributed, print_rank_0, set_seeds
+from megatron.initialize import all_reduce_small, initialize_distributed, print_rank_0, set_seeds
 from megatron.learning_rates import build_opt_param_scheduler
 from megatron.metrics import MetricsWriter, perplexity
 from megatron.optimizer import build_optimizer
@@ -84,10 +84,10 @@ class ExitRequest:
         """True on every rank when any rank saw a signal or the time limit has passed."""
         if not self.enabled:
             return False
-        flags = torch.tensor([float(self.signal_received),
-                              float(self.deadline is not None and time.time() >= self.deadline)])
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        flags = all_reduce_small(
+            torch.tensor([float(self.signal_received),
+                          float(self.deadline is not None and time.time() >= self.deadline)]),
+            torch.distributed.ReduceOp.MAX)
         if flags[0] > 0:
             self.reason = "exit signal received (--exit-signal-handler)"
         elif flags[1] > 0:
@@ -103,33 +103,44 @@ class _IntervalStats:
         self.reset()
 
     def reset(self) -> None:
-        self.loss_sum = torch.zeros(1, dtype=torch.float64)
+        # Sums live on the device of the losses (allocated at the first micro batch), so adding a
+        # micro batch never waits for the GPU; they come to the CPU once per log interval.
+        self.loss_sum = None
+        self.dataset_loss = None
+        self.dataset_count = None
         self.micro_batches = 0
-        self.dataset_loss = torch.zeros(max(self.num_datasets, 1), dtype=torch.float64)
-        self.dataset_count = torch.zeros(max(self.num_datasets, 1), dtype=torch.float64)
         self.iterations = 0
         self.start = time.perf_counter()
         self.samples = 0
 
     def add_micro_batch(self, loss: torch.Tensor, per_sample: torch.Tensor,
                         dataset_id: Optional[torch.Tensor]) -> None:
-        self.loss_sum += loss.detach().double().cpu()
+        device = loss.device
+        if self.loss_sum is None:
+            size = max(self.num_datasets, 1)
+            self.loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
+            self.dataset_loss = torch.zeros(size, dtype=torch.float64, device=device)
+            self.dataset_count = torch.zeros(size, dtype=torch.float64, device=device)
+        self.loss_sum += loss.detach().double()
         self.micro_batches += 1
         if dataset_id is None and self.num_datasets == 1:
             dataset_id = torch.zeros(per_sample.numel(), dtype=torch.long)
         if dataset_id is not None and self.num_datasets:
-            ids = dataset_id.long().cpu().view(-1)
-            self.dataset_loss.index_add_(0, ids, per_sample.double().cpu())
+            ids = dataset_id.long().view(-1).to(device, non_blocking=True)
+            self.dataset_loss.index_add_(0, ids, per_sample.double())
             self.dataset_count.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))
 
     def reduced(self) -> Tuple[float, torch.Tensor, torch.Tensor]:
-        packed = torch.cat([self.loss_sum, torch.tensor([float(self.micro_batches)], dtype=torch.float64),
-                            self.dataset_loss, self.dataset_count])
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(packed)
+        size = max(self.num_datasets, 1)
+        zeros = torch.zeros(size, dtype=torch.float64)
+        local = torch.cat([
+            self.loss_sum.cpu() if self.loss_sum is not None else torch.zeros(1, dtype=torch.float64),
+            torch.tensor([float(self.micro_batches)], dtype=torch.float64),
+            self.dataset_loss.cpu() if self.dataset_loss is not None else zeros,
+            self.dataset_count.cpu() if self.dataset_count is not None else zeros])
+        packed = all_reduce_small(local)
         loss = (packed[0] / packed[1].clamp(min=1)).item()
-        n = self.dataset_loss.numel()
-        return loss, packed[2:2 + n], packed[2 + n:]
+        return loss, packed[2:2 + size], packed[2 + size:]
 
 
 def evaluate(engine, args, group: EvalGroup, forward_step: Callable, evaluation_index: int) -> float:
@@ -142,7 +153,7 @@ def evaluate(engine, args, group: EvalGroup, forward_step: Callable, evaluation_
     start = (evaluation_index * samples_per_eval) % max(usable, 1)
     micro_per_eval = samples_per_eval // (args.micro_batch_size * args.data_parallel_size)
     engine.eval()
-    total = torch.zeros(2, dtype=torch.float64)
+    loss_sum, count = None, 0
     with torch.no_grad():
         iterator = _loader(group.dataset, start, args, total=usable)
         for _ in range(micro_per_eval):
@@ -152,11 +163,10 @@ def evaluate(engine, args, group: EvalGroup, forward_step: Callable, evaluation_
                 iterator = _loader(group.dataset, 0, args, total=usable)
                 batch = next(iterator)
             loss, _ = forward_step(engine, batch)
-            total[0] += loss.double().cpu()
-            total[1] += 1
+            loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
+            count += 1
     engine.train()
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(total)
+    total = all_reduce_small(torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)]))
     return (total[0] / total[1]).item()
 
 

@@ -8,6 +8,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$(bash "$ROOT/tools/setup_env.sh" | tail -n 1)"
 cd "$ROOT"
 export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# DeepSpeed JIT-builds a CPU communication op on first use; keep the build beside this venv so
+# another environment's build (or a stale lock it left) is never picked up.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(dirname "$(dirname "$PY")")/torch_extensions}"
 RUN=runs/demo
 mkdir -p "$RUN"
 "$PY" tools/make_demo_data.py --output-dir data/demo

@@ -35,3 +35,18 @@ def demo_data(tmp_path_factory):
     """A small copy of the embedded demo corpus: {"web"|"code"|"math": .bin/.idx prefix}."""
     from tools.make_demo_data import make_demo_data
     return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.2, verbose=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def remove_deepspeed_shm_buffers():
+    """DeepSpeed's CPU all-reduce leaves its shared-memory buffers (/dev/shm/deepspeed_allreduce_
+    buffer_*, tens of MB per rank and launch) behind, also after clean exits and SIGKILLs; remove
+    the ones this test session's launches made, so repeated runs cannot fill the machine's memory."""
+    import glob
+    before = set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"))
+    yield
+    for path in set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) - before:
+        try:
+            os.remove(path)
+        except OSError:
+            pass

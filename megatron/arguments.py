@@ -188,7 +188,40 @@ def _add_logging_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("parallelism")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                   help="Ranks each weight matrix is split over (megatron-core tensor parallelism).")
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1,
+                   help="Pipeline stages the layers are split over (DeepSpeed's pipe engine).")
+    g.add_argument("--no-pipeline-parallel", action="store_true",
+                   help="BigScience: train with the plain (non-pipe) engine; only with "
+                        "--pipeline-model-parallel-size 1, where it is what happens anyway.")
+    g.add_argument("--pp-partition-method", default="type:transformer",
+                   help="How DeepSpeed's pipe engine splits layers over stages: uniform (layer "
+                        "count), parameters (parameter count) or type:REGEX (balance the layers "
+                        "whose class name matches REGEX, e.g. type:transformer|embedding).")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron-LM sequence parallelism: split norm/dropout activations along "
+                        "the sequence over the tensor-parallel group (needs TP > 1).")
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
+                   help="Activation recompute: 'full' recomputes whole layers (with "
+                        "--recompute-method/--recompute-num-layers), 'selective' the core attention.")
+    g.add_argument("--recompute-method", default=None, choices=["uniform", "block"],
+                   help="'uniform': checkpoint the input of every group of --recompute-num-layers "
+                        "layers; 'block': recompute only the first --recompute-num-layers layers "
+                        "of each pipeline stage.")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="Layers per recompute group (uniform) or layers recomputed per stage (block).")
+    g.add_argument("--checkpoint-activations", action="store_true",
+                   help="BigScience: full recompute, uniform method, --checkpoint-num-layers layers "
+                        "per group.")
+    g.add_argument("--checkpoint-num-layers", type=int, default=1,
+                   help="BigScience: layers per recompute group with --checkpoint-activations.")
+    g.add_argument("--deepspeed-activation-checkpointing", action="store_true",
+                   help="BigScience: as --checkpoint-activations, with DeepSpeed's activation "
+                        "checkpointing doing the recompute where DeepSpeed owns the layers (pipe).")
+    g.add_argument("--distribute-saved-activations", action="store_true",
+                   help="With full recompute, split each saved layer input over the "
+                        "tensor-parallel group.")
     g.add_argument("--zero-stage", type=int, default=None, choices=[0, 1, 2, 3],
                    help="DeepSpeed ZeRO stage (overrides the JSON config's).")
     g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo"],
@@ -239,12 +272,7 @@ def _require(args, *names: str) -> None:
 
 
 def _validate_batch(args, world_size: int) -> None:
-    if world_size % args.tensor_model_parallel_size:
-        raise ArgumentError(
-            f"world size {world_size} is not divisible by --tensor-model-parallel-size "
-            f"{args.tensor_model_parallel_size}")
-    args.world_size = world_size
-    args.data_parallel_size = world_size // args.tensor_model_parallel_size
+    _validate_layout_sizes(args, world_size)
     per_step = args.micro_batch_size * args.data_parallel_size
     if args.global_batch_size is None:
         args.global_batch_size = per_step
@@ -276,6 +304,75 @@ def _validate_batch(args, world_size: int) -> None:
                 f"--micro-batch-size x data-parallel size (= {per_step})")
         args.rampup_batch_size = [start, incr, samples]
     args.gradient_accumulation_steps = args.global_batch_size // per_step
+
+
+def _validate_layout_sizes(args, world_size: int) -> None:
+    """Data-parallel size = world / (TP x PP)."""
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if tp < 1 or pp < 1:
+        raise ArgumentError(f"--tensor-model-parallel-size {tp} and --pipeline-model-parallel-size "
+                            f"{pp} must be positive")
+    if world_size % (tp * pp):
+        raise ArgumentError(
+            f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
+            f"--pipeline-model-parallel-size {pp} (= {tp * pp})")
+    args.world_size = world_size
+    args.data_parallel_size = world_size // (tp * pp)
+
+
+def _validate_layout(args) -> None:
+    """Layouts megatron-core or DeepSpeed cannot run, refused with the values named; recompute
+    flags resolved to Megatron-LM's three."""
+    import re
+
+    from megatron.parallel.recompute import resolve_recompute_flags
+
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if args.num_query_groups % tp:
+        raise ArgumentError(f"--num-query-groups {args.num_query_groups} is not divisible by "
+                            f"--tensor-model-parallel-size {tp}")
+    if args.ffn_hidden_size % tp:
+        raise ArgumentError(f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
+                            f"--tensor-model-parallel-size {tp}")
+    if args.sequence_parallel and tp == 1:
+        raise ArgumentError("--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits "
+                            "activations over the tensor-parallel group; given 1)")
+    if args.sequence_parallel and args.seq_length % tp:
+        raise ArgumentError(f"--seq-length {args.seq_length} is not divisible by "
+                            f"--tensor-model-parallel-size {tp} (needed by --sequence-parallel)")
+    if args.no_pipeline_parallel and pp > 1:
+        raise ArgumentError(f"--no-pipeline-parallel contradicts --pipeline-model-parallel-size {pp}")
+    method = args.pp_partition_method
+    if method.startswith("type:"):
+        try:
+            re.compile(method[len("type:"):], re.IGNORECASE)
+        except re.error as e:
+            raise ArgumentError(f"--pp-partition-method {method}: bad regular expression ({e})") from None
+        if not method[len("type:"):]:
+            raise ArgumentError(f"--pp-partition-method {method}: empty layer-type pattern")
+    elif method not in ("uniform", "parameters"):
+        raise ArgumentError(f"--pp-partition-method {method}: expected uniform, parameters or "
+                            "type:REGEX (e.g. type:transformer)")
+    if pp > 1:
+        if args.num_layers < pp:
+            raise ArgumentError(f"--num-layers {args.num_layers} is fewer than "
+                                f"--pipeline-model-parallel-size {pp} stages")
+        if method == "uniform" and args.num_layers % pp:
+            raise ArgumentError(f"--num-layers {args.num_layers} is not divisible by "
+                                f"--pipeline-model-parallel-size {pp} (needed by "
+                                f"--pp-partition-method uniform)")
+        zero = args.zero_stage
+        if zero is None and args.deepspeed_config_dict:
+            zero = args.deepspeed_config_dict.get("zero_optimization", {}).get("stage")
+        if zero is not None and zero >= 2:
+            where = ("--zero-stage" if args.zero_stage is not None
+                     else f"--deepspeed_config {args.deepspeed_config} zero_optimization.stage")
+            raise ArgumentError(f"{where} {zero} with --pipeline-model-parallel-size {pp}: "
+                                "DeepSpeed's pipe engine supports ZeRO stage 0 or 1 only")
+    if args.checkpoint_num_layers < 1:
+        raise ArgumentError(f"--checkpoint-num-layers {args.checkpoint_num_layers} must be positive")
+    resolve_recompute_flags(args)
+    args.pipe_engine = pp > 1
 
 
 def _validate_model(args) -> None:
@@ -523,4 +620,5 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
     _validate_lr_units(args)
     _validate_data(args, require_data)
     _validate_deepspeed_config(args)
+    _validate_layout(args)
     return args

@@ -13,9 +13,10 @@ def default_backend() -> str:
 
 def initialize_distributed(args) -> None:
     """Start torch.distributed (DeepSpeed's launcher sets RANK/WORLD_SIZE/MASTER_*; a plain
-    ``python`` run becomes a 1-rank group) and megatron-core's tensor-parallel groups."""
+    ``python`` run becomes a 1-rank group) and megatron-core's tensor/pipeline/data-parallel
+    groups (megatron/parallel/topology.py)."""
     import deepspeed
-    from megatron.core import parallel_state
+    from megatron.parallel.topology import initialize_model_parallel
 
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -27,9 +28,7 @@ def initialize_distributed(args) -> None:
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=args.distributed_backend or default_backend(),
                                    verbose=False)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=args.tensor_model_parallel_size)
+    initialize_model_parallel(args)
 
 
 def set_seeds(seed: int) -> None:

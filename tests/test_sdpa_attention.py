@@ -96,7 +96,8 @@ def test_gpt_model_uses_sdpa_and_mask_changes_output():
         tensor_model_parallel_size=1, use_cpu_initialization=True, bf16=False, fp16=False,
         transformer_impl="local", padded_vocab_size=128, max_position_embeddings=16,
         untie_embeddings_and_output_weights=False, position_embedding_type="learned_absolute",
-        rotary_percent=1.0, rotary_base=10000)
+        rotary_percent=1.0, rotary_base=10000, sequence_parallel=False, recompute_granularity=None,
+        recompute_method=None, recompute_num_layers=None, distribute_saved_activations=False)
     torch.manual_seed(0)
     model = build_gpt_model(args).eval()
     assert any(isinstance(m, SDPAttention) for m in model.modules())

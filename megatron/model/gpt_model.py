@@ -10,6 +10,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.sdpa_attention import SDPAttention
+from megatron.parallel.recompute import recompute_config_from_args
 
 
 def transformer_engine_available() -> bool:
@@ -44,6 +45,8 @@ def transformer_config_from_args(args) -> TransformerConfig:
         activation_func=F.silu if args.swiglu else F.gelu,
         add_bias_linear=not args.disable_bias_linear,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        **recompute_config_from_args(args),
         use_cpu_initialization=args.use_cpu_initialization or not torch.cuda.is_available(),
         params_dtype=params_dtype(args),
         bf16=args.bf16,

@@ -1,0 +1,174 @@
+"""The parallel layout (tensor x pipeline x data parallel) and its one owner of process groups.
+
+megatron-core's ``parallel_state`` creates every process group; DeepSpeed sees them through
+:class:`MegatronCoreMPU` (the ``mpu`` object Megatron-DeepSpeed passes to ``deepspeed.initialize``)
+and, for its pipeline engine, through :func:`deepspeed_topology`, whose rank -> (pipe, data, model)
+coordinates are the same as ``parallel_state``'s (checked by :func:`check_topology_matches`).
+Rank order is megatron-core's default ``tp-cp-ep-dp-pp``: tensor-parallel ranks are adjacent,
+pipeline stages are farthest apart, which is DeepSpeed's ``['pipe', 'data', 'model']`` axis order.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How ``world`` ranks are split: ``tp`` x ``pp`` x ``dp`` = ``world``."""
+
+    tp: int
+    pp: int
+    dp: int
+    world: int
+
+    @classmethod
+    def from_args(cls, args) -> "ParallelLayout":
+        """The layout validated by ``validate_args`` (``args.data_parallel_size`` is set there)."""
+        return cls(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
+                   dp=args.data_parallel_size, world=args.world_size)
+
+    def describe(self) -> str:
+        """``tensor-parallel T, pipeline-parallel P, data-parallel D`` (the start-up line's part)."""
+        return f"tensor-parallel {self.tp}, pipeline-parallel {self.pp}, data-parallel {self.dp}"
+
+    def as_dict(self) -> dict:
+        """The layout as stored in checkpoints."""
+        return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": self.pp,
+                "data_parallel_size": self.dp, "world_size": self.world}
+
+
+def initialize_model_parallel(args) -> None:
+    """Create megatron-core's tensor/pipeline/data-parallel groups for ``args``' layout (once;
+    ``torch.distributed`` must be initialised) and check that DeepSpeed's pipeline topology puts
+    every rank at the same coordinates."""
+    from megatron.core import parallel_state
+
+    layout = ParallelLayout.from_args(args)
+    if torch.distributed.get_world_size() != layout.world:
+        raise RuntimeError(f"validated for {layout.world} ranks but torch.distributed has "
+                           f"{torch.distributed.get_world_size()}")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp)
+    check_topology_matches(layout)
+
+
+def deepspeed_topology(layout: ParallelLayout):
+    """DeepSpeed's ``PipeModelDataParallelTopology`` for ``layout`` (what ``PipelineModule`` takes
+    as ``topology=``)."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    return PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
+
+
+def check_topology_matches(layout: ParallelLayout) -> None:
+    """Raise unless, for every rank, DeepSpeed's topology coordinates (pipe, data, model) equal
+    megatron-core's (pipeline, data, tensor) ranks. Checks the groups this rank belongs to, which
+    over all ranks covers every rank."""
+    from megatron.core import parallel_state
+
+    topo = deepspeed_topology(layout)
+    me = torch.distributed.get_rank()
+    coord = topo.get_coord(me)
+    ours = (parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_data_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_rank())
+    if (coord.pipe, coord.data, coord.model) != ours:
+        raise RuntimeError(f"rank {me}: DeepSpeed topology (pipe, data, model) = "
+                           f"{(coord.pipe, coord.data, coord.model)} but megatron-core parallel_state "
+                           f"(pipeline, data, tensor) = {ours}")
+    groups = {
+        "model": parallel_state.get_tensor_model_parallel_group(),
+        "data": parallel_state.get_data_parallel_group(),
+        "pipe": parallel_state.get_pipeline_model_parallel_group(),
+    }
+    for axis, group in groups.items():
+        ours = sorted(torch.distributed.get_process_group_ranks(group))
+        theirs = sorted(topo.get_axis_comm_lists(axis)[_index_of(topo.get_axis_comm_lists(axis), me)])
+        if ours != theirs:
+            raise RuntimeError(f"rank {me}: megatron-core's {axis}-parallel group {ours} differs "
+                               f"from DeepSpeed's {theirs}")
+
+
+def _index_of(lists, rank: int) -> int:
+    for i, ranks in enumerate(lists):
+        if rank in ranks:
+            return i
+    raise RuntimeError(f"rank {rank} is in none of {lists}")
+
+
+class MegatronCoreMPU:
+    """The model-parallel unit DeepSpeed is given (``deepspeed.initialize(mpu=...)``), answering
+    from megatron-core's ``parallel_state``. "Model parallel" is Megatron's meaning, tensor x
+    pipeline: DeepSpeed sums gradient norms and overflow flags over it and names checkpoint files
+    ``mp_rank_XX`` by its rank. Tensor-parallel duplicates are skipped in norms through the
+    ``tensor_model_parallel`` attribute megatron-core sets on sharded parameters.
+
+    No ``get_sequence_parallel_*`` methods: those would tell DeepSpeed about Ulysses sequence
+    parallelism, which is not Megatron's ``--sequence-parallel`` (that one lives in the TP group).
+    """
+
+    @staticmethod
+    def _ps():
+        from megatron.core import parallel_state
+
+        return parallel_state
+
+    # tensor x pipeline
+    def get_model_parallel_group(self):
+        return self._ps().get_model_parallel_group()
+
+    def get_model_parallel_world_size(self) -> int:
+        return torch.distributed.get_world_size(self.get_model_parallel_group())
+
+    def get_model_parallel_rank(self) -> int:
+        return torch.distributed.get_rank(self.get_model_parallel_group())
+
+    def get_model_parallel_src_rank(self) -> int:
+        return self._ps().get_model_parallel_src_rank()
+
+    # data
+    def get_data_parallel_group(self):
+        return self._ps().get_data_parallel_group()
+
+    def get_data_parallel_world_size(self) -> int:
+        return self._ps().get_data_parallel_world_size()
+
+    def get_data_parallel_rank(self) -> int:
+        return self._ps().get_data_parallel_rank()
+
+    def get_data_parallel_group_ranks(self):
+        return torch.distributed.get_process_group_ranks(self.get_data_parallel_group())
+
+    # tensor
+    def get_tensor_model_parallel_group(self):
+        return self._ps().get_tensor_model_parallel_group()
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self._ps().get_tensor_model_parallel_world_size()
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        return self._ps().get_tensor_model_parallel_rank()
+
+    def get_tensor_model_parallel_src_rank(self) -> int:
+        return self._ps().get_tensor_model_parallel_src_rank()
+
+    # DeepSpeed's older names for the tensor-parallel ("slice") group
+    get_slice_parallel_group = get_tensor_model_parallel_group
+    get_slice_parallel_world_size = get_tensor_model_parallel_world_size
+    get_slice_parallel_rank = get_tensor_model_parallel_rank
+
+    # pipeline
+    def get_pipeline_model_parallel_group(self):
+        return self._ps().get_pipeline_model_parallel_group()
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return self._ps().get_pipeline_model_parallel_world_size()
+
+    def get_pipeline_model_parallel_rank(self) -> int:
+        return self._ps().get_pipeline_model_parallel_rank()
+
+    # DeepSpeed's names for the pipeline group
+    get_pipe_parallel_group = get_pipeline_model_parallel_group
+    get_pipe_parallel_world_size = get_pipeline_model_parallel_world_size
+    get_pipe_parallel_rank = get_pipeline_model_parallel_rank

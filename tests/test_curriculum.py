@@ -149,6 +149,45 @@ def test_all_weights_zero_is_an_error_naming_the_file():
                     100, gbs=4)
 
 
+@pytest.mark.parametrize("kernel,chunk", [("compiled", 1 << 20), ("python", 1 << 20), ("compiled", 3)])
+def test_epochized_all_weights_zero_is_the_same_error(monkeypatch, kernel, chunk):
+    if kernel == "python":
+        monkeypatch.setitem(curriculum._KERNEL, "fn", None)
+    monkeypatch.setattr(curriculum, "CHUNK", chunk)
+    # every weight zero from iteration 5 on while repetitions are left (per-iteration segments)
+    with pytest.raises(BlendConfigError, match=r"t.yaml: train.epochized_blend: all weights are zero "
+                                               r"at sample 20 \(iteration 5\) of a run of 100 samples"):
+        _fake_index({"epochized_blend": [
+            {"path": "a", "repetitions": 1, "weight": {"type": "step", "points": {0: 1, 5: 0}}},
+            {"path": "b", "repetitions": 1, "weight": {"type": "step", "points": {0: 1, 5: 0}}}]},
+            100, gbs=4, spe=50)
+    # the one dataset with a positive weight is done at sample 10; "b" (weight 0 until iteration
+    # 100) would then be drawn against its weight: same error, naming who is left
+    with pytest.raises(BlendConfigError, match=r"train.epochized_blend: all weights are zero at sample "
+                                               r"10 \(iteration 2\).*'a' has given its 10 samples.*'b' "
+                                               r"has 50 left at weight 0"):
+        _fake_index({"epochized_blend": [
+            {"path": "a", "repetitions": 1, "weight": 1},
+            {"path": "b", "repetitions": 1, "weight": {"type": "step", "points": {0: 0, 100: 1}}}]},
+            60, gbs=4, spe={"a": 10, "b": 50})
+    # samples-unit weights (one segment per sample) and static weights (one segment) alike
+    with pytest.raises(BlendConfigError, match=r"all weights are zero at sample 7 \(iteration 1\)"):
+        _fake_index({"epochized_blend": [
+            {"path": "a", "repetitions": 1, "weight": 2.0},
+            {"path": "b", "repetitions": 1,
+             "weight": {"type": "step", "unit": "samples", "points": {0: 0, 30: 1}}}]},
+            40, gbs=4, spe={"a": 7, "b": 33})
+    with pytest.raises(BlendConfigError, match=r"all weights are zero at sample 7 \(iteration 1\)"):
+        _fake_index({"epochized_blend": [{"path": "a", "repetitions": 1, "weight": 2.0},
+                                         {"path": "b", "repetitions": 1, "weight": 0}]},
+                    40, gbs=4, spe={"a": 7, "b": 33})
+    # weights reaching zero only once everything is drawn are fine
+    idx = _fake_index({"epochized_blend": [
+        {"path": "a", "repetitions": 1, "weight": {"type": "step", "points": {0: 1, 30: 0}}},
+        {"path": "b", "repetitions": 2, "weight": 1.0}]}, 60, gbs=4, spe={"a": 20, "b": 20})
+    assert idx.counts.tolist() == [20, 40]
+
+
 # --- epochized and sequential -------------------------------------------------------------------
 def test_epochized_exact_repetitions_default_weights_finish_together():
     spe = {"a": 30, "b": 70, "c": 11}

@@ -38,8 +38,10 @@ Algorithm (one pass, compiled):
     ``epochized_blend`` stages add a cap per dataset (its samples per epoch x repetitions): an
     exhausted dataset drops out and the rest are renormalised, so each is drawn exactly its
     repetitions; without weights the weights are proportional to the samples each must give
-    (they finish together). Sequential stages are separate blends over consecutive sample
-    ranges, so stages never mix; a dataset listed in two stages continues where it stopped.
+    (they finish together); weights of the datasets still to draw all zero are an error, as in a
+    plain blend (:class:`_CappedWeightsCheck`). Sequential stages are separate blends over
+    consecutive sample ranges, so stages never mix; a dataset listed in two stages continues
+    where it stopped.
 
 The kernel is a small C++ function compiled with g++ at first use into the cache dir (ctypes);
 without a compiler a (slow) Python version of the same loop is used. The index takes 5 bytes per
@@ -784,16 +786,45 @@ class CurriculumIndex:
         """Piecewise-constant weights: one segment per iteration / per sample / in all."""
         # the kernel (which releases the GIL) fills chunk k in a worker thread while this
         # thread evaluates the weight schedules of chunk k + 1
+        capped = _CappedWeightsCheck(plan.caps) if any(c >= 0 for c in plan.caps) else None
         with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = None
+            pending, chunk = None, None
             for lo, hi, starts, norm in self._chunks(plan, granularity):
                 if pending is not None:
                     self._check_rc(plan, pending.result())
+                    self._check_capped(plan, capped, *chunk, out_id)
                 g_lo, g_hi = plan.begin + lo, plan.begin + hi
                 pending = pool.submit(state.run, lo, hi, starts, norm, out_id[g_lo:g_hi],
                                       out_sample[g_lo:g_hi])
+                chunk = (lo, hi, starts, norm)
             if pending is not None:
                 self._check_rc(plan, pending.result())
+                self._check_capped(plan, capped, *chunk, out_id)
+
+    def _check_capped(self, plan: _StagePlan, check: Optional["_CappedWeightsCheck"], lo: int,
+                      hi: int, starts: np.ndarray, norm: np.ndarray, out_id: np.ndarray) -> None:
+        """Epochized stages: raise :meth:`_all_zero_error` at the first sample of the filled chunk
+        [lo, hi) (stage-local) where the datasets still to draw all have weight zero."""
+        if check is None:
+            return
+        ids = out_id[plan.begin + lo:plan.begin + hi]
+        bad = check.first_zero(lo, hi, starts, norm, ids)
+        if bad is None:
+            return
+        count = check.counts_before + np.bincount(ids[:bad - lo], minlength=len(plan.ids))
+        caps = np.asarray(plan.caps)
+        active = count < caps
+        names = [self.constituents[i].name for i in plan.ids]
+        detail = ""
+        if not active.all():
+            given = [f"{names[k]!r} has given its {caps[k]} samples"
+                     for k in np.flatnonzero(~active)]
+            left = [f"{names[k]!r} has {caps[k] - count[k]} left at weight 0"
+                    for k in np.flatnonzero(active)]
+            detail = (f" ({', '.join(given)}; {', '.join(left)}: an epochized_blend draws by its "
+                      "weights, so give the datasets still to draw a positive weight there or "
+                      "fewer repetitions)")
+        self._all_zero_error(plan, plan.begin + bad, detail)
 
     # Samples/tokens-unit schedules that are piecewise linear (linear, step, piecewise-linear,
     # constant, staged of those): rather than evaluating and normalising the weights of every
@@ -901,11 +932,11 @@ class CurriculumIndex:
         if rc != 0:
             self._all_zero_error(plan, plan.begin - rc - 1)
 
-    def _all_zero_error(self, plan: _StagePlan, i: int):
+    def _all_zero_error(self, plan: _StagePlan, i: int, detail: str = ""):
         it = int(self.progress.iteration_of(np.array([i]))[0])
         raise BlendConfigError(
             f"{plan.stage.where}: all weights are zero at sample {i} (iteration {it}) of a run of "
-            f"{self.num_samples} samples: nothing to draw there")
+            f"{self.num_samples} samples: nothing to draw there{detail}")
 
     def _counts(self) -> np.ndarray:
         counts = np.zeros(len(self.constituents), dtype=np.int64)
@@ -1029,6 +1060,51 @@ class CurriculumIndex:
         n_it = self.progress.num_iterations if num_iterations is None else int(num_iterations)
         firsts = self.batch_schedule.samples_at_iterations(np.arange(n_it, dtype=np.int64))
         return self.target_weights(np.minimum(firsts, self.num_samples - 1))
+
+
+class _CappedWeightsCheck:
+    """Where an epochized stage's weights leave nothing to draw.
+
+    With caps the kernel, finding the weights of the datasets still to draw all zero, draws by
+    what each has left, against the weights. This finds the first such sample instead (so an
+    epochized blend gives the same error as a plain one), from each chunk after the kernel filled
+    it: the weights are those of the chunk's segments, a dataset drops out after its cap-th draw."""
+
+    def __init__(self, caps: Sequence[int]):
+        self.caps = np.asarray(caps, dtype=np.int64)
+        self.counts_before = np.zeros(len(self.caps), dtype=np.int64)  # at the chunk's start
+        # first stage-local sample at which each dataset has given its cap (drops out)
+        self.done = np.full(len(self.caps), np.iinfo(np.int64).max, dtype=np.int64)
+        self.weights = None  # normalised weights of the last segment seen
+
+    def first_zero(self, lo: int, hi: int, starts: np.ndarray, norm: np.ndarray,
+                   ids: np.ndarray) -> Optional[int]:
+        """First stage-local sample in [lo, hi) where the datasets not yet done all have weight
+        zero, or None. ``starts``/``norm``: the chunk's segment starts (stage-local) and
+        normalised weights [D, len(starts)]; ``ids``: the stage-local ids the kernel drew."""
+        ids = np.asarray(ids)
+        counts = np.bincount(ids, minlength=len(self.caps)).astype(np.int64)
+        for k in np.flatnonzero((self.caps >= 0) & (self.done > hi)):
+            need = int(self.caps[k] - self.counts_before[k])
+            if 0 < need <= counts[k]:
+                self.done[k] = lo + int(np.flatnonzero(ids == k)[need - 1]) + 1
+        starts = np.asarray(starts, dtype=np.int64)
+        # the weights change at segment starts, the active set after a dataset's last draw
+        drops = self.done[(self.done >= lo) & (self.done < hi)]
+        points = np.unique(np.concatenate([[lo], starts, drops]))
+        seg = np.searchsorted(starts, points, side="right") - 1
+        cols = (norm[:, np.maximum(seg, 0)] if norm.shape[1]
+                else np.zeros((len(self.caps), len(points))))
+        if (seg < 0).any():
+            cols[:, seg < 0] = self.weights[:, None]
+        active = self.done[:, None] > points[None, :]
+        zero = np.flatnonzero(~((cols * active).sum(axis=0) > 0))
+        if norm.shape[1]:
+            self.weights = norm[:, -1].copy()
+        if len(zero):
+            return int(points[zero[0]])
+        self.counts_before = self.counts_before + counts
+        return None
 
 
 def _strip_where(obj):

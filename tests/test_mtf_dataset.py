@@ -242,6 +242,39 @@ def test_long_pairs_are_truncated_with_a_count_not_dropped(tmp_path):
         assert found[d] == sum(reference_segment(inp, tgt, seq), [])
 
 
+def test_empty_inputs_and_targets_are_reported_and_targetless_pairs_not_packed(tmp_path):
+    inputs = [[1, 2, 3], [], [8, 9], [], [10], [12, 13], []]
+    targets = [[4, 5], [6, 7], [], [], [11], [], [14]]
+    prefix = str(tmp_path / "holes")
+    write_docs(prefix + "_inputs_document", inputs)
+    write_docs(prefix + "_targets_document", targets)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = MTFDataset("holes", prefix, 16, 3, seed=0, pad_id=PAD)
+    messages = [str(w.message) for w in caught]
+    assert ds.num_empty_targets == 3 and ds.num_empty_inputs == 2
+    assert any("MTF dataset 'holes': 3 of 7 pairs have an empty target" in m and "skipped" in m
+               for m in messages), messages
+    assert any("MTF dataset 'holes': 2 of 7 pairs have an empty input" in m for m in messages), messages
+    packed = sorted(set(np.concatenate([ds.documents_of_sample(i) for i in range(len(ds))]).tolist()))
+    assert packed == [0, 1, 4, 6]  # pairs 2, 3, 5 (no target) take no position
+    tokens = np.concatenate([ds[i]["tokens"].numpy() for i in range(len(ds))])
+    assert not set(tokens.tolist()) & {8, 9, 12, 13}
+    assert int((tokens != PAD).sum()) == 10 * len(ds)  # 5 + 2 + 2 + 1 tokens per epoch
+    # per dataset: a document range reports its own counts; a clean range reports nothing
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        head = MTFDataset("head", prefix, 16, 1, seed=0, pad_id=PAD, doc_range=(0.0, 0.5))
+        MTFDataset("tail", prefix, 16, 1, seed=0, pad_id=PAD, doc_range=(4 / 7, 5 / 7))
+    messages = [str(w.message) for w in caught]
+    assert (head.num_empty_targets, head.num_empty_inputs) == (2, 1)
+    assert any("'head': 2 of 4 pairs have an empty target" in m for m in messages), messages
+    assert not any("'tail'" in m for m in messages), messages
+    with pytest.raises(ValueError, match=r"MTF dataset 'none' .* has no \(input, target\) pair with "
+                                         r"a target"):
+        MTFDataset("none", prefix, 16, 1, seed=0, doc_range=(2 / 7, 4 / 7))
+
+
 def test_deterministic_cached_resumable_and_multi_epoch(pairs, tmp_path):
     prefix, ref = pairs
     cache = tmp_path / "cache"

@@ -10,7 +10,9 @@ decreasing (items taken longest first, ties in shuffled order; each goes into th
 the least room that still fits it, else a new pack), and the packs are shuffled. A pair longer than
 the sequence is truncated, never dropped: the input loses tokens from the left first (the target is
 kept), and only a target longer than the whole sequence loses its tail; truncations are counted
-(``num_truncated``) and reported with a warning. Epochs are added (each with its own shuffle) until
+(``num_truncated``) and reported with a warning. A pair with an empty target is skipped (it takes
+no packed position) and one with an empty input is packed as its target alone; both are counted
+(``num_empty_targets``, ``num_empty_inputs``) and reported per dataset likewise. Epochs are added (each with its own shuffle) until
 the requested number of samples exists, so sample ``i`` is a pure function of ``i`` (resuming at a
 consumed-samples offset sees exactly the same data). The pack index is cached as ``.npy`` files in
 the cache directory under a hash of everything it depends on (written atomically).
@@ -268,22 +270,38 @@ class MTFDataset(torch.utils.data.Dataset):
         keep_in, keep_tg = truncated_lengths(in_len, tg_len, self.seq_length)
         self.num_truncated = int(((keep_in < in_len) | (keep_tg < tg_len)).sum())
         self.pair_lengths = (keep_in + keep_tg).astype(np.int64)
-        self.documents = np.nonzero(self.pair_lengths > 0)[0]  # empty pairs carry no tokens
-        self.num_empty = int(len(self.pair_lengths) - len(self.documents))
+        # a pair without a target has nothing to learn: it takes no packed position
+        self.documents = np.nonzero(tg_len > 0)[0]
+        self.num_empty_targets = int(len(tg_len) - len(self.documents))
+        self.num_empty_inputs = int(((in_len == 0) & (tg_len > 0)).sum())
         if len(self.documents) == 0:
             raise ConfigError(f"MTF dataset {name!r} ({prefix}, documents {self.lo}:{self.hi}) has "
-                             "no non-empty (input, target) pair")
-        if self.num_truncated:
-            warnings.warn(f"MTF dataset {name!r}: {self.num_truncated} of {self.hi - self.lo} pairs "
-                          f"exceed --seq-length {self.seq_length} and were truncated (inputs from "
-                          "the left first)")
+                              "no (input, target) pair with a target")
+        self._report_defects()
         self.num_samples = max(int(num_samples), 1)
         self.items, self.offsets, self.epoch_starts = self._load_or_build(cache_dir)
+
+    def _report_defects(self) -> None:
+        """Warn (once per dataset, at construction) about pairs that are truncated, have an empty
+        target (skipped) or an empty input (packed with their target alone)."""
+        total = self.hi - self.lo
+        if self.num_truncated:
+            warnings.warn(f"MTF dataset {self.name!r}: {self.num_truncated} of {total} pairs "
+                          f"exceed --seq-length {self.seq_length} and were truncated (inputs from "
+                          "the left first)")
+        if self.num_empty_targets:
+            warnings.warn(f"MTF dataset {self.name!r}: {self.num_empty_targets} of {total} pairs "
+                          "have an empty target and are skipped (a T0 record needs a target; "
+                          "they take no packed positions)")
+        if self.num_empty_inputs:
+            warnings.warn(f"MTF dataset {self.name!r}: {self.num_empty_inputs} of {total} pairs "
+                          "have an empty input; each is packed as its target alone (no loss on "
+                          "the first target token, which nothing precedes)")
 
     # ---------------------------------------------------------------- index
     def _cache_key(self) -> str:
         desc = {"version": PACKING_VERSION, "files": self.pair.fingerprint(), "lo": self.lo,
-                "hi": self.hi, "seq_length": self.seq_length, "seed": self.seed,
+                "hi": self.hi, "skip": "empty-targets", "seq_length": self.seq_length, "seed": self.seed,
                 "num_samples": self.num_samples}
         return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -319,6 +319,24 @@ def test_blend_follows_weights_and_tags_dataset_id(pairs, tmp_path):
     assert ids.count(0) == 10 and ids.count(1) == 30
 
 
+@pytest.mark.parametrize("weights", [[1, 3], [0.2, 0.3, 0.5], [5, 1, 1, 2], [0.7, 0.1, 0.2]])
+def test_blend_index_is_megatron_cores(weights):
+    """The T0 blend is megatron-core's BlendedDataset rule (build_blending_indices on normalised
+    weights), index for index."""
+    from megatron.core.datasets import helpers
+    from megatron.core.datasets.utils import normalize
+
+    n = 1000
+    ref_index, ref_sample = np.zeros(n, np.int16), np.zeros(n, np.int64)
+    helpers.build_blending_indices(ref_index, ref_sample, normalize(weights), len(weights), n, False)
+    index, sample = blend_indices(weights, n)
+    np.testing.assert_array_equal(index, ref_index)
+    np.testing.assert_array_equal(sample, ref_sample)
+    for bad in ([], [1, 0], [1, -1], [1, float("nan")]):
+        with pytest.raises(ValueError, match="blend weights .* must be positive and finite"):
+            blend_indices(bad, n)
+
+
 def test_packed_segments_do_not_see_each_other_in_the_model(dist_group):
     """Logits of a segment inside a packed sample equal those of the segment alone."""
     from megatron.arguments import parse_args

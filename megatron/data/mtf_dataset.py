@@ -423,28 +423,24 @@ def pack_sample(pairs: Sequence[Tuple[np.ndarray, np.ndarray]], seq_length: int,
 
 # -------------------------------------------------------------------- blends
 def blend_indices(weights: Sequence[float], num_samples: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Deterministic weighted interleave (Megatron's blending rule): sample ``i`` comes from the
-    dataset whose count lags its share ``weight * (i + 1)`` most. Returns (dataset index,
-    sample index within that dataset) per blended sample."""
+    """megatron-core's blending rule (``BlendedDataset``, via its C++
+    ``helpers.build_blending_indices``): with the weights normalised, sample ``i`` comes from the
+    first dataset whose count lags its share ``weight * max(i, 1)`` most. Returns (dataset index
+    int16, sample index within that dataset int64) per blended sample (``num_samples`` each)."""
+    from megatron.core.datasets import helpers
+    from megatron.core.datasets.utils import normalize
+
     w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1 or len(w) == 0 or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"blend weights {list(weights)} must be non-negative with a positive sum")
-    w = w / w.sum()
-    counts = np.zeros(len(w), dtype=np.int64)
-    dataset_index = np.zeros(num_samples, dtype=np.int64)
+    if w.ndim != 1 or len(w) == 0 or not (np.isfinite(w).all() and (w > 0).all()):
+        raise ValueError(f"blend weights {list(weights)} must be positive and finite (one per "
+                         "dataset)")
+    if len(w) > np.iinfo(np.int16).max:
+        raise ValueError(f"{len(w)} blended datasets; megatron-core's blend index holds at most "
+                         f"{np.iinfo(np.int16).max}")
+    dataset_index = np.zeros(num_samples, dtype=np.int16)
     dataset_sample = np.zeros(num_samples, dtype=np.int64)
-    wl = w.tolist()
-    cl = [0] * len(w)
-    for i in range(num_samples):
-        best, best_err = 0, None
-        for d, wd in enumerate(wl):
-            err = wd * (i + 1) - cl[d]
-            if best_err is None or err > best_err:
-                best, best_err = d, err
-        dataset_index[i] = best
-        dataset_sample[i] = cl[best]
-        cl[best] += 1
-    counts[:] = cl
+    helpers.build_blending_indices(dataset_index, dataset_sample, normalize(w.tolist()), len(w),
+                                   int(num_samples), False)
     return dataset_index, dataset_sample
 
 

@@ -53,6 +53,35 @@ def test_parse_bigscience_syntax(data):
     assert [g.name for g in groups] == ["VALID_A", "VALID_B"]
 
 
+def test_group_name_is_the_text_before_the_first_colon(data):
+    """As BigScience's parser (``v.split(":")[0]``): no space needed after the colon, spaces
+    allowed in the name."""
+    g = parse_weighted_split_group(f"train:0.3 0:0.95 {data['A']}, 0.7 0:0.95 {data['B']}")
+    assert g.name == "train"
+    assert [(i.weight, i.start, i.end, i.prefix) for i in g.items] == [
+        (0.3, 0.0, 0.95, data["A"]), (0.7, 0.0, 0.95, data["B"])]
+    groups = parse_weighted_split_paths([f"VALID A: 1 0.95:1 {data['A']}",
+                                         f"  VALID B :1 0.9:1 {data['B']}"],
+                                        "--valid-weighted-split-paths")
+    assert [g.name for g in groups] == ["VALID A", "VALID B"]
+    assert groups[1].items[0].prefix == data["B"] and groups[1].items[0].start == 0.9
+    # a forgotten colon still says so, though the range's colon is there
+    for text in ("web 1 0:1 data/web", "web 1 0.95:1 data/web, 1 0:1 data/code"):
+        with pytest.raises(WeightedSplitError, match=r"missing ':' after the group name: the text "
+                                                     r"before the first ':' \('web 1 0(\.95)?'\)"):
+            parse_weighted_split_group(text, check_files=False)
+
+
+def test_unquoted_file_line_with_an_apostrophe(tmp_path):
+    prefix = str(tmp_path / "it's_text_document")
+    _make(prefix, 20, 0)
+    per_line = tmp_path / "lines.txt"
+    per_line.write_text(f"VALID_A: 1 0:1 {prefix}\n\"VALID_B: 1 0.5:1 {prefix}\"\n")
+    texts = read_weighted_split_paths_file(str(per_line), "--valid-weighted-split-paths-path")
+    groups = parse_weighted_split_paths(texts, "--valid-weighted-split-paths-path")
+    assert [(g.name, g.items[0].prefix) for g in groups] == [("VALID_A", prefix), ("VALID_B", prefix)]
+
+
 def test_file_quoted_groups_on_one_line_and_one_per_line(data, tmp_path):
     one_line = tmp_path / "xp3.txt"
     one_line.write_text(f'"VALID_A: 1 0.95:1 {data["A"]}" "VALID_B: 0.5 0.95:1 {data["B"]}, 0.5 0.9:1 {data["A"]}"\n')

@@ -8,7 +8,9 @@ Each argument is one named group::
 ``START:END`` selects the documents of PREFIX in that fraction range, by position (``0.9:1`` is
 the last tenth; it never overlaps ``0:0.9``). A ``-path`` FILE holds the same text: either the
 whole argument text on one line with each group in double quotes (BigScience's xP3 files), or one
-group per line (quotes optional); blank lines and ``#`` comment lines are skipped.
+group per line (quotes optional: a line that does not start with a quote is one group, verbatim, so
+a path may hold a ``'``); blank lines and ``#`` comment lines are skipped. NAME is the text before
+the first ``:``, as in BigScience's parser (``VALID A: ...`` and ``train:0.3 0:0.95 A`` work).
 
 Each group becomes a :class:`~megatron.data.blend_config.SplitBlend` with one static ``blend``
 stage, so it is built by :mod:`megatron.data.curriculum` (megatron-core's blending rule).
@@ -69,15 +71,24 @@ def _fraction(value: str, flag: str, text: str) -> float:
     return x
 
 
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_weighted_split_group(text: str, flag: str = "--train-weighted-split-paths",
                                check_files: bool = True) -> WeightedSplitGroup:
-    """``"NAME: W START:END PREFIX, ..."`` -> :class:`WeightedSplitGroup`."""
+    """``"NAME: W START:END PREFIX, ..."`` -> :class:`WeightedSplitGroup`. As in BigScience's
+    parser, NAME is the text before the first ``:`` (stripped; it may hold spaces, and no space is
+    needed after the colon: ``train:0.3 0:0.95 A``)."""
     raw = text.strip()
-    first = raw.split(None, 1)[0] if raw else ""
-    if not first.endswith(":"):
+    if ":" not in raw:
         raise _fail(flag, text, "missing ':' after the group name (expected \"NAME: WEIGHT "
                                 "START:END PREFIX, ...\")")
-    name, rest = first[:-1], raw[len(first):]
+    name, rest = (part.strip() for part in raw.split(":", 1))
     if not name:
         raise _fail(flag, text, "empty group name (expected \"NAME: WEIGHT START:END PREFIX, ...\")")
     items, seen = [], set()
@@ -89,6 +100,11 @@ def parse_weighted_split_group(text: str, flag: str = "--train-weighted-split-pa
             raise _fail(flag, text, f"empty item in group {name!r} (stray comma?)")
         fields = part.split()
         if len(fields) != 3:
+            words = name.split()
+            if len(words) > 1 and _is_number(words[-1]):  # "web 1 0:1 data/web"
+                raise _fail(flag, text, "missing ':' after the group name: the text before the "
+                                        f"first ':' ({name!r}) is taken as the name (expected "
+                                        "\"NAME: WEIGHT START:END PREFIX, ...\")")
             raise _fail(flag, text, f"item {part!r} must be 'WEIGHT START:END PREFIX'")
         weight_s, range_s, prefix = fields
         try:
@@ -142,7 +158,7 @@ def read_weighted_split_paths_file(path: str, flag: str) -> List[str]:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        if '"' in stripped or "'" in stripped:
+        if stripped[0] in "\"'":  # quoted groups; an unquoted line is one group, verbatim
             try:
                 texts.extend(t for t in shlex.split(stripped) if t.strip())
             except ValueError as exc:

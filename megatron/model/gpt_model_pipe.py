@@ -1,0 +1,379 @@
+"""The GPT model as a DeepSpeed ``PipelineModule`` (``GPTModelPipe``) made of megatron-core pieces.
+
+The pipe is the sequence ``embedding, layer 0 .. layer L-1, final norm, output layer`` with the loss
+(vocab-parallel cross entropy under the loss mask) computed on the last stage. The layers come from
+the same layer spec and ``TransformerConfig`` as :func:`megatron.model.gpt_model.build_gpt_model`;
+layer ``i`` is built with its global layer number ``i + 1`` whatever stage holds it (this module
+numbers layers, so megatron-core's per-stage offset is switched off), and every parameter has a
+*canonical name*, the name it has in the one-stage ``GPTModel`` (``decoder.layers.{i}.…``), through
+which it is initialised. PP=2 therefore starts from exactly the PP=1 model's weights.
+
+Unless ``--untie-embeddings-and-output-weights``, the input embedding and the output layer share
+one weight: a DeepSpeed ``TiedLayerSpec`` on the first and the last stage, whose gradients DeepSpeed
+all-reduces over the two stages (the sum of both uses, as in the one-stage model).
+
+What flows between stages (DeepSpeed sends tuples of tensors):
+
+- into the first stage: ``(tokens, position_ids[, attention_mask])``;
+- between stages: ``(hidden [s, b, h][, attention_mask])`` (the mask as uint8, True = masked);
+- to the loss on the last stage: ``(labels, loss_mask[, dataset_id])``.
+"""
+import contextlib
+import dataclasses
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from megatron.core import tensor_parallel
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.transformer.transformer_block import _get_block_submodules
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
+
+TIED_EMBEDDING_KEY = "embed"
+
+
+def _split(inputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(hidden, mask or None)`` from what the previous pipe layer returned."""
+    if torch.is_tensor(inputs):
+        return inputs, None
+    if len(inputs) == 1:
+        return inputs[0], None
+    return inputs[0], inputs[1]
+
+
+def _pack(hidden: torch.Tensor, mask: Optional[torch.Tensor]):
+    return hidden if mask is None else (hidden, mask)
+
+
+def stage_config(config: TransformerConfig) -> TransformerConfig:
+    """``config`` as the pipe layers are built with: one pipeline stage as far as megatron-core is
+    concerned (layers carry their global layer number, so ``get_transformer_layer_offset`` must not
+    add a stage offset), and full recompute left to DeepSpeed's ``activation_checkpoint_interval``
+    (megatron-core's full recompute lives in ``TransformerBlock``, which the pipe does not use)."""
+    changes = {"pipeline_model_parallel_size": 1}
+    if config.recompute_granularity == "full":
+        changes.update(recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
+                       distribute_saved_activations=False)
+    return dataclasses.replace(config, **changes)
+
+
+class EmbeddingPipe(torch.nn.Module):
+    """First stage: token (+ learned position) embeddings and embedding dropout,
+    ``(tokens, position_ids[, mask]) -> (hidden [s, b, h][, mask as uint8])``.
+
+    The same module serves as the tied output layer on the last stage (:meth:`logits`): it holds a
+    weightless megatron-core ``ColumnParallelLinear`` that projects with ``word_embeddings.weight``.
+    """
+
+    def __init__(self, config: TransformerConfig, vocab_size: int, max_sequence_length: int,
+                 position_embedding_type: str):
+        super().__init__()
+        self.config = config
+        self.embedding = LanguageModelEmbedding(
+            config=config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
+            position_embedding_type=position_embedding_type)
+        self.output_projection = tensor_parallel.ColumnParallelLinear(
+            config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
+            skip_bias_add=False, gather_output=False, skip_weight_param_allocation=True)
+
+    @property
+    def word_embeddings(self):
+        """The (vocab-parallel) token embedding; its ``weight`` is the tied weight."""
+        return self.embedding.word_embeddings
+
+    def forward(self, inputs):
+        tokens, position_ids = inputs[0], inputs[1]
+        mask = inputs[2] if len(inputs) > 2 else None
+        hidden = self.embedding(input_ids=tokens, position_ids=position_ids)
+        if mask is not None:
+            mask = mask.to(torch.uint8)  # DeepSpeed's p2p sends no bool tensors under nccl
+        return _pack(hidden, mask)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel logits ``[s, b, v / TP]`` with the tied weight (last stage)."""
+        logits, _ = self.output_projection(hidden, weight=self.word_embeddings.weight)
+        return logits
+
+
+def tied_output_forward(embedding: EmbeddingPipe, inputs) -> torch.Tensor:
+    """The tied output layer (``TiedLayerSpec.forward_fn``): logits with the embedding's weight."""
+    hidden, _ = _split(inputs)
+    return embedding.logits(hidden)
+
+
+class TransformerLayerPipe(torch.nn.Module):
+    """One transformer layer from the layer spec, with its global ``layer_number`` (1-based),
+    ``(hidden[, mask]) -> (hidden[, mask])``. With ``--position-embedding-type rope`` the rotary
+    embedding (no parameters) is recomputed here from the sequence length, as ``GPTModel`` does."""
+
+    def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec, layer_number: int,
+                 position_embedding_type: str, rotary_percent: float, rotary_base: int):
+        super().__init__()
+        self.config = config
+        self.layer_number = layer_number
+        self.layer = build_module(layer_spec, config=config, layer_number=layer_number)
+        self.rotary_pos_emb = None
+        if position_embedding_type == "rope":
+            self.rotary_pos_emb = RotaryEmbedding(
+                kv_channels=config.kv_channels, rotary_percent=rotary_percent,
+                rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
+                use_cpu_initialization=config.use_cpu_initialization)
+
+    def forward(self, inputs):
+        hidden, mask = _split(inputs)
+        rotary = None
+        if self.rotary_pos_emb is not None:
+            seq_len = hidden.size(0) * (self.config.tensor_model_parallel_size
+                                        if self.config.sequence_parallel else 1)
+            rotary = self.rotary_pos_emb(seq_len)
+        # As TransformerBlock: sequence-parallel dropout draws from the model-parallel RNG stream.
+        rng = (tensor_parallel.get_cuda_rng_tracker().fork() if self.config.sequence_parallel
+               else contextlib.nullcontext())
+        with rng:
+            output, _ = self.layer(hidden_states=hidden,
+                                   attention_mask=None if mask is None else mask.bool(),
+                                   rotary_pos_emb=rotary)
+        return _pack(output, mask)
+
+
+def recompute_function(distribute_saved_activations: bool):
+    """The pipe's ``activation_checkpoint_func``: megatron-core's ``tensor_parallel.checkpoint``
+    (which restores the CPU/CUDA generators and megatron-core's model-parallel RNG tracker, so the
+    recomputed forward draws the same dropout masks) around a chunk of transformer layers. DeepSpeed
+    calls it as ``func(chunk, hidden[, mask])``; only the hidden state is differentiable, the mask
+    passes by."""
+
+    def checkpoint(chunk, *inputs):
+        hidden, mask = _split(inputs)
+
+        def run(h, m):
+            return _split(chunk(h) if m is None else chunk(h, m))[0]
+
+        output = tensor_parallel.checkpoint(run, distribute_saved_activations, hidden, mask)
+        return _pack(output, mask)
+
+    return checkpoint
+
+
+class FinalNormPipe(torch.nn.Module):
+    """The decoder's final norm (the class ``TransformerBlock`` would build for this layer spec),
+    ``(hidden[, mask]) -> hidden``."""
+
+    def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec):
+        super().__init__()
+        norm = _get_block_submodules(config, layer_spec).layer_norm
+        self.final_layernorm = build_module(norm, config=config, hidden_size=config.hidden_size,
+                                            eps=config.layernorm_epsilon)
+
+    def forward(self, inputs):
+        hidden, _ = _split(inputs)
+        return self.final_layernorm(hidden)
+
+
+class OutputLayerPipe(torch.nn.Module):
+    """Untied output layer (``--untie-embeddings-and-output-weights``): hidden -> vocab-parallel
+    logits ``[s, b, v / TP]``."""
+
+    def __init__(self, config: TransformerConfig, vocab_size: int):
+        super().__init__()
+        self.output_layer = tensor_parallel.ColumnParallelLinear(
+            config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
+            skip_bias_add=False, gather_output=False)
+
+    def forward(self, hidden):
+        logits, _ = self.output_layer(hidden)
+        return logits
+
+
+class PipeLMLoss:
+    """The last stage's loss function ``(logits, (labels, loss_mask[, dataset_id])) -> loss`` (see
+    :func:`megatron.model.lm_loss.masked_lm_loss`). It also keeps, per micro batch, ``(loss,
+    per-sample loss, dataset_id or None)`` until :meth:`pop_records`, which is how the training
+    loop gets per-dataset losses out of the pipe."""
+
+    __name__ = "masked_lm_loss"  # DeepSpeed prints the loss function's name
+
+    def __init__(self):
+        self._records: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = []
+
+    def __call__(self, logits: torch.Tensor, labels) -> torch.Tensor:
+        targets, loss_mask = labels[0], labels[1]
+        dataset_id = labels[2] if len(labels) > 2 else None
+        loss, per_sample = masked_lm_loss(vocab_parallel_token_loss(logits, targets), loss_mask)
+        self._records.append((loss.detach(), per_sample, dataset_id))
+        return loss
+
+    def pop_records(self) -> List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+        """The records of the micro batches since the last call (empty off the last stage)."""
+        records, self._records = self._records, []
+        return records
+
+
+class GPTModelPipe(PipelineModule):
+    """GPT as a DeepSpeed pipeline of megatron-core pieces (see the module docstring).
+
+    ``partition_method`` is DeepSpeed's (``parameters``: balanced parameter counts; ``type:REGEX``:
+    balanced numbers of the layers whose class name matches, e.g. ``type:transformer`` for
+    transformer layers, ``type:transformer|embedding`` as BigScience's BLOOM, which counts the
+    embedding on the first and the tied output layer on the last stage as one layer each; see
+    :func:`partition_method_from_args` for ``uniform``).
+    ``activation_checkpoint_interval`` N > 0 keeps only the input of every chunk of N pipe layers of
+    a stage and recomputes the chunk in the backward pass (:func:`recompute_function`); chunks that
+    hold anything but transformer layers (the embedding, norm and output layer) are not recomputed.
+    """
+
+    def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec, vocab_size: int,
+                 max_sequence_length: int, topology, *, position_embedding_type: str = "learned_absolute",
+                 rotary_percent: float = 1.0, rotary_base: int = 10000,
+                 share_embeddings_and_output_weights: bool = True,
+                 partition_method: str = "type:transformer", activation_checkpoint_interval: int = 0):
+        self.config = stage_config(config)
+        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
+        self.num_transformer_layers = config.num_layers
+        specs = self.layer_specs(config, layer_spec, vocab_size, max_sequence_length,
+                                 position_embedding_type=position_embedding_type,
+                                 rotary_percent=rotary_percent, rotary_base=rotary_base,
+                                 share_embeddings_and_output_weights=share_embeddings_and_output_weights)
+        self.loss_function = PipeLMLoss()
+        super().__init__(layers=specs, topology=topology, loss_fn=self.loss_function,
+                         partition_method=partition_method,
+                         activation_checkpoint_interval=activation_checkpoint_interval,
+                         activation_checkpoint_func=recompute_function(config.distribute_saved_activations),
+                         checkpointable_layers=[TransformerLayerPipe.__name__])
+
+    @staticmethod
+    def layer_specs(config: TransformerConfig, layer_spec: ModuleSpec, vocab_size: int,
+                    max_sequence_length: int, *, position_embedding_type: str = "learned_absolute",
+                    rotary_percent: float = 1.0, rotary_base: int = 10000,
+                    share_embeddings_and_output_weights: bool = True) -> list:
+        """The pipe's layers (DeepSpeed layer specs, nothing built): embedding, ``num_layers``
+        transformer layers, final norm, output layer (tied to the embedding unless untied)."""
+        cfg = stage_config(config)
+        embedding_args = (cfg, vocab_size, max_sequence_length)
+        specs = []
+        if share_embeddings_and_output_weights:
+            specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, *embedding_args,
+                                       position_embedding_type=position_embedding_type,
+                                       tied_weight_attr=["word_embeddings.weight"]))
+        else:
+            specs.append(LayerSpec(EmbeddingPipe, *embedding_args,
+                                   position_embedding_type=position_embedding_type))
+        for i in range(config.num_layers):
+            specs.append(LayerSpec(TransformerLayerPipe, cfg, layer_spec, i + 1, position_embedding_type,
+                                   rotary_percent, rotary_base))
+        specs.append(LayerSpec(FinalNormPipe, cfg, layer_spec))
+        if share_embeddings_and_output_weights:
+            # On a last stage that holds no embedding, this builds the tied module without
+            # position embeddings; on a one-stage pipe it reuses the first spec's module.
+            specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, *embedding_args,
+                                       position_embedding_type="none",
+                                       forward_fn=tied_output_forward,
+                                       tied_weight_attr=["word_embeddings.weight"]))
+        else:
+            specs.append(LayerSpec(OutputLayerPipe, cfg, vocab_size))
+        return specs
+
+    # ------------------------------------------------------------------ canonical names
+    def canonical_name(self, name: str) -> str:
+        """The ``GPTModel`` name of this module's parameter ``name``: ``tied_modules.embed.embedding.X``
+        and ``0.embedding.X`` -> ``embedding.X``; ``{k}.layer.X`` (transformer layer k-1) ->
+        ``decoder.layers.{k-1}.X``; the final norm -> ``decoder.final_layernorm.X``; the untied
+        output layer -> ``output_layer.X``."""
+        head, _, rest = name.partition(".")
+        if head == "tied_modules":
+            _, _, rest = rest.partition(".")  # the tie key
+            return rest
+        index = int(head)
+        module = self.forward_funcs[self.fwd_map[head]]
+        if isinstance(module, EmbeddingPipe):
+            return rest
+        if isinstance(module, TransformerLayerPipe):
+            assert rest.startswith("layer."), name
+            return f"decoder.layers.{module.layer_number - 1}.{rest[len('layer.'):]}"
+        if isinstance(module, FinalNormPipe):
+            return f"decoder.{rest}"
+        if isinstance(module, OutputLayerPipe):
+            return rest
+        raise KeyError(f"pipe layer {index} ({type(module).__name__}) has no canonical name")
+
+    def canonical_named_parameters(self) -> Iterator[Tuple[str, torch.nn.Parameter]]:
+        """``(GPTModel name, parameter)`` for every parameter this stage holds."""
+        for name, param in self.named_parameters():
+            yield self.canonical_name(name), param
+
+    def canonical_state_dict(self) -> Dict[str, torch.Tensor]:
+        """This stage's parameters under their ``GPTModel`` names (detached)."""
+        return {name: p.detach() for name, p in self.canonical_named_parameters()}
+
+    def load_canonical_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        """Copy ``GPTModel``-named tensors into this stage's parameters (each must be present)."""
+        with torch.no_grad():
+            for name, param in self.canonical_named_parameters():
+                if name not in state:
+                    raise KeyError(f"{name} missing from the GPTModel state")
+                param.copy_(state[name])
+
+    def transformer_layers_per_stage(self) -> List[int]:
+        """How many transformer layers each stage holds under this partition."""
+        counts = []
+        for stage in range(self.num_stages):
+            start, stop = self.parts[stage], self.parts[stage + 1]
+            counts.append(sum(1 for spec in self._layer_specs[start:stop]
+                              if isinstance(spec, LayerSpec) and spec.typename is TransformerLayerPipe))
+        return counts
+
+
+def partition_method_from_args(args) -> str:
+    """DeepSpeed's partition method for ``--pp-partition-method``. ``uniform`` keeps Megatron-LM's
+    meaning, the same number of transformer layers on every stage (``validate_args`` checks that
+    ``--num-layers`` divides), which is DeepSpeed's ``type:TransformerLayerPipe``; DeepSpeed's own
+    ``uniform`` would also count the embedding, final norm and output layer as layers. The others
+    are passed through."""
+    if args.pp_partition_method == "uniform":
+        return f"type:{TransformerLayerPipe.__name__}"
+    return args.pp_partition_method
+
+
+def activation_checkpoint_interval_from_args(args) -> int:
+    """Transformer layers per recomputed chunk in the pipe: ``--recompute-num-layers`` with
+    ``--recompute-granularity full --recompute-method uniform`` (or ``--checkpoint-activations``),
+    else 0 (selective recompute stays inside each layer through the ``TransformerConfig``)."""
+    if getattr(args, "recompute_granularity", None) == "full":
+        return int(args.recompute_num_layers)
+    return 0
+
+
+def build_gpt_model_pipe(args) -> GPTModelPipe:
+    """The ``GPTModelPipe`` for ``args`` on this rank's stage (``args.padded_vocab_size`` set and the
+    parallel state initialised): same config and layer spec as ``build_gpt_model``, DeepSpeed's
+    topology equal to megatron-core's, weights from the layout-independent initializer."""
+    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
+    from megatron.model.init import initialize_parameters
+    from megatron.parallel.topology import ParallelLayout, deepspeed_topology
+
+    config = transformer_config_from_args(args)
+    model = GPTModelPipe(
+        config, layer_spec_from_args(args), args.padded_vocab_size, args.max_position_embeddings,
+        deepspeed_topology(ParallelLayout.from_args(args)),
+        position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        partition_method=partition_method_from_args(args),
+        activation_checkpoint_interval=activation_checkpoint_interval_from_args(args))
+    initialize_parameters(model.canonical_named_parameters(), config, args.seed)
+    return model
+
+
+def gpt_model_for_layout(args) -> torch.nn.Module:
+    """``GPTModel`` when the layout has one pipeline stage (``--pipeline-model-parallel-size 1``,
+    with or without ``--no-pipeline-parallel``), else this rank's ``GPTModelPipe`` stage."""
+    if args.pipeline_model_parallel_size > 1:
+        return build_gpt_model_pipe(args)
+    from megatron.model.gpt_model import build_gpt_model
+
+    return build_gpt_model(args)

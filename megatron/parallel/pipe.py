@@ -1,0 +1,120 @@
+"""What the training loop needs to drive DeepSpeed's pipe engine (``PipelineEngine``).
+
+- :func:`pipe_batch`: the loader's batch dict -> the ``(inputs, labels)`` tuples the engine feeds to
+  the first and the last stage (see megatron/model/gpt_model_pipe.py for what flows where);
+- :func:`pipe_train_step` / :func:`pipe_eval_step`: one iteration / one evaluation window through
+  ``train_batch`` / ``eval_batch``; the per-micro-batch losses exist only on the last stage, which
+  adds them to the interval statistics (other stages add nothing, so the world-wide sums the loop
+  reduces at log time are the last stage's);
+- :func:`check_grid_matches`: the engine's process groups are megatron-core's;
+- :func:`install_model_grad_clipping`: a gradient norm over the whole model (every stage, each
+  tensor-parallel shard once, the tied embedding once) for ZeRO stage 0, where DeepSpeed's
+  ``clip_grad_norm_`` would count only the first stage's replicated parameters.
+"""
+import math
+import types
+from typing import Dict, Iterator, Optional, Tuple
+
+import torch
+
+
+def is_pipe_engine(engine) -> bool:
+    """True for DeepSpeed's ``PipelineEngine`` (built from a ``PipelineModule``)."""
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    return isinstance(engine, PipelineEngine)
+
+
+def pipe_batch(batch: Dict[str, torch.Tensor]) -> Tuple[tuple, tuple]:
+    """``((tokens, position_ids[, attention_mask]), (labels, loss_mask[, dataset_id]))`` from a
+    loader batch (the first stage reads the inputs, the last stage the labels)."""
+    inputs = [batch["tokens"], batch["position_ids"]]
+    if batch.get("attention_mask") is not None:
+        inputs.append(batch["attention_mask"])
+    labels = [batch["labels"], batch["loss_mask"]]
+    if batch.get("dataset_id") is not None:
+        labels.append(torch.as_tensor(batch["dataset_id"]).view(-1))
+    return tuple(inputs), tuple(labels)
+
+
+def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,
+                    logging_now: bool) -> Optional[float]:
+    """One iteration (``num_micro_batches`` micro batches, forward, backward, optimizer step) with
+    ``engine.train_batch``; the last stage adds each micro batch's losses to ``stats``. Returns
+    None: the gradient norm is the engine's (:func:`install_model_grad_clipping`)."""
+    if engine.micro_batches != num_micro_batches:
+        raise RuntimeError(f"pipe engine runs {engine.micro_batches} micro batches per iteration, "
+                           f"the batch schedule asks {num_micro_batches}")
+    engine.train_batch(data_iter=map(pipe_batch, iterator))
+    for loss, per_sample, dataset_id in engine.module.loss_function.pop_records():
+        stats.add_micro_batch(loss, per_sample, dataset_id)
+    return None
+
+
+def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int) -> Tuple[torch.Tensor, int]:
+    """Forward ``num_micro_batches`` micro batches with ``engine.eval_batch``; returns (sum of the
+    micro-batch losses, their count) on the last stage and (0, 0) on the others."""
+    engine.eval_batch(map(pipe_batch, iterator), num_micro_batches=num_micro_batches,
+                      reduce_output=None, bcast_loss=False)
+    records = engine.module.loss_function.pop_records()
+    total = torch.zeros((), dtype=torch.float64)
+    for loss, _, _ in records:
+        total = total + loss.detach().double().cpu()
+    return total, len(records)
+
+
+def check_grid_matches(grid) -> None:
+    """Raise unless the pipe engine's data, pipeline and tensor ("slice") groups hold the same
+    ranks as megatron-core's ``parallel_state`` groups of this rank."""
+    from megatron.core import parallel_state
+
+    ranks = torch.distributed.get_process_group_ranks
+    pairs = {
+        "data": (grid.get_data_parallel_group(), parallel_state.get_data_parallel_group()),
+        "pipeline": (grid.get_pipe_parallel_group(), parallel_state.get_pipeline_model_parallel_group()),
+        "tensor": (grid.get_slice_parallel_group(), parallel_state.get_tensor_model_parallel_group()),
+    }
+    for axis, (theirs, ours) in pairs.items():
+        if sorted(ranks(theirs)) != sorted(ranks(ours)):
+            raise RuntimeError(f"rank {torch.distributed.get_rank()}: DeepSpeed pipe grid's {axis}-"
+                               f"parallel group {sorted(ranks(theirs))} differs from megatron-core's "
+                               f"{sorted(ranks(ours))}")
+
+
+def model_grad_norm(parameters, tensor_parallel_rank: int, model_parallel_group) -> float:
+    """L2 norm of the gradients of the whole model: each rank adds the squares of its tensor-parallel
+    shards, of its replicated parameters only on tensor-parallel rank 0, and skips the copies
+    DeepSpeed marks ``ds_pipe_replicated`` (the tied embedding's second stage); the sum runs over
+    ``model_parallel_group`` (tensor x pipeline)."""
+    total = torch.zeros(1, dtype=torch.float64)
+    for p in parameters:
+        if p.grad is None or getattr(p, "ds_pipe_replicated", False):
+            continue
+        if getattr(p, "tensor_model_parallel", False) or tensor_parallel_rank == 0:
+            total += p.grad.detach().double().pow(2).sum().cpu()
+    if torch.distributed.get_backend(model_parallel_group) == "nccl":  # nccl reduces GPU tensors only
+        total = total.to(torch.device("cuda", torch.cuda.current_device()))
+    torch.distributed.all_reduce(total, group=model_parallel_group)
+    return math.sqrt(float(total.item()))
+
+
+def install_model_grad_clipping(engine) -> None:
+    """At ZeRO stage 0 in fp32, make the pipe engine clip by :func:`model_grad_norm` (and record it
+    as ``engine.get_global_grad_norm()``) instead of DeepSpeed's ``clip_grad_norm_``, which with the
+    pipe grid as ``mpu`` counts replicated parameters on the first stage only. ZeRO stage 1 and the
+    mixed-precision optimizers compute the norm themselves (by tensor-parallel rank, skipping the
+    replicated tied copy) and are left alone."""
+    if engine.zero_optimization_stage() > 0 or engine.fp16_enabled() or engine.bfloat16_enabled():
+        return
+
+    def clip_fp32_gradients(self):
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = model_grad_norm(params, self.grid.get_slice_parallel_rank(),
+                               self.grid.get_model_parallel_group())
+        self._global_grad_norm = norm
+        coefficient = min(1.0, self.gradient_clipping() / (norm + 1e-6))
+        if coefficient < 1.0:
+            for p in params:
+                p.grad.detach().mul_(coefficient)
+
+    engine.clip_fp32_gradients = types.MethodType(clip_fp32_gradients, engine)

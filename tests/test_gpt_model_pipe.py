@@ -1,0 +1,209 @@
+"""GPTModelPipe on one process: canonical names, equality with GPTModel, stage partitioning, and the
+pipe batch / grid / gradient-norm glue (megatron/parallel/pipe.py)."""
+import types
+
+import pytest
+import torch
+
+from megatron.arguments import parse_args
+
+MODEL_FLAGS = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+               "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
+               "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local"]
+
+
+def model_args(*extra, vocab=260):
+    args = parse_args(MODEL_FLAGS + list(extra), world_size=1, require_data=False)
+    args.padded_vocab_size = vocab
+    return args
+
+
+@pytest.fixture(scope="module")
+def one_stage(dist_group):
+    import os
+
+    import deepspeed
+    from megatron.core import parallel_state
+    os.environ.setdefault("LOCAL_RANK", "0")
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)  # wraps the 1-rank gloo group
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    yield
+
+
+def one_stage_topology():
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    return PipeModelDataParallelTopology(num_pp=1, num_mp=1, num_dp=1)
+
+
+def build_pair(args, seed=3):
+    """(GPTModel, GPTModelPipe on one stage holding GPTModel's weights)."""
+    from megatron.model.gpt_model import build_gpt_model, layer_spec_from_args, transformer_config_from_args
+    from megatron.model.gpt_model_pipe import GPTModelPipe
+
+    torch.manual_seed(seed)
+    reference = build_gpt_model(args)
+    pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args),
+                        args.padded_vocab_size, args.max_position_embeddings, one_stage_topology(),
+                        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights)
+    pipe.load_canonical_state_dict(dict(reference.named_parameters()))
+    return reference, pipe
+
+
+def batch(args, with_mask=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b, s = args.micro_batch_size, args.seq_length
+    tokens = torch.randint(0, 258, (b, s), generator=g)
+    out = {"tokens": tokens, "labels": torch.roll(tokens, -1, 1),
+           "position_ids": torch.arange(s).expand(b, s).contiguous(),
+           "loss_mask": (torch.rand(b, s, generator=g) > 0.2).float(),
+           "dataset_id": torch.tensor([0, 1])}
+    if with_mask:  # two packed segments: no attention across them
+        seg = (torch.arange(s) >= s // 2).long()
+        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+        out["attention_mask"] = (causal | (seg[:, None] != seg[None, :]))[None].expand(b, 1, s, s).contiguous()
+    return out
+
+
+def pipe_forward(pipe, data):
+    from megatron.parallel.pipe import pipe_batch
+    inputs, labels = pipe_batch(data)
+    return pipe.loss_fn(pipe(inputs), labels)
+
+
+@pytest.mark.parametrize("untie", [False, True])
+def test_canonical_names_are_gpt_model_names(one_stage, untie):
+    args = model_args(*(["--untie-embeddings-and-output-weights"] if untie else []))
+    reference, pipe = build_pair(args)
+    names = sorted(n for n, _ in pipe.canonical_named_parameters())
+    assert names == sorted(n for n, _ in reference.named_parameters())
+    assert ("output_layer.weight" in names) == untie
+    assert "decoder.layers.3.mlp.linear_fc2.weight" in names
+    layers = [f for f in pipe.forward_funcs if type(f).__name__ == "TransformerLayerPipe"]
+    assert [f.layer.layer_number for f in layers] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("with_mask,untie", [(False, False), (True, False), (False, True)])
+def test_one_stage_pipe_equals_gpt_model(one_stage, with_mask, untie):
+    from megatron.model.lm_loss import masked_lm_loss
+
+    args = model_args(*(["--untie-embeddings-and-output-weights"] if untie else []))
+    reference, pipe = build_pair(args)
+    data = batch(args, with_mask)
+    per_token = reference(data["tokens"], data["position_ids"], data.get("attention_mask"),
+                          labels=data["labels"])
+    expected, expected_per_sample = masked_lm_loss(per_token, data["loss_mask"])
+    got = pipe_forward(pipe, data)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    (loss, per_sample, dataset_id), = pipe.loss_function.pop_records()
+    torch.testing.assert_close(per_sample, expected_per_sample, rtol=1e-6, atol=1e-6)
+    assert dataset_id.tolist() == [0, 1]
+    assert pipe.loss_function.pop_records() == []
+
+
+def test_tied_embedding_gradient_is_the_sum_of_both_uses(one_stage):
+    """On one stage the embedding module serves the input and the output layer; its weight's gradient
+    is what GPTModel's shared weight gets, and the sum of the input-only and output-only parts."""
+    args = model_args()
+    reference, pipe = build_pair(args)
+    data = batch(args)
+    pipe_forward(pipe, data).backward()
+    per_token = reference(data["tokens"], data["position_ids"], None, labels=data["labels"])
+    from megatron.model.lm_loss import masked_lm_loss
+    masked_lm_loss(per_token, data["loss_mask"])[0].backward()
+    tied = pipe.tied_modules["embed"].word_embeddings.weight
+    torch.testing.assert_close(tied.grad, reference.embedding.word_embeddings.weight.grad,
+                               rtol=1e-5, atol=1e-7)
+    full = tied.grad.clone()
+    # The two uses separately: output-only (input embedding detached) and input-only.
+    from megatron.model.gpt_model_pipe import tied_output_forward
+    embedding = pipe.tied_modules["embed"]
+    parts = []
+    for use in ("input", "output"):
+        embedding.zero_grad()
+        for f in pipe.forward_funcs:
+            f.zero_grad() if isinstance(f, torch.nn.Module) else None
+        weight = embedding.word_embeddings.weight
+        from megatron.parallel.pipe import pipe_batch
+        inputs, labels = pipe_batch(data)
+        hidden = embedding(inputs)
+        for f in pipe.forward_funcs[1:-1]:
+            hidden = f(hidden)
+        if use == "input":
+            logits, _ = embedding.output_projection(hidden, weight=weight.detach())
+        else:
+            hidden = hidden.detach()
+            logits = tied_output_forward(embedding, hidden)
+        pipe.loss_fn(logits, labels).backward()
+        parts.append(weight.grad.clone())
+    pipe.loss_function.pop_records()
+    assert parts[0].abs().sum() > 0 and parts[1].abs().sum() > 0
+    torch.testing.assert_close(parts[0] + parts[1], full, rtol=1e-5, atol=1e-6)
+
+
+def partition_counts(args, method, stages):
+    """Transformer layers per stage that DeepSpeed's own partitioner gives GPTModelPipe's layers
+    under ``method`` for ``stages`` stages (run on DeepSpeed's code without building a pipe)."""
+    from deepspeed.runtime.pipe.module import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
+    from megatron.model.gpt_model_pipe import GPTModelPipe, TransformerLayerPipe, partition_method_from_args
+
+    args.pp_partition_method = method
+    specs = GPTModelPipe.layer_specs(transformer_config_from_args(args), layer_spec_from_args(args),
+                                     args.padded_vocab_size, args.max_position_embeddings,
+                                     share_embeddings_and_output_weights=True)
+    probe = types.SimpleNamespace(_layer_specs=specs, num_stages=stages, global_rank=1,
+                                  _topo=PipeModelDataParallelTopology(num_pp=stages, num_mp=1, num_dp=1),
+                                  loss_fn=None)
+    for name in ("_count_layer_params", "_find_layer_type", "_set_bounds"):
+        setattr(probe, name, types.MethodType(getattr(PipelineModule, name), probe))
+    PipelineModule._partition_layers(probe, method=partition_method_from_args(args))
+    return [sum(1 for spec in specs[probe.parts[s]:probe.parts[s + 1]]
+                if getattr(spec, "typename", None) is TransformerLayerPipe) for s in range(stages)]
+
+
+def test_partition_methods_give_the_documented_layer_counts(one_stage):
+    """docs/parallel.md, "Pipeline partitioning": the counts of its table."""
+    small = model_args("--num-layers", "4")
+    assert partition_counts(small, "uniform", 2) == [2, 2]
+    assert partition_counts(small, "type:transformer", 2) == [2, 2]
+    assert partition_counts(small, "type:transformer|embedding", 2) == [2, 2]
+    six = model_args("--num-layers", "6")
+    assert partition_counts(six, "type:transformer|embedding", 4) == [1, 2, 2, 1]
+    assert partition_counts(six, "uniform", 3) == [2, 2, 2]
+    # The docs' example: 6 layers of hidden size 64 with a 2048-token vocabulary on 3 stages. The
+    # embedding (and the tied output layer) weigh about 2.6 layers: 'parameters' gives the first
+    # and last stage fewer layers; BigScience's method counts each as one layer.
+    docs = model_args("--num-layers", "6", vocab=2048)
+    assert partition_counts(docs, "uniform", 3) == [2, 2, 2]
+    assert partition_counts(docs, "type:transformer", 3) == [2, 2, 2]
+    assert partition_counts(docs, "parameters", 3) == [1, 4, 1]
+    assert partition_counts(docs, "type:transformer|embedding", 3) == [2, 3, 1]
+
+
+def test_pipe_batch_carries_what_the_stages_need():
+    from megatron.parallel.pipe import pipe_batch
+    args = types.SimpleNamespace(micro_batch_size=2, seq_length=8)
+    data = batch(args, with_mask=True)
+    inputs, labels = pipe_batch(data)
+    assert [t.shape for t in inputs] == [(2, 8), (2, 8), (2, 1, 8, 8)]
+    assert inputs[2].dtype == torch.bool
+    assert [t.shape for t in labels] == [(2, 8), (2, 8), (2,)]
+    del data["attention_mask"], data["dataset_id"]
+    inputs, labels = pipe_batch(data)
+    assert len(inputs) == 2 and len(labels) == 2
+
+
+def test_model_grad_norm_counts_each_parameter_once(dist_group):
+    """Replicated parameters count on tensor-parallel rank 0 only, shards on every rank, the tied
+    copy DeepSpeed marks ds_pipe_replicated never (one process: the group sum is the local sum)."""
+    from megatron.parallel.pipe import model_grad_norm
+    shard, replicated, tied_copy = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+    shard.grad, replicated.grad, tied_copy.grad = torch.full((3,), 2.0), torch.full((3,), 1.0), torch.ones(3)
+    shard.tensor_model_parallel = True
+    tied_copy.ds_pipe_replicated = True
+    group = torch.distributed.group.WORLD
+    assert model_grad_norm([shard, replicated, tied_copy], 0, group) == pytest.approx((12 + 3) ** 0.5)
+    assert model_grad_norm([shard, replicated, tied_copy], 1, group) == pytest.approx(12 ** 0.5)

@@ -32,15 +32,14 @@ def initialize_distributed(args) -> None:
 
 
 def set_seeds(seed: int) -> None:
-    """Seed Python, NumPy and torch identically on every rank (megatron-core's tensor-parallel RNG
-    tracker too, when CUDA is present)."""
+    """Seed Python, NumPy and torch identically on every rank, and megatron-core's tensor-parallel
+    RNG tracker (on CPU generator states without CUDA: megatron/parallel/cpu_rng.py)."""
+    from megatron.parallel.cpu_rng import model_parallel_manual_seed
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        from megatron.core import tensor_parallel
-
-        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    model_parallel_manual_seed(seed)
 
 
 def print_rank_0(message: str) -> None:
@@ -59,13 +58,15 @@ def quiet_optional_dependency_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"full scope is deprecated")
 
 
-def all_reduce_small(tensor: torch.Tensor, op=None) -> torch.Tensor:
-    """All-reduce a small tensor (flags, loss sums) over all ranks and return the result on the
-    CPU. The reduction runs where the backend needs it: on this rank's GPU for nccl, which cannot
-    reduce CPU tensors, else on the CPU. Without a process group the tensor is returned as is."""
+def all_reduce_small(tensor: torch.Tensor, op=None, group=None) -> torch.Tensor:
+    """All-reduce a small tensor (flags, loss sums) over ``group`` (default: all ranks) and return
+    the result on the CPU. The reduction runs where the backend needs it: on this rank's GPU for
+    nccl, which cannot reduce CPU tensors, else on the CPU. Without a process group the tensor is
+    returned as is."""
     if not torch.distributed.is_initialized():
         return tensor
     on_gpu = torch.distributed.get_backend() == "nccl"
     work = tensor.to(torch.device("cuda", torch.cuda.current_device())) if on_gpu else tensor.clone()
-    torch.distributed.all_reduce(work, op=op if op is not None else torch.distributed.ReduceOp.SUM)
+    torch.distributed.all_reduce(work, op=op if op is not None else torch.distributed.ReduceOp.SUM,
+                                 group=group)
     return work.cpu()

@@ -18,6 +18,7 @@ from megatron.initialize import all_reduce_small, initialize_distributed, print_
 from megatron.learning_rates import build_opt_param_scheduler
 from megatron.metrics import MetricsWriter, perplexity
 from megatron.optimizer import build_optimizer
+from megatron.parallel.topology import layout_line
 from megatron.schedules.units import (BatchSchedule, batch_schedule_from_args,
                                       train_iterations_from_args)
 
@@ -95,6 +96,14 @@ class ExitRequest:
         return bool(flags.max() > 0)
 
 
+def _data_parallel_group():
+    """The group loss sums are reduced over: each data-parallel replica once (the tensor-parallel
+    ranks of a replica hold the same loss)."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_group()
+
+
 class _IntervalStats:
     """Losses accumulated between two log lines (summed locally, reduced across ranks at log time)."""
 
@@ -138,7 +147,7 @@ class _IntervalStats:
             torch.tensor([float(self.micro_batches)], dtype=torch.float64),
             self.dataset_loss.cpu() if self.dataset_loss is not None else zeros,
             self.dataset_count.cpu() if self.dataset_count is not None else zeros])
-        packed = all_reduce_small(local)
+        packed = all_reduce_small(local, group=_data_parallel_group())
         loss = (packed[0] / packed[1].clamp(min=1)).item()
         return loss, packed[2:2 + size], packed[2 + size:]
 
@@ -166,7 +175,8 @@ def evaluate(engine, args, group: EvalGroup, forward_step: Callable, evaluation_
             loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
             count += 1
     engine.train()
-    total = all_reduce_small(torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)]))
+    total = all_reduce_small(torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)]),
+                             group=_data_parallel_group())
     return (total[0] / total[1]).item()
 
 
@@ -191,12 +201,17 @@ def _evaluate_all(engine, args, groups: Sequence[EvalGroup], forward_step, itera
 def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int):
     """Model, torch optimizer, DeepSpeed engine and the LR/WD scheduler on the engine's groups."""
     import deepspeed
+    from megatron.core import parallel_state
+    from megatron.parallel.grads import install_sequence_parallel_grad_allreduce
+    from megatron.parallel.topology import MegatronCoreMPU
 
     model = model_provider(args)
+    if args.sequence_parallel:
+        install_sequence_parallel_grad_allreduce(model, parallel_state.get_tensor_model_parallel_group())
     optimizer = build_optimizer(args, model)
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=deepspeed_config_from_args(args, initial_batch),
-        dist_init_required=False)
+        mpu=MegatronCoreMPU(), dist_init_required=False)
     scheduler = build_opt_param_scheduler(args, ds_optimizer)
     return engine, ds_optimizer, scheduler
 
@@ -249,15 +264,17 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
 
 
 def _unclipped_grad_norm(engine) -> Optional[float]:
-    """L2 norm of the (data-parallel averaged) gradients before clipping. ZeRO stages keep it in
-    the engine; at stage 0 DeepSpeed does not, so it is computed from the module's gradients, which
-    hold the averaged values between the boundary backward and the optimizer step."""
+    """L2 norm of the whole model's (data-parallel averaged) gradient before clipping. ZeRO stages
+    keep it in the engine; at stage 0 DeepSpeed does not, so it is computed from the module's
+    gradients, which hold the averaged values between the boundary backward and the optimizer
+    step: each tensor-parallel shard once, summed over the model-parallel group."""
+    from megatron.parallel.grads import global_grad_norm
+
     if engine.zero_optimization_stage() > 0:
         return None
-    grads = [p.grad.detach().float().norm() for p in engine.module.parameters() if p.grad is not None]
-    if not grads:
+    if not any(p.grad is not None for p in engine.module.parameters()):
         return None
-    norm = torch.linalg.vector_norm(torch.stack(grads)).item()
+    norm = global_grad_norm(engine.module.parameters(), engine.mpu)
     if engine.fp16_enabled() and hasattr(engine.optimizer, "cur_scale"):
         norm /= float(engine.optimizer.cur_scale)
     return norm
@@ -345,9 +362,7 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
         args, model_provider, batch_schedule.batch_size_at_samples(0))
     state = _restore(engine, args, scheduler)
     print_rank_0(f"training: {args.train_iters} iterations, global batch {args.global_batch_size}, "
-                 f"micro batch {args.micro_batch_size}, data-parallel size {args.data_parallel_size}, "
-                 f"gradient accumulation {args.gradient_accumulation_steps}, "
-                 f"ZeRO stage {engine.zero_optimization_stage()}")
+                 f"micro batch {args.micro_batch_size} | {layout_line(args, engine)}")
     start_iteration = state.iteration
     exited_early = False
     if not args.skip_train and state.iteration < args.train_iters:

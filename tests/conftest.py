@@ -37,6 +37,15 @@ def demo_data(tmp_path_factory):
     return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.2, verbose=False)
 
 
+@pytest.fixture(scope="session")
+def single_rank_layout_losses(demo_data, tmp_path_factory):
+    """Per-iteration losses of the layout-comparison model (tests/parallel_helpers.py) on one rank:
+    the reference every parallel layout must reproduce; run once per session."""
+    from parallel_helpers import run_layout
+    losses, _ = run_layout(demo_data, tmp_path_factory.mktemp("layout_reference"), num_ranks=1)
+    return losses
+
+
 @pytest.fixture(autouse=True, scope="session")
 def remove_deepspeed_shm_buffers():
     """DeepSpeed's CPU all-reduce leaves its shared-memory buffers (/dev/shm/deepspeed_allreduce_

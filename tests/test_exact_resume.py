@@ -246,7 +246,7 @@ def test_resume_on_fewer_data_parallel_ranks(reference, tmp_path):
     (ckpt / "latest_checkpointed_iteration.txt").write_text(f"{start}\n")
     flags = pretrain_flags(data, tmp_path, ["--load", str(ckpt), "--no-load-optim"])
     proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=1)
-    assert "data-parallel size 1" in proc.stdout
+    assert "data-parallel 1," in proc.stdout
     got = train_records(tmp_path / "metrics.jsonl")
     ref = want[start:]
     assert [r["iteration"] for r in got] == [r["iteration"] for r in ref]

@@ -9,6 +9,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.model.init import initialize_parameters
 from megatron.model.sdpa_attention import SDPAttention
 from megatron.parallel.recompute import recompute_config_from_args
 
@@ -77,9 +78,11 @@ def layer_spec_from_args(args) -> ModuleSpec:
 
 
 def build_gpt_model(args) -> GPTModel:
-    """Construct the GPT model described by ``args`` (``args.padded_vocab_size`` must be set)."""
+    """Construct the GPT model described by ``args`` (``args.padded_vocab_size`` must be set),
+    its initial weights drawn from ``--seed`` and each parameter's name, the same under every
+    tensor/pipeline-parallel layout (megatron/model/init.py)."""
     config = transformer_config_from_args(args)
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec_from_args(args),
         vocab_size=args.padded_vocab_size,
@@ -92,3 +95,5 @@ def build_gpt_model(args) -> GPTModel:
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
     )
+    initialize_parameters(model.named_parameters(), config, args.seed)
+    return model

@@ -172,3 +172,20 @@ class MegatronCoreMPU:
     get_pipe_parallel_group = get_pipeline_model_parallel_group
     get_pipe_parallel_world_size = get_pipeline_model_parallel_world_size
     get_pipe_parallel_rank = get_pipeline_model_parallel_rank
+
+
+def layout_line(args, engine) -> str:
+    """The start-up line naming the layout, e.g. ``tensor-parallel 2, pipeline-parallel 2,
+    data-parallel 1, ZeRO stage 1, micro-batches per iteration 4`` (micro-batches per rank per
+    optimizer step at the full global batch), then sequence parallelism and recompute when on."""
+    line = (f"{ParallelLayout.from_args(args).describe()}, ZeRO stage "
+            f"{engine.zero_optimization_stage()}, micro-batches per iteration "
+            f"{args.gradient_accumulation_steps}")
+    if args.sequence_parallel:
+        line += ", sequence-parallel"
+    if args.recompute_granularity == "selective":
+        line += ", recompute selective (core attention)"
+    elif args.recompute_granularity == "full":
+        line += (f", recompute full ({args.recompute_method}, {args.recompute_num_layers} "
+                 f"layer{'s' if args.recompute_num_layers != 1 else ''})")
+    return line

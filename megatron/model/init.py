@@ -1,0 +1,100 @@
+"""Layout-independent initial weights: every parameter is drawn from --seed and its canonical name.
+
+The canonical name is the parameter's name in the TP=1, PP=1 ``GPTModel`` state dict, with global
+layer numbers (``decoder.layers.7.mlp.linear_fc1.weight``). For each parameter the *full-size*
+tensor is drawn with megatron-core's init for its kind, on the CPU generator seeded from
+(seed, name), and this rank's tensor-parallel shard is copied out of it the way megatron-core
+shards (``partition_dim``/``partition_stride``). So the model is the same model under every
+(TP, PP) layout, and a pipeline stage holding layers 4..7 draws exactly what a single rank does.
+The vocabulary rows are ``args.padded_vocab_size``, which depends on TP (Megatron-LM pads to a
+multiple of ``--make-vocab-size-divisible-by`` x TP): layouts are the same model when the padded
+sizes agree.
+"""
+import hashlib
+from typing import Callable, Iterable, Optional, Tuple
+
+import torch
+
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+_SCALED = ("linear_proj.weight", "linear_fc2.weight")
+
+
+def name_seed(seed: int, name: str) -> int:
+    """A 63-bit generator seed from ``seed`` and a canonical parameter name (stable across runs,
+    processes and Python versions, unlike ``hash``)."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def init_kind(name: str, param: torch.Tensor) -> str:
+    """``zeros`` for biases (also norm biases), ``ones`` for norm weights (1-D weights),
+    ``scaled_normal`` for the output projections of attention and MLP (megatron-core's
+    ``output_layer_init_method``), ``embedding`` for word/position embeddings, else ``normal``."""
+    if name.endswith("bias"):
+        return "zeros"
+    if param.dim() == 1:
+        return "ones"
+    if name.endswith(_SCALED):
+        return "scaled_normal"
+    if "embedding" in name:
+        return "embedding"
+    return "normal"
+
+
+def _full_shape(param: torch.Tensor, tp_size: int) -> Tuple[int, ...]:
+    shape = list(param.shape)
+    if getattr(param, "tensor_model_parallel", False):
+        shape[param.partition_dim] *= tp_size
+    return tuple(shape)
+
+
+def _shard(full: torch.Tensor, param: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """This rank's part of ``full``, as megatron-core's ``_initialize_affine_weight_cpu`` splits
+    it: chunks of (partition size / stride) along ``partition_dim``, every ``tp_size``-th from
+    ``tp_rank``."""
+    if not getattr(param, "tensor_model_parallel", False) or tp_size == 1:
+        return full
+    dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
+    chunks = torch.split(full, param.shape[dim] // stride, dim=dim)
+    return torch.cat(chunks[tp_rank::tp_size], dim=dim)
+
+
+def draw_full_parameter(name: str, param: torch.Tensor, config: TransformerConfig, seed: int,
+                        tp_size: int) -> torch.Tensor:
+    """The full-size (TP=1) float32 initial value of the parameter called ``name``."""
+    full = torch.empty(_full_shape(param, tp_size), dtype=torch.float32)
+    kind = init_kind(name, param)
+    if kind == "zeros":
+        return full.zero_()
+    if kind == "ones":
+        return full.fill_(1.0)
+    method: Callable = {"normal": config.init_method, "scaled_normal": config.output_layer_init_method,
+                        "embedding": config.embedding_init_method or config.init_method}[kind]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(name_seed(seed, name))
+        method(full)
+    return full
+
+
+def initialize_parameters(named_params: Iterable[Tuple[str, torch.nn.Parameter]],
+                          config: TransformerConfig, seed: int,
+                          canonical_name: Optional[Callable[[str], str]] = None,
+                          tp_rank: Optional[int] = None, tp_size: Optional[int] = None) -> int:
+    """Overwrite each parameter with its layout-independent initial value (see module doc);
+    ``canonical_name`` maps a module's parameter name to the TP=1/PP=1 GPTModel name (identity
+    for GPTModel; a pipe model maps its stage-local names). ``tp_rank``/``tp_size`` default to
+    megatron-core's parallel state. Returns the number of parameters initialised."""
+    if tp_rank is None or tp_size is None:
+        from megatron.core import parallel_state
+
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    count = 0
+    with torch.no_grad():
+        for local_name, param in named_params:
+            name = canonical_name(local_name) if canonical_name else local_name
+            full = draw_full_parameter(name, param, config, seed, tp_size)
+            param.copy_(_shard(full, param, tp_rank, tp_size).to(param.dtype))
+            count += 1
+    return count

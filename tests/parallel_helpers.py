@@ -1,0 +1,48 @@
+"""Run one parallel layout of a tiny GPT (SwiGLU, so the strided fc1 split is covered) through the real deepspeed launcher and return its
+per-iteration losses, so layouts can be compared with the single-rank run.
+
+All layouts use the same data (the session's ``demo_data``), seed, model and global batch, dropout
+0, and ``--make-vocab-size-divisible-by 130``: the byte-level vocabulary (258) then pads to 260 rows
+under TP 1 and TP 2 alike (Megatron pads to a multiple of divisor x TP, so other divisors give TP-
+dependent vocabularies, i.e. different models).
+"""
+from typing import List, Sequence
+
+from e2e_helpers import read_jsonl, run_deepspeed
+
+LAYOUT_ITERS = 20
+GLOBAL_BATCH = 8
+
+
+def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAYOUT_ITERS) -> List[str]:
+    """pretrain_gpt.py flags of the layout-comparison model (4 layers, so PP 2 and 4 split it);
+    ``extra`` adds the layout flags."""
+    return [
+        "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", str(GLOBAL_BATCH),
+        "--train-iters", str(iters), "--lr", "3e-3", "--min-lr", "3e-4",
+        "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--clip-grad", "1.0",
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local", "--swiglu",
+        "--make-vocab-size-divisible-by", "130",
+        "--data-path", demo_data["web"], "--split", "98,1,1",
+        "--data-cache-path", str(run_dir / "cache"), "--eval-iters", "0",
+        "--log-interval", "1", "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "11",
+        *extra]
+
+
+def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
+               iters: int = LAYOUT_ITERS, script: str = "pretrain_gpt.py"):
+    """Train ``iters`` iterations with ``num_ranks`` CPU ranks and the layout flags ``extra``;
+    returns (per-iteration lm losses, the launcher's CompletedProcess)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = run_deepspeed(script, layout_flags(demo_data, run_dir, extra, iters), num_ranks=num_ranks)
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "split" not in r]
+    assert [r["iteration"] for r in records] == list(range(1, iters + 1)), records
+    return [r["lm_loss"] for r in records], proc
+
+
+def assert_losses_match(got: Sequence[float], reference: Sequence[float], rel: float = 1e-4) -> None:
+    """Every iteration's loss within ``rel`` relative of the reference's."""
+    assert len(got) == len(reference)
+    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, reference)) if abs(g - r) > rel * abs(r)]
+    assert not bad, f"iterations (iteration, got, reference) off by more than {rel} relative: {bad}"

@@ -43,19 +43,17 @@ Algorithm (one pass, compiled):
     consecutive sample ranges, so stages never mix; a dataset listed in two stages continues
     where it stopped.
 
-The kernel is a small C++ function compiled with g++ at first use into the cache dir (ctypes);
-without a compiler a (slow) Python version of the same loop is used. The index takes 5 bytes per
+The kernel (``csrc/curriculum_index.cpp``) is built at first use with torch.utils.cpp_extension
+(once per environment, in ``$TORCH_EXTENSIONS_DIR``); without a compiler a (slow) Python version
+of the same loops gives the same index. The index takes 5 bytes per
 sample (uint8 id for < 256 datasets, int32 dataset-sample id for < 2**31 samples).
 """
-import ctypes
 import hashlib
 import json
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -227,213 +225,39 @@ def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bo
 
 
 # ---------------------------------------------------------------------------------------------
-# The compiled kernel
-_KERNEL_SOURCE = r"""
-#include <cstdint>
-#include <cstring>
-// seg_w: [D, S] (dataset-major: weight of dataset d in segment k at d * S + k)
-// sd: [0:D) B (target integral at s), [D:2D) w (normalised), [2D:3D) raw weights of the segment
-// si: [0] s, [1] renormalise before the next sample (a dataset was exhausted)
-template <typename TI, typename TS>
-static int64_t run(int64_t i0, int64_t i1, int32_t D, const int64_t* seg_starts, int64_t S,
-                   const double* seg_w, int32_t prenorm, int32_t lead, int32_t all_positive,
-                   const int64_t* caps, const int64_t* base, int64_t* counts, double* sd, int64_t* si, TI* out_id, TS* out_sample) {
-  double* B = sd; double* w = sd + D; double* raw = sd + 2 * D;
-  bool fast = prenorm != 0;
-  for (int32_t d = 0; d < D; ++d) fast = fast && caps[d] < 0;
-  // lead: the deficits T_d(i+1) - c_d(i) sum to 1, so the largest is > 0 and thus eligible
-  const bool plain = fast && (lead != 0 || all_positive != 0);
-  int64_t seg = 0;
-  while (seg < S && seg_starts[seg] < i0) { ++seg; }
-  for (int64_t i = i0; i < i1; ++i) {
-    bool renorm = si[1] != 0;
-    if (fast && seg < S && seg_starts[seg] == i) {
-      // no caps, weights normalised by the caller: move the integral on, take the new weights
-      const double* row = seg_w + seg;
-      double x0 = (double)(i - si[0]);
-      for (int32_t d = 0; d < D; ++d) { B[d] += w[d] * x0; w[d] = row[d * S]; }
-      si[0] = i; ++seg;
-      renorm = false;
-    } else if (seg < S && seg_starts[seg] <= i) {
-      while (seg < S && seg_starts[seg] <= i) { ++seg; }
-      const double* row = seg_w + (seg - 1);
-      for (int32_t d = 0; d < D; ++d) raw[d] = row[d * S];
-      renorm = true;
-    }
-    if (renorm) {
-      double x = (double)(i - si[0]);
-      double sum = 0.0;
-      bool exhausted = false;
-      for (int32_t d = 0; d < D; ++d) {
-        B[d] += w[d] * x;
-        bool active = caps[d] < 0 || counts[d] < caps[d];
-        exhausted |= !active;
-        sum += active ? raw[d] : 0.0;
-      }
-      bool rem = false;
-      if (!(sum > 0.0)) {
-        bool any_cap = false;
-        for (int32_t d = 0; d < D; ++d) any_cap |= caps[d] >= 0;
-        if (!any_cap) return -(i + 1);
-        rem = true; sum = 0.0;
-        for (int32_t d = 0; d < D; ++d)
-          if (caps[d] >= 0 && counts[d] < caps[d]) sum += (double)(caps[d] - counts[d]);
-        if (!(sum > 0.0)) return -(i + 1);
-      }
-      for (int32_t d = 0; d < D; ++d) {
-        bool active = caps[d] < 0 || counts[d] < caps[d];
-        double r = rem ? ((active && caps[d] >= 0) ? (double)(caps[d] - counts[d]) : 0.0)
-                       : (active ? raw[d] : 0.0);
-        w[d] = (prenorm && !exhausted && !rem) ? r : r / sum;
-      }
-      si[0] = i; si[1] = 0;
-    }
-    double x = (i == 0) ? 1.0 : (double)(i - si[0] + lead);
-    if (lead && i == 0) x = 1.0;
-    int32_t best = -1;
-    double best_err = 0.0;
-    if (plain) {
-      // no caps and the largest deficit is positive (lead) or every weight is positive: the
-      // first largest deficit is always eligible (megatron-core's loop)
-      best = 0;
-      best_err = B[0] + w[0] * x - (double)counts[0];
-      for (int32_t d = 1; d < D; ++d) {
-        double err = B[d] + w[d] * x - (double)counts[d];
-        if (err > best_err) { best = d; best_err = err; }
-      }
-    } else {
-      for (int32_t d = 0; d < D; ++d) {
-        double err = B[d] + w[d] * x - (double)counts[d];
-        if ((best < 0 || err > best_err) && (w[d] > 0.0 || err > 0.0)
-            && (caps[d] < 0 || counts[d] < caps[d])) { best = d; best_err = err; }
-      }
-    }
-    if (best < 0) return -(i + 1);
-    out_id[i - i0] = (TI)best;
-    out_sample[i - i0] = (TS)(counts[best] + base[best]);
-    counts[best] += 1;
-    if (caps[best] >= 0 && counts[best] == caps[best]) si[1] = 1;
-  }
-  return 0;
-}
-// Piecewise-linear raw weights, no caps (the "lead" rule): segment k covers [starts[k],
-// starts[k + 1]) (the last one up to i1; starts[0] == i0) and the raw weight of dataset d at sample
-// i of it is max(a[d * S + k] + b[d * S + k] * (i - starts[k]), 0), normalised per sample: the
-// target integral is the exact per-sample sum. E (carried between chunks) is the lag T_d - c_d,
-// kept directly (small magnitude: no precision lost as T grows). scratch: [3D] doubles.
-template <typename TI, typename TS>
-static int64_t run_pl(int64_t i0, int64_t i1, int32_t D, const int64_t* starts, int64_t S,
-                      const double* a, const double* b, const int64_t* base, int64_t* counts,
-                      double* E, double* scratch, TI* out_id, TS* out_sample) {
-  double* ak = scratch; double* bk = scratch + D; double* r = scratch + 2 * D;
-  for (int64_t k = 0; k < S; ++k) {
-    const int64_t s = starts[k];
-    const int64_t e = (k + 1 < S) ? starts[k + 1] : i1;
-    for (int32_t d = 0; d < D; ++d) { ak[d] = a[(int64_t)d * S + k]; bk[d] = b[(int64_t)d * S + k]; }
-    for (int64_t i = s; i < e; ++i) {
-      const double t = (double)(i - s);
-      double R = 0.0;
-      for (int32_t d = 0; d < D; ++d) {
-        double v = ak[d] + bk[d] * t;
-        v = v > 0.0 ? v : 0.0;
-        r[d] = v;
-        R += v;
-      }
-      if (!(R > 0.0)) return -(i + 1);
-      const double inv = 1.0 / R;
-      // deficit T_d(i + 1) - c_d(i): they sum to 1, so the first largest is positive (eligible)
-      int32_t best = 0;
-      double best_err = 0.0;
-      for (int32_t d = 0; d < D; ++d) {
-        const double err = E[d] + r[d] * inv;
-        E[d] = err;
-        if (d == 0 || err > best_err) { best = d; best_err = err; }
-      }
-      E[best] = best_err - 1.0;
-      out_id[i - i0] = (TI)best;
-      out_sample[i - i0] = (TS)(counts[best] + base[best]);
-      counts[best] += 1;
-    }
-  }
-  return 0;
-}
-extern "C" int64_t curriculum_build_pl(int64_t i0, int64_t i1, int32_t D, const int64_t* starts,
-    int64_t S, const double* a, const double* b, const int64_t* base, int64_t* counts, double* E,
-    double* scratch, void* out_id, int32_t id_bytes, void* out_sample, int32_t sample_bytes) {
-#define RUN_PL(TI, TS) return run_pl(i0, i1, D, starts, S, a, b, base, counts, E, scratch, (TI*)out_id, (TS*)out_sample)
-  if (id_bytes == 1 && sample_bytes == 4) RUN_PL(uint8_t, int32_t);
-  if (id_bytes == 1 && sample_bytes == 8) RUN_PL(uint8_t, int64_t);
-  if (id_bytes == 2 && sample_bytes == 4) RUN_PL(int16_t, int32_t);
-  RUN_PL(int16_t, int64_t);
-}
-extern "C" int64_t curriculum_build(int64_t i0, int64_t i1, int32_t D, const int64_t* seg_starts,
-    int64_t S, const double* seg_w, int32_t prenorm, int32_t lead, int32_t all_positive,
-    const int64_t* caps, const int64_t* base,
-    int64_t* counts, double* sd, int64_t* si, void* out_id, int32_t id_bytes, void* out_sample,
-    int32_t sample_bytes) {
-#define RUN(TI, TS) return run(i0, i1, D, seg_starts, S, seg_w, prenorm, lead, all_positive, caps, base, counts, sd, si, (TI*)out_id, (TS*)out_sample)
-  if (id_bytes == 1 && sample_bytes == 4) RUN(uint8_t, int32_t);
-  if (id_bytes == 1 && sample_bytes == 8) RUN(uint8_t, int64_t);
-  if (id_bytes == 2 && sample_bytes == 4) RUN(int16_t, int32_t);
-  RUN(int16_t, int64_t);
-}
-"""
-
+# The compiled kernel: csrc/curriculum_index.cpp, built by torch.utils.cpp_extension (which caches
+# the build in $TORCH_EXTENSIONS_DIR and locks it against concurrent builds by other ranks)
+KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc",
+                                  "curriculum_index.cpp")
+KERNEL_NAME = "megatron_curriculum_index"
 # no FMA contraction: the Python fallback reproduces the kernel's arithmetic bit for bit
-_CXXFLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
-_KERNEL_LOCK = threading.Lock()
+_CXXFLAGS = ("-O3", "-ffp-contract=off")
+# {"fn": the built extension module, or None for the Python fallback}; loaded once per process
 _KERNEL: Dict[str, Any] = {}
 
 
-def _kernel_dir(cache_dir: Optional[str]) -> str:
-    return cache_dir or os.environ.get("MEGATRON_CURRICULUM_KERNEL_DIR") or os.path.join(
-        tempfile.gettempdir(), f"megatron_curriculum_{os.getuid()}")
+def _kernel_source_digest() -> str:
+    with open(KERNEL_SOURCE_PATH, "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()
 
 
-def _load_kernel(cache_dir: Optional[str] = None):
-    """ctypes function of the compiled kernel, or None (no compiler): compiled once per source
-    hash into ``cache_dir`` (temp file + rename, so concurrent ranks are safe)."""
-    with _KERNEL_LOCK:
-        if "fn" in _KERNEL:
-            return _KERNEL["fn"]
-        fn = None
-        if os.environ.get("MEGATRON_CURRICULUM_NO_CPP") != "1":
-            digest = hashlib.sha1((_KERNEL_SOURCE + " ".join(_CXXFLAGS)).encode()).hexdigest()[:16]
-            for directory in (_kernel_dir(cache_dir), _kernel_dir(None)):
-                try:
-                    os.makedirs(directory, exist_ok=True)
-                    lib_path = os.path.join(directory, f"curriculum_kernel_{digest}.so")
-                    if not os.path.isfile(lib_path):
-                        fd, src = tempfile.mkstemp(suffix=".cpp", dir=directory)
-                        with os.fdopen(fd, "w") as f:
-                            f.write(_KERNEL_SOURCE)
-                        tmp_lib = src[:-4] + ".so"
-                        subprocess.run(["g++", *_CXXFLAGS, "-o", tmp_lib, src],
-                                       check=True, capture_output=True)
-                        os.replace(tmp_lib, lib_path)
-                        os.unlink(src)
-                    lib = ctypes.CDLL(lib_path)
-                    fn = lib.curriculum_build
-                    p = ctypes.c_void_p
-                    fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, p, ctypes.c_int64,
-                                   p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p, p, p,
-                                   p, p, p,
-                                   ctypes.c_int32, p,
-                                   ctypes.c_int32]
-                    fn.restype = ctypes.c_int64
-                    pl = lib.curriculum_build_pl
-                    pl.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, p, ctypes.c_int64,
-                                   p, p, p, p, p, p, p, ctypes.c_int32, p, ctypes.c_int32]
-                    pl.restype = ctypes.c_int64
-                    _KERNEL["pl"] = pl
-                    break
-                except (OSError, subprocess.CalledProcessError) as exc:
-                    logger.warning("curriculum kernel: cannot compile/load in %s (%s)", directory, exc)
-                    fn = None
-        if fn is None:
-            logger.warning("curriculum kernel: using the slow Python fallback")
-        _KERNEL["fn"] = fn
-        return fn
+def _load_kernel():
+    """The compiled kernel module (``build``, ``build_pl``), or None when it cannot be built (no
+    compiler): then the Python loops below give the same index, slowly. Built once per
+    environment; a line is printed before a build."""
+    if "fn" not in _KERNEL:
+        from megatron import jit_ops
+
+        try:
+            _KERNEL["fn"] = jit_ops.load_op(
+                KERNEL_NAME, [KERNEL_SOURCE_PATH], extra_cflags=list(_CXXFLAGS),
+                what="the curriculum index kernel (megatron/data/csrc/curriculum_index.cpp)",
+                duration="about 30 s")
+        except Exception as exc:  # no compiler or ninja, or a failed build
+            logger.warning("curriculum kernel: cannot build %s (%s); using the slow Python "
+                           "fallback", KERNEL_SOURCE_PATH, exc)
+            _KERNEL["fn"] = None
+    return _KERNEL["fn"]
 
 
 def _python_kernel(i0, i1, D, seg_starts, seg_w, prenorm, lead, caps, base, counts, sd, si, out_id,
@@ -520,15 +344,11 @@ def _python_pl_kernel(i0, i1, D, starts, a, b, base, counts, E, out_id, out_samp
     return rc
 
 
-def _ptr(a: np.ndarray):
-    return a.ctypes.data_as(ctypes.c_void_p)
-
-
 class _KernelState:
     """Resumable state of the kernel over one stage (chunks are fed in order)."""
 
     def __init__(self, D: int, caps: np.ndarray, base: np.ndarray, prenorm: bool,
-                 cache_dir: Optional[str], lead: bool = True, all_positive: bool = False):
+                 lead: bool = True, all_positive: bool = False):
         self.D = D
         self.caps = np.ascontiguousarray(caps, dtype=np.int64)
         self.base = np.ascontiguousarray(base, dtype=np.int64)
@@ -539,22 +359,20 @@ class _KernelState:
         self.prenorm = int(bool(prenorm))
         self.lead = int(bool(lead))
         self.all_positive = int(bool(all_positive))  # static weights all > 0 (megatron's case)
-        self.fn = _load_kernel(cache_dir)
-        self.pl_fn = _KERNEL.get("pl") if self.fn is not None else None
+        self.kernel = _load_kernel()
 
     def run(self, i0: int, i1: int, seg_starts: np.ndarray, seg_w: np.ndarray,
             out_id: np.ndarray, out_sample: np.ndarray) -> int:
         """Fill samples [i0, i1) (stage-local); ``seg_w`` is [D, len(seg_starts)]."""
         seg_starts = np.ascontiguousarray(seg_starts, dtype=np.int64)
         seg_w = np.ascontiguousarray(seg_w, dtype=np.float64).reshape(self.D, len(seg_starts))
-        if self.fn is None:
+        if self.kernel is None:
             return _python_kernel(i0, i1, self.D, seg_starts, seg_w, self.prenorm, self.lead, self.caps,
                                   self.base, self.counts, self.sd, self.si, out_id, out_sample)
         assert out_id.flags.c_contiguous and out_sample.flags.c_contiguous
-        return int(self.fn(i0, i1, self.D, _ptr(seg_starts), len(seg_starts), _ptr(seg_w),
-                           self.prenorm, self.lead, self.all_positive, _ptr(self.caps), _ptr(self.base), _ptr(self.counts),
-                           _ptr(self.sd), _ptr(self.si), _ptr(out_id), out_id.itemsize,
-                           _ptr(out_sample), out_sample.itemsize))
+        return int(self.kernel.build(i0, i1, self.D, seg_starts, len(seg_starts), seg_w,
+                                     self.prenorm, self.lead, self.all_positive, self.caps,
+                                     self.base, self.counts, self.sd, self.si, out_id, out_sample))
 
     def run_pl(self, i0: int, i1: int, starts: np.ndarray, a: np.ndarray, b: np.ndarray,
                out_id: np.ndarray, out_sample: np.ndarray) -> int:
@@ -566,17 +384,16 @@ class _KernelState:
         a = np.ascontiguousarray(a, dtype=np.float64).reshape(self.D, S)
         b = np.ascontiguousarray(b, dtype=np.float64).reshape(self.D, S)
         E = self.sd[:self.D]  # a view: updated in place
-        if self.pl_fn is None:
+        if self.kernel is None:
             return _python_pl_kernel(i0, i1, self.D, starts, a, b, self.base, self.counts, E,
                                      out_id, out_sample)
         assert out_id.flags.c_contiguous and out_sample.flags.c_contiguous and E.flags.c_contiguous
-        return int(self.pl_fn(i0, i1, self.D, _ptr(starts), S, _ptr(a), _ptr(b), _ptr(self.base),
-                              _ptr(self.counts), _ptr(E), _ptr(self.scratch), _ptr(out_id),
-                              out_id.itemsize, _ptr(out_sample), out_sample.itemsize))
+        return int(self.kernel.build_pl(i0, i1, self.D, starts, S, a, b, self.base, self.counts, E,
+                                        self.scratch, out_id, out_sample))
 
 
-def build_blending_index(weights: Sequence[float], size: int, cache_dir: Optional[str] = None,
-                         id_dtype=np.uint8, sample_dtype=np.int32) -> Tuple[np.ndarray, np.ndarray]:
+def build_blending_index(weights: Sequence[float], size: int, id_dtype=np.uint8,
+                         sample_dtype=np.int32) -> Tuple[np.ndarray, np.ndarray]:
     """Static-weight blending index (identical to megatron-core's ``build_blending_indices`` for
     positive weights), in the compact dtypes."""
     w = np.asarray(weights, dtype=np.float64)
@@ -584,7 +401,7 @@ def build_blending_index(weights: Sequence[float], size: int, cache_dir: Optiona
     D = len(w)
     out_id = np.empty(size, dtype=id_dtype)
     out_sample = np.empty(size, dtype=sample_dtype)
-    state = _KernelState(D, np.full(D, -1), np.zeros(D), True, cache_dir, lead=False,
+    state = _KernelState(D, np.full(D, -1), np.zeros(D), True, lead=False,
                          all_positive=bool((w > 0).all()))
     rc = state.run(0, size, np.zeros(1, dtype=np.int64), w[:, None], out_id, out_sample)
     if rc != 0:
@@ -750,7 +567,7 @@ class CurriculumIndex:
         return raw
 
     # -- building ------------------------------------------------------------------------------
-    def _build(self, cache_dir: Optional[str]) -> Tuple[np.ndarray, np.ndarray]:
+    def _build(self) -> Tuple[np.ndarray, np.ndarray]:
         N = self.num_samples
         out_id = np.empty(N, dtype=self.id_dtype)
         out_sample = np.empty(N, dtype=self.sample_dtype)
@@ -767,7 +584,7 @@ class CurriculumIndex:
                 e.weight is None or (not isinstance(e.weight, dict) and e.weight > 0)
                 for e in plan.stage.entries)
             bounds = self._linear_segments(plan) if granularity == "samples" else None
-            state = _KernelState(Ds, np.asarray(plan.caps), base, True, cache_dir, lead=lead,
+            state = _KernelState(Ds, np.asarray(plan.caps), base, True, lead=lead,
                                  all_positive=all_positive)
             if bounds is not None:
                 self._build_linear(plan, state, bounds, out_id, out_sample)
@@ -949,7 +766,7 @@ class CurriculumIndex:
     def cache_key(self) -> str:
         desc = {
             "version": INDEX_VERSION,
-            "kernel": hashlib.sha1(_KERNEL_SOURCE.encode()).hexdigest(),
+            "kernel": _kernel_source_digest(),
             "blend": json.loads(json.dumps(_strip_where(asdict(self.blend)), sort_keys=True,
                                            default=str)),
             "constituents": [asdict(c) for c in self.constituents],
@@ -1007,14 +824,14 @@ class CurriculumIndex:
     def _load_or_build(self, cache_dir: Optional[str]):
         key = self.cache_key()
         if not cache_dir:
-            return self._build(None)
+            return self._build()
         path = os.path.join(cache_dir, f"curriculum-{key}")
         self.cache_path = path
         loaded = self._try_load(path)
         if loaded is not None:
             self.cache_hit = True
             return loaded
-        ids, samples = self._build(cache_dir)
+        ids, samples = self._build()
         if self.write_cache:
             try:
                 self._save(path, ids, samples)

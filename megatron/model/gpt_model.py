@@ -11,6 +11,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.init import initialize_parameters
 from megatron.model.sdpa_attention import SDPAttention
+from megatron.model.rotary import use_device_rotary_embedding
 from megatron.parallel.recompute import recompute_config_from_args
 
 
@@ -95,5 +96,6 @@ def build_gpt_model(args) -> GPTModel:
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
     )
+    use_device_rotary_embedding(model)  # --position-embedding-type rope without a GPU too
     initialize_parameters(model.named_parameters(), config, args.seed)
     return model

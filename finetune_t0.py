@@ -42,6 +42,8 @@ def extra_args_provider(parser):
               action="store_false", help="Loss on input and target tokens (causal decoder only).")
     g.add_argument("--norm-target-loss", action="store_true",
               help="Weight each target's tokens by 1/len(target) so every target counts equally.")
+    # Not a flag: T0 batches are packed (segment_ids), which --attention-backend auto considers.
+    parser.set_defaults(packed_samples=True)
     return parser
 
 
@@ -108,12 +110,12 @@ def model_provider(args):
 
 
 def forward_step(engine, batch):
-    """``gpt_forward_step`` with the packed batch: the explicit [b, 1, s, s] attention mask keeps
-    segments apart (and makes inputs bidirectional with --prefix-lm), and the loss is
-    ``sum(token_loss * loss_mask) / sum(loss_mask)``; with --norm-target-loss the weights of each
-    target sum to 1, so that is the mean over targets of each target's mean token loss."""
-    if batch.get("attention_mask") is None:
-        raise ValueError("T0 batches must carry an explicit attention_mask")
+    """``gpt_forward_step`` with the packed batch: its ``segment_ids`` keep segments apart (and
+    ``is_prefix`` makes inputs bidirectional with --prefix-lm; the model builds the mask), and the
+    loss is ``sum(token_loss * loss_mask) / sum(loss_mask)``; with --norm-target-loss the weights of
+    each target sum to 1, so that is the mean over targets of each target's mean token loss."""
+    if batch.get("segment_ids") is None:
+        raise ValueError("T0 batches must carry segment_ids")
     return gpt_forward_step(engine, batch)
 
 

@@ -11,6 +11,7 @@ quiet_optional_dependency_warnings()
 from megatron.arguments import parse_args
 from megatron.errors import run_entry_point
 from megatron.data.builder import build_pretraining_data
+from megatron.data.document_segments import with_document_segments
 from megatron.model.gpt_model import build_gpt_model
 from megatron.tokenizer import build_tokenizer
 from megatron.data.train_data import TrainData
@@ -25,7 +26,10 @@ def model_provider(args):
 def datasets_provider(args) -> TrainData:
     """Training set and evaluation groups from the data flags (static blend, curriculum blend
     file, or weighted split paths)."""
-    return build_pretraining_data(args, args.tokenizer)
+    data = build_pretraining_data(args, args.tokenizer)
+    if args.reset_attention_mask:
+        data = with_document_segments(data, args.tokenizer.eod)
+    return data
 
 
 def main(argv=None):

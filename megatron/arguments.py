@@ -35,7 +35,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--norm-epsilon", type=float, default=1e-5)
     g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP instead of GeLU.")
     g.add_argument("--position-embedding-type", default="learned_absolute",
-                   choices=["learned_absolute", "rope", "none"])
+                   choices=["learned_absolute", "rope", "alibi", "none"],
+                   help="alibi: BLOOM's attention biases (no position embedding).")
     g.add_argument("--rotary-percent", type=float, default=1.0)
     g.add_argument("--rotary-base", type=int, default=10000)
     g.add_argument("--hidden-dropout", type=float, default=0.1)
@@ -49,6 +50,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                    choices=["transformer_engine", "local"],
                    help="Layer implementation; falls back to 'local' (SDPA attention) when "
                         "Transformer Engine is not importable.")
+    g.add_argument("--attention-backend", default="auto",
+                   help="Core attention: auto (default), sdpa, flex, te, or Megatron-LM's flash, fused, "
+                        "unfused (Transformer Engine kernels), local (SDPA here); see docs/attention.md.")
     g.add_argument("--use-cpu-initialization", action="store_true",
                    help="Initialise weights on the CPU (always on when no GPU is present).")
 
@@ -400,6 +404,11 @@ def _validate_model(args) -> None:
             and args.seq_length > args.max_position_embeddings):
         raise ArgumentError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
                             f"{args.max_position_embeddings}")
+    from megatron.model.attention_backends import ATTENTION_BACKEND_CHOICES
+
+    if args.attention_backend not in ATTENTION_BACKEND_CHOICES:
+        raise ArgumentError(f"--attention-backend {args.attention_backend}: unknown; choose one of "
+                            f"{', '.join(ATTENTION_BACKEND_CHOICES)}")
     for name in ("hidden_dropout", "attention_dropout"):
         value = getattr(args, name)
         if not 0.0 <= value < 1.0:

@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from megatron.data.mtf_dataset import pack_sample, truncated_lengths  # noqa: E402
+from megatron.model.masks import attention_structure_from_batch  # noqa: E402
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 
@@ -140,7 +141,8 @@ def score_pairs(model, pairs: Sequence, seq_length: int, pad_id: int, prefix_lm:
         length = max(len(i) + len(t) for i, t in chunk)
         samples = [pack_sample([p], length, pad_id, prefix_lm=prefix_lm) for p in chunk]
         batch = {k: torch.stack([s[k] for s in samples]).to(device) for k in samples[0]}
-        logits = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
+        logits = model(batch["tokens"], batch["position_ids"], None,
+                       packed_seq_params=attention_structure_from_batch(batch))
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         token_lp = logprobs.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
         weight = (batch["loss_mask"] > 0).to(token_lp.dtype)

@@ -91,7 +91,9 @@ def test_datasets_provider_builds_named_groups(toy, tmp_path, dist_group):
                                   "train_contains"]
     assert len(data.train) >= TRAIN_ITERS * 8
     sample = data.train[0]
-    assert sample["attention_mask"].shape == (1, 256, 256) and "dataset_id" in sample
+    # compact attention structure (--prefix-lm), no dense [1, s, s] mask
+    assert "attention_mask" not in sample and "dataset_id" in sample
+    assert sample["segment_ids"].shape == sample["is_prefix"].shape == (256,)
     weights = sample["loss_mask"]
     assert abs(float(weights.sum()) - int(sample["segment_ids"].max())) < 1e-4  # norm-target-loss
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 from megatron.data.mtf_dataset import (MTFBlendedDataset, MTFDataset, MTFDocumentPair,
-                                       blend_indices, build_attention_mask, document_range,
+                                       blend_indices, document_range,
                                        pack_lengths, pack_sample, truncated_lengths)
 
 PAD = 999
@@ -151,7 +151,8 @@ def test_one_epoch_holds_every_pair_exactly_once(pairs, tmp_path):
     assert total == sum(sum(map(len, reference_segment(i, t, seq))) for i, t in ref)
 
 
-def expected_mask(seg, is_input, prefix_lm):
+def expected_allowed(seg, is_input, prefix_lm):
+    """Which (query, key) pairs of real tokens may attend (padding rows/columns left out)."""
     s = len(seg)
     allowed = np.zeros((s, s), dtype=bool)
     for i in range(s):
@@ -159,7 +160,15 @@ def expected_mask(seg, is_input, prefix_lm):
             if seg[i] == 0 or seg[i] != seg[j]:
                 continue
             allowed[i, j] = j <= i or (prefix_lm and is_input[i] and is_input[j])
-    return ~allowed
+    return allowed
+
+
+def model_allowed(sample):
+    """[s, s] pairs the model lets attend, built from the sample's compact structure."""
+    from megatron.model.masks import attention_structure, dense_allowed_mask
+    seg, pre = sample["segment_ids"], sample.get("is_prefix")
+    structure = attention_structure(seg[None], None if pre is None else pre[None])
+    return dense_allowed_mask(structure, len(seg))[0, 0].numpy()
 
 
 @pytest.mark.parametrize("prefix_lm", [False, True])
@@ -181,12 +190,16 @@ def test_masks_labels_and_loss_against_naive_reference(pairs, prefix_lm):
             assert sample["position_ids"][pos:pos + len(inp) + len(tgt)].tolist() == \
                 list(range(len(inp) + len(tgt)))
             pos += len(inp) + len(tgt)
-        mask = sample["attention_mask"]
-        assert mask.dtype == torch.bool and tuple(mask.shape) == (1, seq, seq)
-        np.testing.assert_array_equal(mask[0].numpy(), expected_mask(seg, is_input, prefix_lm))
-        # segments never attend across; padding is masked as query and as key
-        cross = (seg[:, None] != seg[None, :]) | (seg[:, None] == 0)
-        assert mask[0].numpy()[cross].all()
+        # compact attention structure, no dense mask
+        assert "attention_mask" not in sample and sample["segment_ids"].dtype == torch.int32
+        assert ("is_prefix" in sample) == prefix_lm
+        if prefix_lm:
+            np.testing.assert_array_equal(sample["is_prefix"].numpy(), is_input)
+        allowed = model_allowed(sample)
+        real = (seg[:, None] > 0) & (seg[None, :] > 0)
+        np.testing.assert_array_equal(allowed & real, expected_allowed(seg, is_input, prefix_lm))
+        # segments never attend across; padding (segment 0) never reaches a real token
+        assert not allowed[seg[:, None] != seg[None, :]].any()
         loss = sample["loss_mask"].numpy()
         labels = sample["labels"].numpy()
         for p in range(seq):
@@ -337,21 +350,31 @@ def test_blend_index_is_megatron_cores(weights):
             blend_indices(bad, n)
 
 
-def test_packed_segments_do_not_see_each_other_in_the_model(dist_group):
-    """Logits of a segment inside a packed sample equal those of the segment alone."""
+@pytest.mark.parametrize("position", ["learned_absolute", "alibi", "rope"])
+def test_packed_segments_do_not_see_each_other_in_the_model(dist_group, position):
+    """Logits of a segment inside a packed sample equal those of the segment alone (compact
+    attention structure -> the model's SDPA backend), with and without --prefix-lm."""
     from megatron.arguments import parse_args
     from megatron.core import parallel_state
     from megatron.model.gpt_model import build_gpt_model
+    from megatron.model.masks import attention_structure_from_batch
 
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1)
-    args = parse_args(["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    args = parse_args(["--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "6",
                        "--seq-length", "40", "--micro-batch-size", "1", "--train-iters", "1",
                        "--lr", "0", "--transformer-impl", "local", "--hidden-dropout", "0",
-                       "--attention-dropout", "0"], require_data=False)
+                       "--attention-dropout", "0", "--position-embedding-type", position],
+                      require_data=False)
     args.padded_vocab_size = 1024
     torch.manual_seed(0)
     model = build_gpt_model(args).eval()
+
+    def logits(sample):
+        batch = {k: v[None] for k, v in sample.items()}
+        return model(batch["tokens"], batch["position_ids"], None,
+                     packed_seq_params=attention_structure_from_batch(batch))
+
     rng = np.random.default_rng(0)
     pairs = [(rng.integers(0, 500, 9), rng.integers(500, 990, 4)),
              (rng.integers(0, 500, 12), rng.integers(500, 990, 3)),
@@ -359,25 +382,25 @@ def test_packed_segments_do_not_see_each_other_in_the_model(dist_group):
     for prefix_lm in (False, True):
         packed = pack_sample(pairs, 40, PAD, prefix_lm=prefix_lm)
         with torch.no_grad():
-            out = model(packed["tokens"][None], packed["position_ids"][None],
-                        packed["attention_mask"][None])
+            out = logits(packed)
             pos = 0
             for p in pairs:
-                alone = pack_sample([p], len(p[0]) + len(p[1]), PAD, prefix_lm=prefix_lm)
-                single = model(alone["tokens"][None], alone["position_ids"][None],
-                               alone["attention_mask"][None])
+                single = logits(pack_sample([p], len(p[0]) + len(p[1]), PAD, prefix_lm=prefix_lm))
                 n = single.shape[1]
-                torch.testing.assert_close(out[0, pos:pos + n], single[0], rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(out[0, pos:pos + n], single[0], rtol=1e-5, atol=1e-5)
                 pos += n
+            if prefix_lm:  # the structure matters: plain causal attention gives other logits
+                causal = model(packed["tokens"][None], packed["position_ids"][None], None)
+                assert not torch.allclose(causal[0, :13], out[0, :13], atol=1e-3)
         assert torch.isfinite(out).all()
 
 
-def test_prefix_lm_mask_helper_small_case():
-    seg = np.array([1, 1, 1, 1, 2, 2, 0])
-    inp = np.array([1, 1, 0, 0, 1, 0, 0], dtype=bool)
-    allowed = ~build_attention_mask(seg, inp, prefix_lm=True)
+def test_prefix_lm_mask_small_case():
+    seg = torch.tensor([1, 1, 1, 1, 2, 2, 0], dtype=torch.int32)
+    inp = torch.tensor([1, 1, 0, 0, 1, 0, 0], dtype=torch.bool)
+    allowed = model_allowed({"segment_ids": seg, "is_prefix": inp})
     assert allowed[0, 1] and allowed[1, 0]          # inputs see each other both ways
     assert not allowed[0, 2] and not allowed[1, 3]  # inputs never see targets
     assert allowed[3, 0] and allowed[3, 2] and not allowed[2, 3]  # targets causal
     assert not allowed[4, 3] and not allowed[3, 4] and allowed[5, 4]
-    assert not allowed[6].any() and not allowed[:, 6].any()
+    assert not allowed[6, :6].any() and not allowed[:6, 6].any()  # padding: only itself

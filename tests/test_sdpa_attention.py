@@ -1,4 +1,5 @@
-"""SDPA core attention against a naive masked-softmax reference, and inside a GPTModel."""
+"""SDPA core attention against a naive masked-softmax reference, and inside a GPTModel (packed
+batches with prefixes and ALiBi in every backend: tests/test_attention_backends.py)."""
 import argparse
 import math
 
@@ -54,26 +55,19 @@ def test_causal_without_mask_matches_reference():
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_explicit_mask_matches_reference():
+def test_packed_structure_matches_reference():
+    """Two segments (the second with a 3-token prefix) against the naive masked softmax."""
+    from megatron.model.masks import attention_structure
     attn = make_attention()
     q, k, v = qkv(seed=1)
-    g = torch.Generator().manual_seed(2)
-    masked = torch.rand(3, 1, 12, 12, generator=g) > 0.6
-    masked[..., 0] = False  # every query sees at least one key
-    expected = naive_attention(q, k, v, masked, 1 / math.sqrt(8))
-    got = attn(q, k, v, attention_mask=masked)
-    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
-
-
-def test_fully_masked_rows_give_zeros_not_nan():
-    attn = make_attention()
-    q, k, v = qkv(seed=3)
-    masked = torch.triu(torch.ones(12, 12, dtype=torch.bool), 1)[None, None].repeat(3, 1, 1, 1)
-    masked[:, :, 10:, :] = True  # padding queries
-    got = attn(q, k, v, attention_mask=masked)
-    assert torch.isfinite(got).all()
-    assert (got[10:] == 0).all()
-    expected = naive_attention(q, k, v, masked, 1 / math.sqrt(8))
+    seg = torch.tensor([[1] * 5 + [2] * 7] * 3, dtype=torch.int32)
+    pre = torch.zeros(3, 12, dtype=torch.bool)
+    pre[:, 5:8] = True
+    i = torch.arange(12)
+    allowed = (seg[:, :, None] == seg[:, None, :]) & (
+        (i[None, None, :] <= i[None, :, None]) | (pre[:, :, None] & pre[:, None, :]))
+    expected = naive_attention(q, k, v, ~allowed[:, None], 1 / math.sqrt(8))
+    got = attn(q, k, v, None, packed_seq_params=attention_structure(seg, pre))
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -86,8 +80,9 @@ def test_grouped_query_attention_matches_reference():
     torch.testing.assert_close(attn(q, k, v, None).double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_gpt_model_uses_sdpa_and_mask_changes_output():
+def test_gpt_model_uses_sdpa_and_segments_change_output():
     from megatron.model.gpt_model import build_gpt_model
+    from megatron.model.masks import attention_structure
     from megatron.model.sdpa_attention import SDPAttention
     args = argparse.Namespace(
         num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=64,
@@ -97,20 +92,20 @@ def test_gpt_model_uses_sdpa_and_mask_changes_output():
         transformer_impl="local", padded_vocab_size=128, max_position_embeddings=16,
         untie_embeddings_and_output_weights=False, position_embedding_type="learned_absolute",
         rotary_percent=1.0, rotary_base=10000, sequence_parallel=False, recompute_granularity=None,
-        recompute_method=None, recompute_num_layers=None, distribute_saved_activations=False, seed=0)
+        recompute_method=None, recompute_num_layers=None, distribute_saved_activations=False, seed=0,
+        attention_backend="auto", reset_attention_mask=False)
     torch.manual_seed(0)
     model = build_gpt_model(args).eval()
     assert any(isinstance(m, SDPAttention) for m in model.modules())
     tokens = torch.randint(0, 100, (2, 16))
     pos = torch.arange(16).expand(2, 16)
-    causal = torch.triu(torch.ones(16, 16, dtype=torch.bool), 1)[None, None]
+    one_segment = attention_structure(torch.ones(2, 16, dtype=torch.int32))
+    # two segments of 8: tokens after position 8 no longer see the first segment
+    two_segments = attention_structure(torch.tensor([[1] * 8 + [2] * 8] * 2, dtype=torch.int32))
     with torch.no_grad():
         implicit = model(tokens, pos, None)
-        explicit = model(tokens, pos, causal)
-        # two segments of 8: tokens after position 8 no longer see the first segment
-        segmented = causal.clone()
-        segmented[..., 8:, :8] = True
-        packed = model(tokens, pos, segmented)
+        explicit = model(tokens, pos, None, packed_seq_params=one_segment)
+        packed = model(tokens, pos, None, packed_seq_params=two_segments)
     torch.testing.assert_close(implicit, explicit, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(packed[:, :8], implicit[:, :8], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(packed[:, 8:], implicit[:, 8:])

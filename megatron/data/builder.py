@@ -44,7 +44,7 @@ def gpt_dataset_config(args, tokenizer) -> GPTDatasetConfig:
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=args.reset_attention_mask,
+        create_attention_mask=False,  # --reset-attention-mask: segment_ids (document_segments.py)
         mid_level_dataset_surplus=0.005,
     )
 

@@ -27,10 +27,12 @@ Each sample is a dict of tensors (``s`` = ``seq_length``):
     every labelled position. With ``norm_target_loss`` each segment's weights are
     ``1 / (its number of loss positions)`` instead of 1 (BigScience MTF's normalisation);
 ``position_ids`` [s] int64 restarting at 0 for each segment (0 on padding);
-``segment_ids`` [s] int64: 1..k for the k segments, 0 for padding;
-``attention_mask`` [1, s, s] bool, True = masked out: a query attends only to keys of its own
-    segment, causally; with ``prefix_lm`` also bidirectionally among the segment's input tokens
-    (non-causal decoder). Padding rows and columns are fully masked.
+``segment_ids`` [s] int32: 1..k for the k segments, 0 for padding;
+``is_prefix`` [s] bool, only with ``prefix_lm``: the input tokens of each segment.
+
+Attention is described by these two compactly (megatron/model/masks.py): a token attends only to
+its own segment, causally, and with ``prefix_lm`` also bidirectionally among the segment's input
+tokens (non-causal decoder). The model builds the mask its attention backend needs on the device.
 
 How the forward step normalises: the loss of a micro batch is ``sum(token_loss * loss_mask) /
 sum(loss_mask)`` (``megatron.training.gpt_forward_step``). With 0/1 weights that is the mean over
@@ -207,19 +209,6 @@ def pack_lengths(lengths: Sequence[int], seq_length: int) -> Tuple[np.ndarray, n
     return items, offsets
 
 
-def build_attention_mask(segment_ids: np.ndarray, is_input: np.ndarray, prefix_lm: bool) -> np.ndarray:
-    """[s, s] bool, True = masked: causal attention within each segment (segment id > 0); with
-    ``prefix_lm`` input positions also see every input position of their segment."""
-    seg = np.asarray(segment_ids)
-    same = (seg[:, None] == seg[None, :]) & (seg[:, None] > 0)
-    n = seg.shape[0]
-    allowed = same & np.tri(n, dtype=bool)
-    if prefix_lm:
-        inp = np.asarray(is_input, dtype=bool)
-        allowed |= same & inp[:, None] & inp[None, :]
-    return ~allowed
-
-
 def _atomic_save_npy(path: str, array: np.ndarray) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.save(f, array)
@@ -380,15 +369,14 @@ class MTFDataset(torch.utils.data.Dataset):
 
 def pack_sample(pairs: Sequence[Tuple[np.ndarray, np.ndarray]], seq_length: int, pad_id: int,
                 prefix_lm: bool = False, loss_on_targets_only: bool = True,
-                norm_target_loss: bool = False, with_attention_mask: bool = True
-                ) -> Dict[str, torch.Tensor]:
+                norm_target_loss: bool = False) -> Dict[str, torch.Tensor]:
     """One sample (dict of tensors, see the module docstring) from (input, target) token arrays
     that together fit in ``seq_length``."""
     tokens = np.full(seq_length, pad_id, dtype=np.int64)
     labels = np.full(seq_length, pad_id, dtype=np.int64)
     loss_mask = np.zeros(seq_length, dtype=np.float32)
     position_ids = np.zeros(seq_length, dtype=np.int64)
-    segment_ids = np.zeros(seq_length, dtype=np.int64)
+    segment_ids = np.zeros(seq_length, dtype=np.int32)
     is_input = np.zeros(seq_length, dtype=bool)
     pos = 0
     for k, (inp, tgt) in enumerate(pairs, start=1):
@@ -415,9 +403,8 @@ def pack_sample(pairs: Sequence[Tuple[np.ndarray, np.ndarray]], seq_length: int,
         "loss_mask": torch.from_numpy(loss_mask), "position_ids": torch.from_numpy(position_ids),
         "segment_ids": torch.from_numpy(segment_ids),
     }
-    if with_attention_mask:
-        sample["attention_mask"] = torch.from_numpy(
-            build_attention_mask(segment_ids, is_input, prefix_lm)[None])
+    if prefix_lm:
+        sample["is_prefix"] = torch.from_numpy(is_input)
     return sample
 
 

@@ -10,7 +10,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.init import initialize_parameters
-from megatron.model.sdpa_attention import SDPAttention
+from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI, model_position_embedding_type
+from megatron.model.attention_backends import (apply_te_kernel_environment,
+                                               attention_backend_from_args, core_attention_spec)
 from megatron.model.rotary import use_device_rotary_embedding
 from megatron.parallel.recompute import recompute_config_from_args
 
@@ -66,15 +68,27 @@ def transformer_config_from_args(args) -> TransformerConfig:
 
 def layer_spec_from_args(args) -> ModuleSpec:
     """Layer spec: Transformer Engine's when it imports (and ``--transformer-impl`` allows),
-    else megatron-core's local spec with the SDPA core attention plugged in."""
+    else megatron-core's local spec; its core attention is the ``--attention-backend`` one
+    (megatron/model/attention_backends.py), with ALiBi for ``--position-embedding-type alibi``.
+    Logs the backend and why it was chosen."""
     if args.transformer_impl == "transformer_engine" and transformer_engine_available():
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        return get_gpt_layer_with_transformer_engine_spec(normalization=args.normalization)
-    spec = get_gpt_layer_local_spec(normalization=args.normalization)
-    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+        spec = get_gpt_layer_with_transformer_engine_spec(normalization=args.normalization)
+    else:
+        spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    backend = attention_backend_from_args(args)
+    from megatron.initialize import print_rank_0
+
+    print_rank_0(backend.describe())
+    apply_te_kernel_environment(backend)
+    attention = spec.submodules.self_attention.submodules
+    if not hasattr(attention, "core_attention"):
+        raise AttributeError("layer spec has no self_attention.submodules.core_attention to set")
+    attention.core_attention = core_attention_spec(
+        backend, alibi=args.position_embedding_type == ALIBI)
     return spec
 
 
@@ -92,7 +106,7 @@ def build_gpt_model(args) -> GPTModel:
         post_process=True,
         parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
+        position_embedding_type=model_position_embedding_type(args.position_embedding_type),
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
     )

@@ -1,68 +1,101 @@
-"""Core attention built on ``torch.nn.functional.scaled_dot_product_attention``.
+"""Core attention on ``torch.nn.functional.scaled_dot_product_attention`` (``--attention-backend
+sdpa``, and ``local``): the reference backend, and the one CPU training uses.
 
-megatron-core's local ``DotProductAttention`` allocates CUDA buffers; this module keeps its
-constructor (head partitioning, softmax scale, dropout probability) and replaces the forward with
-SDPA, which runs on CPU and GPU alike and dispatches to flash / memory-efficient kernels on GPU.
+Forms built on the device from the batch's :class:`~megatron.model.masks.AttentionStructure`:
+
+- no structure: SDPA's own causal masking (flash / memory-efficient kernels on GPU);
+- packed segments: one SDPA call per segment (each causal, with a small dense mask only where the
+  segment has a prefix or ALiBi), so a sample of ``k`` documents costs the sum of their squared
+  lengths, not ``seq_length**2``, in time and memory;
+- a prefix without segments: the dense ``[b, 1, s, s]`` mask (:func:`sdpa_dense`).
+
+ALiBi enters as a float ``attn_mask`` (bias, ``-inf`` where masked).
 """
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from megatron.core.packed_seq_params import PackedSeqParams
-from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.enums import AttnMaskType
+from megatron.model.alibi import alibi_bias
+from megatron.model.core_attention import StructuredCoreAttention
+from megatron.model.masks import AttentionStructure, dense_allowed_mask, segment_runs
 
 
-class SDPAttention(DotProductAttention):
-    """Drop-in core attention for megatron-core layer specs.
+def dense_sdpa_mask(structure: Optional[AttentionStructure], seq_length: int, device,
+                    slopes: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+    """SDPA's ``attn_mask`` for the whole sequence: bool ``[b|1, 1, s, s]`` (True = attend), or,
+    with ALiBi ``slopes`` [n], float ``[b|1, n, s, s]`` bias with ``-inf`` where masked; None when
+    plain causal SDPA suffices."""
+    if structure is None and slopes is None:
+        return None
+    allowed = dense_allowed_mask(structure, seq_length, device)
+    if slopes is None:
+        return allowed
+    bias = alibi_bias(slopes, seq_length, seq_length).to(device=device, dtype=dtype)[None]
+    return bias.masked_fill(~allowed, float("-inf"))
 
-    Inputs follow megatron-core's layout: query ``[sq, b, np, hn]``, key/value ``[sk, b, ng, hn]``.
-    ``attention_mask`` follows megatron-core's convention: a bool tensor broadcastable to
-    ``[b, np, sq, sk]`` where ``True`` means *masked out*. When it is ``None`` and the layer is
-    causal, SDPA's built-in causal masking is used. Returns ``[sq, b, np * hn]``.
-    """
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attention_mask: Optional[Tensor],
-        attn_mask_type: Optional[AttnMaskType] = None,
-        attention_bias: Optional[Tensor] = None,
-        packed_seq_params: Optional[PackedSeqParams] = None,
-    ) -> Tensor:
-        """Compute softmax(q k^T * scale + mask) v over all heads of this partition."""
-        if packed_seq_params is not None:
-            raise NotImplementedError("SDPAttention takes packed samples as an explicit attention_mask")
-        if attention_bias is not None:
-            raise NotImplementedError("SDPAttention does not support an attention bias")
-        groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        # [s, b, n, h] -> [b, n, s, h]
-        q = query.permute(1, 2, 0, 3)
-        k = key.permute(1, 2, 0, 3)
-        v = value.permute(1, 2, 0, 3)
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
-        dropout_p = self.attention_dropout.p if self.training else 0.0
-        if attention_mask is None:
-            is_causal = mask_type == AttnMaskType.causal
-            context = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=self.softmax_scale
-            )
+def sdpa_dense(q: Tensor, k: Tensor, v: Tensor, structure: Optional[AttentionStructure],
+               scale: float, dropout_p: float = 0.0, slopes: Optional[Tensor] = None) -> Tensor:
+    """One SDPA call over the whole sequence with the dense mask of ``structure`` (q, k, v
+    ``[b, n, s, h]``; ALiBi when ``slopes`` is given). The dense reference form."""
+    mask = dense_sdpa_mask(structure, q.shape[2], q.device, slopes, q.dtype)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+Run = Tuple[int, int, int, Optional[Tensor]]  # (sample, start, end, attn_mask or None = causal)
+
+
+def segment_sdpa_runs(structure: AttentionStructure, device, slopes: Optional[Tensor],
+                      dtype: torch.dtype) -> List[Run]:
+    """Every segment of the batch as ``(sample, start, end, mask)``: ``mask`` is the segment's own
+    dense SDPA mask (prefix and/or ALiBi), or None where plain causal attention is exact."""
+    runs = []
+    for b, sample_runs in enumerate(segment_runs(structure)):
+        for start, end in sample_runs:
+            prefix = None
+            if structure.is_prefix is not None:
+                prefix = structure.is_prefix[b:b + 1, start:end].to(device)
+                if not bool(prefix.any()):
+                    prefix = None
+            local = AttentionStructure(is_prefix=prefix) if prefix is not None else None
+            runs.append((b, start, end, dense_sdpa_mask(local, end - start, device, slopes, dtype)))
+    return runs
+
+
+def sdpa_segmentwise(q: Tensor, k: Tensor, v: Tensor, structure: AttentionStructure, scale: float,
+                     dropout_p: float = 0.0, slopes: Optional[Tensor] = None) -> Tensor:
+    """SDPA per segment (q, k, v ``[b, n, s, h]``): the same result as :func:`sdpa_dense`, at the
+    cost of the segments' lengths. The runs are built once per structure (all layers share them)."""
+    # every layer of one rank has the same heads, hence the same slopes
+    key = ("sdpa_runs", q.device, q.dtype, slopes is not None)
+    runs = structure.cached(key, lambda: segment_sdpa_runs(structure, q.device, slopes, q.dtype))
+    rows, parts, row = [], [], 0
+    for b, start, end, mask in runs:
+        if b != row:
+            rows.append(torch.cat(parts, dim=2))
+            parts, row = [], b
+        qs, ks, vs = (t[b:b + 1, :, start:end] for t in (q, k, v))
+        if mask is None:
+            parts.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p,
+                                                        is_causal=True, scale=scale))
         else:
-            allowed = ~attention_mask.to(torch.bool)
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=self.softmax_scale
-            )
-            # A query row with no allowed key (pure padding) yields NaN in SDPA; zero it.
-            empty_rows = ~allowed.any(dim=-1, keepdim=True)
-            if bool(empty_rows.any()):
-                context = context.masked_fill(empty_rows, 0.0)
-        # [b, n, s, h] -> [s, b, n * h]
-        b, n, s, h = context.shape
-        return context.permute(2, 0, 1, 3).reshape(s, b, n * h)
+            parts.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
+                                                        dropout_p=dropout_p, scale=scale))
+    rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0)
+
+
+class SDPAttention(StructuredCoreAttention):
+    """SDPA core attention for megatron-core layer specs (see the module docstring)."""
+
+    backend_name = "sdpa"
+
+    def attend(self, q, k, v, structure):
+        slopes = self.alibi_slopes(q.device)
+        if structure is not None and structure.segment_ids is not None:
+            return sdpa_segmentwise(q, k, v, structure, self.softmax_scale, self.dropout_p(), slopes)
+        return sdpa_dense(q, k, v, structure, self.softmax_scale, self.dropout_p(), slopes)

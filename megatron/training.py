@@ -30,15 +30,12 @@ def _to_device(batch: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor
 def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward one micro batch; returns (mean loss over unmasked tokens, per-sample mean loss).
 
-    Batch keys: ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` and optionally the
-    compact attention structure ``segment_ids`` / ``is_prefix`` (absent: plain causal attention),
-    which the model's core attention turns into its own mask form (megatron/model/masks.py).
+    Batch keys: ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` and optionally
+    ``attention_mask`` (bool, True = masked; absent means plain causal attention).
     """
-    from megatron.model.masks import attention_structure_from_batch
-
     batch = _to_device(batch, engine.device)
-    per_token = engine(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
-                       packed_seq_params=attention_structure_from_batch(batch))
+    per_token = engine(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
+                       labels=batch["labels"])
     mask = batch["loss_mask"].to(per_token.dtype)
     per_token = per_token.float() * mask.float()
     tokens_per_sample = mask.float().sum(dim=1)
@@ -235,6 +232,17 @@ def _restore(engine, args, scheduler) -> TrainingState:
     if state is None:
         print_rank_0(f"no checkpoint in --load {args.load}; starting from scratch")
         return TrainingState()
+    if args.finetune:
+        import os
+
+        from megatron.checkpointing import checkpoint_tag, read_tracker
+
+        loaded = read_tracker(args.load)  # the iteration load_checkpoint just loaded
+        print_rank_0(f"--finetune: loaded the model weights of "
+                     f"{os.path.join(args.load, checkpoint_tag(loaded))} (iteration {loaded} of "
+                     f"--load {args.load}); iteration, consumed samples, optimizer state, "
+                     "learning-rate/weight-decay scheduler and RNG start fresh (iteration 0)")
+        return state
     if "opt_param_scheduler" in state.extra and not args.finetune:
         scheduler.load_state_dict(state.extra["opt_param_scheduler"])
     print_rank_0(f"resumed from --load {args.load} at iteration {state.iteration}, "

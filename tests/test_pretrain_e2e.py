@@ -90,6 +90,27 @@ def test_resume_continues_the_same_sequence(full_run, demo_data, tmp_path):
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(TRAIN_ITERS)
 
 
+def test_finetune_says_what_it_loaded_and_what_starts_fresh(full_run, demo_data, tmp_path):
+    """--finetune --load: the weights of the latest checkpoint (iteration 24), everything else
+    fresh; the log says which checkpoint and that counters, optimizer and scheduler were reset."""
+    run_dir, _, records = full_run
+    ckpt = run_dir / "ckpt"
+    finetune = flags(demo_data, tmp_path, ["--load", str(ckpt), "--finetune"])
+    finetune[finetune.index("--train-iters") + 1] = "2"
+    finetune[finetune.index("--lr-warmup-iters") + 1] = "0"
+    finetune[finetune.index("--data-cache-path") + 1] = str(run_dir / "cache")
+    proc = run_deepspeed("pretrain_gpt.py", finetune)
+    assert (f"--finetune: loaded the model weights of {ckpt / 'iter_0000024'} (iteration 24 of "
+            f"--load {ckpt})") in proc.stdout, proc.stdout[-3000:]
+    assert ("iteration, consumed samples, optimizer state, learning-rate/weight-decay scheduler "
+            "and RNG start fresh (iteration 0)") in proc.stdout
+    assert "resumed from" not in proc.stdout
+    train = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
+    assert [(r["iteration"], r["consumed_samples"]) for r in train] == [(1, 8), (2, 16)]
+    first_pretrain_loss = [r for r in records if "split" not in r][0]["lm_loss"]
+    assert train[0]["lm_loss"] < first_pretrain_loss - 0.5  # the trained weights, not fresh ones
+
+
 def test_truncated_checkpoint_gives_a_clear_error(full_run, demo_data, tmp_path):
     run_dir, _, _ = full_run
     ckpt = copy_checkpoint(run_dir / "ckpt", 12, tmp_path / "ckpt")

@@ -30,12 +30,15 @@ def _to_device(batch: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor
 def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward one micro batch; returns (mean loss over unmasked tokens, per-sample mean loss).
 
-    Batch keys: ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` and optionally
-    ``attention_mask`` (bool, True = masked; absent means plain causal attention).
+    Batch keys: ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` and optionally the
+    compact attention structure ``segment_ids`` / ``is_prefix`` (absent: plain causal attention),
+    which the model's core attention turns into its own mask form (megatron/model/masks.py).
     """
+    from megatron.model.masks import attention_structure_from_batch
+
     batch = _to_device(batch, engine.device)
-    per_token = engine(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
-                       labels=batch["labels"])
+    per_token = engine(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+                       packed_seq_params=attention_structure_from_batch(batch))
     mask = batch["loss_mask"].to(per_token.dtype)
     per_token = per_token.float() * mask.float()
     tokens_per_sample = mask.float().sum(dim=1)

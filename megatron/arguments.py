@@ -444,30 +444,47 @@ def _validate_training(args) -> None:
         raise ArgumentError(f"--save-interval {args.save_interval} needs --save DIR")
 
 
+_FINITE_LR_FLAGS = ("lr", "min_lr", "lr_warmup_init", "lr_warmup_fraction", "weight_decay",
+                    "start_weight_decay", "end_weight_decay", "power_scheduler_a",
+                    "power_scheduler_b")
+
+
+def _given_flags(args, *dests: str) -> List[str]:
+    """``--flag VALUE`` for each of ``dests`` the user set (not None, not the default 0)."""
+    return [f"--{d.replace('_', '-')} {getattr(args, d)}" for d in dests if getattr(args, d)]
+
+
 def _validate_lr_units(args) -> None:
-    """Iteration-based runs take *-iters warmup/decay flags; sample-based runs take *-samples."""
-    tokens_per_sample = args.seq_length
-    if args.lr_warmup_tokens is not None:
-        args.lr_warmup_samples = -(-args.lr_warmup_tokens // tokens_per_sample)
-    if args.lr_decay_tokens is not None:
-        args.lr_decay_samples = -(-args.lr_decay_tokens // tokens_per_sample)
+    """Iteration-based runs take *-iters warmup/decay flags, sample-based runs *-samples; the
+    BigScience *-tokens flags go with either. Errors name only the flags the user gave."""
+    import math
+
+    for name in _FINITE_LR_FLAGS:
+        value = getattr(args, name)
+        if value is not None and not math.isfinite(value):
+            raise ArgumentError(f"--{name.replace('_', '-')} {value} is not a finite number")
+    for kind, dests in (("warmup", ("lr_warmup_fraction", "lr_warmup_iters", "lr_warmup_samples",
+                                    "lr_warmup_tokens")),
+                        ("decay", ("lr_decay_iters", "lr_decay_samples", "lr_decay_tokens")),
+                        ("WSD decay", ("lr_wsd_decay_iters", "lr_wsd_decay_samples"))):
+        given = _given_flags(args, *dests)
+        if len(given) > 1:
+            raise ArgumentError(f"{' and '.join(given)} both set the LR {kind} length; give one")
+    for name in ("lr_warmup_iters", "lr_warmup_samples", "lr_warmup_tokens", "lr_decay_iters",
+                 "lr_decay_samples", "lr_decay_tokens", "lr_wsd_decay_iters", "lr_wsd_decay_samples"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} {value} must be non-negative")
     if args.train_iters is not None:
-        bad = [f for f, v in (("--lr-decay-samples", args.lr_decay_samples),
-                              ("--lr-warmup-samples", args.lr_warmup_samples or None),
-                              ("--lr-wsd-decay-samples", args.lr_wsd_decay_samples)) if v]
+        bad = _given_flags(args, "lr_decay_samples", "lr_warmup_samples", "lr_wsd_decay_samples")
         if bad:
-            raise ArgumentError(f"{', '.join(bad)} given with --train-iters; use the -iters "
-                                "variants for an iteration-based run")
+            raise ArgumentError(f"{', '.join(bad)} given with --train-iters {args.train_iters}; "
+                                "use the -iters (or -tokens) variants for an iteration-based run")
     else:
-        bad = [f for f, v in (("--lr-decay-iters", args.lr_decay_iters),
-                              ("--lr-warmup-iters", args.lr_warmup_iters or None),
-                              ("--lr-wsd-decay-iters", args.lr_wsd_decay_iters)) if v]
+        bad = _given_flags(args, "lr_decay_iters", "lr_warmup_iters", "lr_wsd_decay_iters")
         if bad:
-            raise ArgumentError(f"{', '.join(bad)} given with --train-samples; use the -samples "
-                                "variants for a sample-based run")
-    if args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples):
-        raise ArgumentError("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples are "
-                            "mutually exclusive")
+            raise ArgumentError(f"{', '.join(bad)} given with --train-samples {args.train_samples}; "
+                                "use the -samples (or -tokens) variants for a sample-based run")
     if args.lr_decay_style == "WSD" and not (args.lr_wsd_decay_iters or args.lr_wsd_decay_samples):
         raise ArgumentError("--lr-decay-style WSD needs --lr-wsd-decay-iters (or -samples)")
     if args.start_weight_decay is None:
@@ -507,6 +524,17 @@ def _validate_lr_schedule(args) -> None:
             raise ArgumentError(f"--{f.replace('_', '-')} {getattr(args, f)} must be non-negative")
     if args.power_scheduler_a <= 0:
         raise ArgumentError(f"--power-scheduler-a {args.power_scheduler_a} must be positive")
+    if args.power_scheduler_b >= 0:
+        raise ArgumentError(f"--power-scheduler-b {args.power_scheduler_b} must be negative (the "
+                            "Power Scheduler's lr = batch * a * tokens^b decays with the tokens)")
+    if args.lr_decay_style == "power" and args.lr_schedule_config is None and not decays:
+        given = _given_flags(args, "lr_decay_iters", "lr_decay_samples", "lr_decay_tokens")
+        if given:
+            raise ArgumentError(
+                f"{given[0]} with --lr-decay-style power has no effect without a final decay "
+                "phase: the power law runs to the end of training. Give its length with "
+                "--power-scheduler-decay-iters/-samples/-tokens (it then ends at "
+                f"{given[0].split()[0]}), or drop {given[0].split()[0]}")
     args.lr_schedule_config_dict = None
     if args.lr_schedule_config is not None:
         try:
@@ -517,15 +545,25 @@ def _validate_lr_schedule(args) -> None:
              else f"--lr-decay-style {args.lr_decay_style}")
     bs = batch_schedule_from_args(args)
     steps = lrs.scheduler_steps_from_args(args)
+    spans = lrs.lr_span_flags(args)
     if args.lr_schedule_config is None and args.lr_decay_style != "power" \
             and steps["lr_warmup_steps"] >= steps["lr_decay_steps"]:
         raise ArgumentError(
-            f"warmup ({steps['lr_warmup_steps']:g} samples, from --lr-warmup-*) must be shorter than "
-            f"the decay span ({steps['lr_decay_steps']:g} samples, from --lr-decay-* / --train-*)")
+            f"the warmup ({spans['warmup']}: {steps['lr_warmup_steps']:g} samples) must be shorter "
+            f"than the decay span ({spans['decay']}: {steps['lr_decay_steps']:g} samples)")
     if args.lr_decay_style == "WSD" and args.lr_schedule_config is None \
             and steps["wsd_decay_steps"] > steps["lr_decay_steps"]:
-        raise ArgumentError(f"--lr-wsd-decay-* ({steps['wsd_decay_steps']} samples) is longer than "
-                            f"the decay span ({steps['lr_decay_steps']} samples)")
+        wsd = _given_flags(args, "lr_wsd_decay_iters", "lr_wsd_decay_samples")[0]
+        raise ArgumentError(f"{wsd} ({steps['wsd_decay_steps']:g} samples) is longer than the decay "
+                            f"span ({spans['decay']}: {steps['lr_decay_steps']:g} samples)")
+    if args.lr_decay_style == "power" and args.lr_schedule_config is None:
+        warmup, end, decay = lrs.power_spans_from_args(args, bs)
+        if warmup + decay > end:
+            phases = [f"the warmup ({spans['warmup']}: {warmup:g} tokens)"] if warmup else []
+            phases += [f"the final decay ({flag}: {decay:g} tokens)"
+                       for flag in _given_flags(args, *decays)]
+            raise ArgumentError(f"{' and '.join(phases)} exceed the span they share "
+                                f"({spans['decay']}: {end:g} tokens)")
     if args.lr_warmup_init < 0 or args.lr_warmup_init > args.lr:
         raise ArgumentError(f"--lr-warmup-init {args.lr_warmup_init} must be in [0, --lr {args.lr}]")
     try:
@@ -534,14 +572,15 @@ def _validate_lr_schedule(args) -> None:
         lr, wd = lrs.build_schedules(params, context)
     except (ScheduleError, ValueError) as e:
         raise ArgumentError(f"{where}: {e}") from None
-    # sample the schedules over training (and every stage boundary) for negative values
+    # sample the schedules over training (and every stage boundary) for negative or non-finite
+    # values (a finite config can still overflow, e.g. a huge power-law amplitude)
     iters = int(context.total["iterations"])
     grid = np.unique(np.concatenate([np.linspace(0, iters, min(iters, 20000) + 1).astype(np.int64),
                                      [iters]]))
     samples = bs.samples_at_iterations(grid)
     for name, schedule in (("learning rate", lr), ("weight decay", wd)):
         values = schedule(lrs.progress_in(schedule.unit, grid, samples, bs.seq_length))
-        bad = np.flatnonzero(~(values >= 0))
+        bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
         if bad.size:
             raise ArgumentError(f"{where}: negative or invalid {name} {values[bad[0]]:g} at iteration "
                                 f"{grid[bad[0]]}")

@@ -47,7 +47,14 @@ PARAM_FLAGS = {
     "wd_incr_style": "--weight-decay-incr-style", "wd_incr_steps": "--train-* (samples)",
     "lr_schedule": "--lr-schedule-config lr_schedule",
     "weight_decay_schedule": "--lr-schedule-config weight_decay_schedule",
+    # the run's shape: file-based spans, the power schedule's batch size and tokens depend on it
+    "train_iters": "--train-iters/--train-samples (iterations)",
+    "train_samples": "--train-iters/--train-samples (samples)",
+    "global_batch_size": "--global-batch-size", "rampup_batch_size": "--rampup-batch-size",
+    "seq_length": "--seq-length",
 }
+RUN_SHAPE_KEYS = ("train_iters", "train_samples", "global_batch_size", "rampup_batch_size",
+                  "seq_length")
 LEGACY_KEYS = ("max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style",
                "start_wd", "end_wd", "wd_incr_style", "wd_incr_steps")
 
@@ -78,33 +85,80 @@ def load_schedule_config(path: str) -> Dict[str, Any]:
     return config
 
 
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def lr_span_flags(args) -> Dict[str, str]:
+    """The flags that set the LR warmup and decay spans, as the user gave them (for messages):
+    ``{"warmup": "--lr-warmup-iters 10", "decay": "--train-iters 100"}`` (``warmup`` is
+    ``"no warmup"`` when none is given)."""
+    warmup = next((f"{_flag(d)} {getattr(args, d)}" for d in
+                   ("lr_warmup_fraction", "lr_warmup_tokens", "lr_warmup_samples", "lr_warmup_iters")
+                   if getattr(args, d, None)), "no warmup")
+    decay = next((f"{_flag(d)} {getattr(args, d)}" for d in
+                  ("lr_decay_tokens", "lr_decay_samples", "lr_decay_iters", "train_samples", "train_iters")
+                  if getattr(args, d, None) is not None), "--train-iters")
+    return {"warmup": warmup, "decay": decay}
+
+
 def scheduler_steps_from_args(args) -> dict:
-    """Warmup, decay, WSD-decay and weight-decay-increment spans in samples (Megatron-LM's rule)."""
-    if args.train_samples is None:
-        gbs = args.global_batch_size
-        decay_iters = args.lr_decay_iters if args.lr_decay_iters is not None else args.train_iters
-        decay = decay_iters * gbs
-        warmup = (args.lr_warmup_fraction * decay if args.lr_warmup_fraction is not None
-                  else args.lr_warmup_iters * gbs)
-        wsd = args.lr_wsd_decay_iters * gbs if args.lr_wsd_decay_iters else None
-        wd_incr = args.train_iters * gbs
+    """Warmup, decay, WSD-decay and weight-decay-increment spans in samples (Megatron-LM's rule:
+    iteration flags times ``--global-batch-size``). BigScience's ``--lr-warmup-tokens`` /
+    ``--lr-decay-tokens`` are ``tokens / --seq-length`` samples, with ``--train-iters`` or
+    ``--train-samples`` runs alike."""
+    gbs, seq = args.global_batch_size, args.seq_length
+    train = args.train_iters * gbs if args.train_samples is None else args.train_samples
+    if getattr(args, "lr_decay_tokens", None) is not None:
+        decay = args.lr_decay_tokens / seq
+    elif args.lr_decay_samples is not None:
+        decay = args.lr_decay_samples
+    elif args.lr_decay_iters is not None:
+        decay = args.lr_decay_iters * gbs
     else:
-        decay = args.lr_decay_samples if args.lr_decay_samples is not None else args.train_samples
-        warmup = (args.lr_warmup_fraction * decay if args.lr_warmup_fraction is not None
-                  else args.lr_warmup_samples)
+        decay = train
+    if args.lr_warmup_fraction is not None:
+        warmup = args.lr_warmup_fraction * decay
+    elif getattr(args, "lr_warmup_tokens", None) is not None:
+        warmup = args.lr_warmup_tokens / seq
+    elif args.lr_warmup_samples:
+        warmup = args.lr_warmup_samples
+    else:
+        warmup = (args.lr_warmup_iters or 0) * gbs
+    if args.lr_wsd_decay_samples:
         wsd = args.lr_wsd_decay_samples
-        wd_incr = args.train_samples
+    else:
+        wsd = args.lr_wsd_decay_iters * gbs if args.lr_wsd_decay_iters else None
     return {"lr_warmup_steps": warmup, "lr_decay_steps": decay, "wsd_decay_steps": wsd,
-            "wd_incr_steps": wd_incr}
+            "wd_incr_steps": train}
+
+
+def run_shape_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:
+    """What the schedules' values depend on besides their own flags: the length of training
+    (iterations; samples = ``--train-samples`` or the samples of those iterations), the batch
+    schedule and the sequence length. Stored in checkpoints with the schedule parameters."""
+    bs = batch_schedule or batch_schedule_from_args(args)
+    iters = train_iterations_from_args(args, bs)
+    samples = args.train_samples if args.train_samples is not None else bs.samples_at_iteration(iters)
+    return {"train_iters": int(iters), "train_samples": int(samples),
+            "global_batch_size": int(bs.global_batch_size),
+            "rampup_batch_size": [int(x) for x in bs.rampup] if bs.rampup else None,
+            "seq_length": int(bs.seq_length)}
+
+
+def schedule_context_from_run_shape(shape: Dict[str, Any]) -> ScheduleContext:
+    """The :class:`ScheduleContext` of a :func:`run_shape_from_args` dict (also a checkpoint's)."""
+    bs = BatchSchedule(global_batch_size=int(shape["global_batch_size"]),
+                       rampup=tuple(shape["rampup_batch_size"]) if shape["rampup_batch_size"] else None,
+                       seq_length=int(shape["seq_length"]))
+    samples = float(shape["train_samples"])
+    return ScheduleContext(bs, {"iterations": float(shape["train_iters"]), "samples": samples,
+                                "tokens": samples * bs.seq_length})
 
 
 def schedule_context_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> ScheduleContext:
     """The run's :class:`ScheduleContext`: length of training in every unit, and batch schedule."""
-    bs = batch_schedule or batch_schedule_from_args(args)
-    iters = train_iterations_from_args(args, bs)
-    samples = args.train_samples if args.train_samples is not None else bs.samples_at_iteration(iters)
-    return ScheduleContext(bs, {"iterations": float(iters), "samples": float(samples),
-                                "tokens": float(samples) * bs.seq_length})
+    return schedule_context_from_run_shape(run_shape_from_args(args, batch_schedule))
 
 
 def _power_tokens(args, bs: BatchSchedule, iters: Optional[int], samples: Optional[int],
@@ -119,7 +173,8 @@ def _power_tokens(args, bs: BatchSchedule, iters: Optional[int], samples: Option
 
 
 def power_spans_from_args(args, bs: BatchSchedule) -> Tuple[float, float, float]:
-    """(warmup, decay_end, decay_length) in tokens for ``--lr-decay-style power``, rampup aware."""
+    """(warmup, decay_end, decay_length) in tokens for ``--lr-decay-style power``; iteration flags
+    are converted through the batch schedule (rampup aware), samples times ``--seq-length``."""
     seq = bs.seq_length
     end = _power_tokens(args, bs, args.lr_decay_iters, args.lr_decay_samples,
                         getattr(args, "lr_decay_tokens", None))
@@ -152,6 +207,7 @@ def scheduler_params_from_args(args, batch_schedule: Optional[BatchSchedule] = N
     bs = batch_schedule or batch_schedule_from_args(args)
     steps = scheduler_steps_from_args(args)
     params: Dict[str, Any] = {k: None for k in PARAM_FLAGS}
+    params.update(run_shape_from_args(args, bs))
     params.update(start_wd=args.start_weight_decay, end_wd=args.end_weight_decay,
                   wd_incr_style=args.weight_decay_incr_style, wd_incr_steps=steps["wd_incr_steps"])
     config = getattr(args, "lr_schedule_config_dict", None)
@@ -231,6 +287,21 @@ def _differs(a, b) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return float(a) != float(b)
     return a != b
+
+
+def _differences(ours, theirs, path: str):
+    """``(path, ours, theirs)`` for every differing leaf of two parsed schedule values (nested
+    dicts/lists of a ``--lr-schedule-config`` file; plain values are one leaf)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in list(ours) + [k for k in theirs if k not in ours]:
+            sub = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key!r}]"
+            yield from _differences(ours.get(key), theirs.get(key), sub)
+    elif isinstance(ours, (list, tuple)) and isinstance(theirs, (list, tuple)) \
+            and len(ours) == len(theirs) and path.startswith("--lr-schedule-config"):
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            yield from _differences(a, b, f"{path}[{i}]")
+    elif _differs(ours, theirs):
+        yield path, ours, theirs
 
 
 class OptimizerParamScheduler:
@@ -325,14 +396,24 @@ class OptimizerParamScheduler:
                 logger.info("overriding checkpoint's %s=%r with %r", k, theirs, ours)
         elif diffs and self.use_checkpoint_opt_param_scheduler:
             self.params.update(checkpoint)
+            if all(k in checkpoint for k in RUN_SHAPE_KEYS):
+                # spans of file-based schedules and the power schedule's batch sizes/tokens come
+                # from the checkpoint's run, not from this run's flags
+                self.context = schedule_context_from_run_shape(self.params)
             self._build()
         elif diffs:
-            lines = "; ".join(f"{k} ({PARAM_FLAGS.get(k, k)}): flags {ours!r} vs checkpoint {theirs!r}"
-                              for k, ours, theirs in diffs)
+            lines = []
+            for k, ours, theirs in diffs:
+                label = PARAM_FLAGS.get(k, k)
+                if k in ("lr_schedule", "weight_decay_schedule"):
+                    lines += [f"{where}: checkpoint {b!r}, now {a!r}"
+                              for where, a, b in _differences(ours, theirs, label)]
+                else:
+                    lines.append(f"{label} ({k}): checkpoint {theirs!r}, now {ours!r}")
             raise ConfigError(
-                f"the learning-rate/weight-decay schedule differs from the checkpoint's: {lines}. "
-                "Pass --override-opt_param-scheduler to use the flags, or "
-                "--use-checkpoint-opt_param-scheduler to use the checkpoint's values")
+                "the learning-rate/weight-decay schedule differs from the checkpoint's: "
+                f"{'; '.join(lines)}. Pass --override-opt_param-scheduler to use this run's "
+                "values, or --use-checkpoint-opt_param-scheduler to use the checkpoint's")
         if num_iters is None:
             bs = self.context.batch_schedule
             num_iters = int(bs.iterations_at_samples(num_steps)) if bs is not None else 0

@@ -80,9 +80,10 @@ def test_rampup_parsed_to_ints():
 
 def test_bigscience_token_aliases_convert_to_samples():
     base = [a for a in BASE if a not in ("--train-iters", "10")]
+    from megatron.learning_rates import scheduler_steps_from_args
     args = parse(["--train-samples", "1000", "--lr-warmup-tokens", "100", "--lr-decay-tokens", "3200"], base=base)
-    assert args.lr_warmup_samples == 4  # ceil(100 / 32)
-    assert args.lr_decay_samples == 100
+    steps = scheduler_steps_from_args(args)
+    assert steps["lr_warmup_steps"] == 100 / 32 and steps["lr_decay_steps"] == 100  # tokens / seq
 
 
 def test_scheduler_aliases():

@@ -122,17 +122,32 @@ FLAG_CASES = {
     "save-interval-without-save": (BASE + DATA + ["--save-interval", "5"], 1,
                                    ["--save-interval 5 needs --save"]),
     "samples-flag-with-iters": (BASE + DATA + ["--lr-decay-samples", "100"], 1,
-                                ["--lr-decay-samples given with --train-iters"]),
+                                ["--lr-decay-samples 100 given with --train-iters 10"]),
     "iters-flag-with-samples": (_drop(BASE, "--train-iters") + DATA
                                 + ["--train-samples", "100", "--lr-warmup-iters", "2"], 1,
-                                ["--lr-warmup-iters given with --train-samples"]),
+                                ["--lr-warmup-iters 2 given with --train-samples 100"]),
     "warmup-fraction-and-iters": (BASE + DATA + ["--lr-warmup-fraction", "0.1",
                                                  "--lr-warmup-iters", "2"], 1,
-                                  ["--lr-warmup-fraction and --lr-warmup-iters"]),
+                                  ["--lr-warmup-fraction 0.1 and --lr-warmup-iters 2 both set the "
+                                   "LR warmup length"]),
+    "warmup-tokens-and-samples": (_drop(BASE, "--train-iters") + DATA
+                                  + ["--train-samples", "100", "--lr-warmup-tokens", "64",
+                                     "--lr-warmup-samples", "2"], 1,
+                                  ["--lr-warmup-samples 2 and --lr-warmup-tokens 64 both set"]),
+    "lr-flag-not-finite": (BASE + DATA + ["--min-lr", "nan"], 1,
+                           ["--min-lr nan is not a finite number"]),
+    "power-scheduler-b-not-negative": (BASE + DATA + ["--lr-decay-style", "power",
+                                                      "--power-scheduler-b", "0.5"], 1,
+                                       ["--power-scheduler-b 0.5 must be negative"]),
+    "power-decay-end-without-decay-phase": (BASE + DATA + ["--lr-decay-style", "power",
+                                                           "--lr-decay-iters", "8"], 1,
+                                            ["--lr-decay-iters 8 with --lr-decay-style power has "
+                                             "no effect", "--power-scheduler-decay-iters"]),
     "warmup-fraction-out-of-range": (BASE + DATA + ["--lr-warmup-fraction", "1.5"], 1,
                                      ["--lr-warmup-fraction 1.5 must be in [0, 1)"]),
     "warmup-not-shorter-than-decay": (BASE + DATA + ["--lr-warmup-iters", "10"], 1,
-                                      ["warmup (20 samples", "--lr-warmup-*", "decay span (20"]),
+                                      ["the warmup (--lr-warmup-iters 10: 20 samples) must be "
+                                       "shorter than the decay span (--train-iters 10: 20 samples)"]),
     "wsd-without-decay-length": (BASE + DATA + ["--lr-decay-style", "WSD"], 1,
                                  ["--lr-decay-style WSD needs --lr-wsd-decay-iters"]),
     "warmup-init-above-lr": (BASE + DATA + ["--lr-warmup-init", "1"], 1,
@@ -661,6 +676,19 @@ LR_CASES = {
                        ["negative or invalid learning rate"]),
     "warmup-longer-than-span": ({"lr_schedule": {"type": "cosine", "from": 3e-4, "warmup": 2000}},
                                 ["warmup 2000", "is not shorter than"]),
+    # json.dumps writes inf/nan as Infinity/NaN, which json.loads (and YAML's .inf/.nan) accept
+    "infinite-value": ({"lr_schedule": {"type": "constant", "value": float("inf")}},
+                       ["constant: 'value': inf is not a finite number"]),
+    "infinite-number": ({"lr_schedule": float("inf")}, ["constant schedule: inf is not a finite number"]),
+    "nan-stage-start": ({"lr_schedule": [{"start": 0, "schedule": 1e-4},
+                                         {"start": float("nan"), "schedule": 1e-5}]},
+                        ["stage 1: 'start': nan is not a finite number"]),
+    "infinite-point": ({"lr_schedule": {"type": "step", "points": {"0": 1e-4, "Infinity": 1e-5}}},
+                       ["step: point position 'Infinity' is not a finite number"]),
+    "nan-point-value": ({"lr_schedule": {"type": "step", "points": [[0, 1e-4], [10, float("nan")]]}},
+                        ["step: value at point 10: nan is not a finite number"]),
+    "infinite-span": ({"lr_schedule": {"type": "cosine", "from": 3e-4, "span": float("inf")}},
+                      ["cosine: 'span': inf is not a finite number"]),
 }
 
 
@@ -698,7 +726,7 @@ def test_lr_schedule_differs_from_checkpoint():
     old.step(4)
     _raises(ConfigError, lambda: scheduler("2e-3").load_state_dict(old.state_dict()),
             "the learning-rate/weight-decay schedule differs from the checkpoint's",
-            "max_lr (--lr): flags 0.002 vs checkpoint 0.001", "--override-opt_param-scheduler",
+            "--lr (max_lr): checkpoint 0.001, now 0.002", "--override-opt_param-scheduler",
             "--use-checkpoint-opt_param-scheduler")
 
 

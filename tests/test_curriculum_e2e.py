@@ -69,3 +69,21 @@ def test_bad_blend_file_fails_before_training(demo_data, tmp_path):
                          num_ranks=1, check=False)
     assert proc.returncode != 0
     assert "wieght" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_train_samples_off_a_batch_boundary_finishes_saves_and_evaluates(demo_data, tmp_path):
+    """--train-samples 10 at global batch 4: 2 iterations (8 samples; the partial batch is dropped,
+    as Megatron-LM does), and the blend file's training set holds exactly those samples, so the
+    run ends with its final save and evaluation instead of a StopIteration."""
+    config = blend_file(demo_data, tmp_path / "blend.json")
+    flags = base_flags(tmp_path) + ["--data-blend-config", str(config), "--save", str(tmp_path / "ckpt")]
+    i = flags.index("--train-iters")
+    flags[i:i + 2] = ["--train-samples", "10"]
+    proc = run_deepspeed("pretrain_gpt.py", flags)
+    records = read_jsonl(tmp_path / "m.jsonl")
+    train = [r for r in records if "split" not in r]
+    assert [(r["iteration"], r["consumed_samples"]) for r in train] == [(1, 4), (2, 8)]
+    assert "training: 2 iterations" in proc.stdout and "curriculum: 8 training samples" in proc.stdout
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    evals = [(r["iteration"], r["group"]) for r in records if r.get("split") == "valid"]
+    assert evals == [(2, "web_heldout"), (2, "math_heldout")]

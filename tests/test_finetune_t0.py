@@ -141,3 +141,21 @@ def test_rank_classification_above_chance_after_finetuning(finetune_run, toy, di
     # 100 two-way questions: >= 75 correct is far beyond chance (p < 1e-6)
     assert tasks["copy"]["accuracy"] >= 0.75, tasks
     assert json.loads(out.read_text())["tasks"]["copy"]["accuracy"] == tasks["copy"]["accuracy"]
+
+
+def test_train_samples_off_a_batch_boundary_finishes_saves_and_evaluates(toy, tmp_path):
+    """--train-samples 10 at global batch 4: 2 iterations (8 samples, the partial batch dropped);
+    the packed T0 training set is sized for them, so the run saves and evaluates at the end."""
+    flags = t0_flags(toy, tmp_path)
+    for flag, value in (("--train-iters", None), ("--micro-batch-size", "2"),
+                        ("--global-batch-size", "4"), ("--log-interval", "1")):
+        i = flags.index(flag)
+        flags[i:i + 2] = ["--train-samples", "10"] if value is None else [flag, value]
+    proc = run_deepspeed("finetune_t0.py", flags)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    train = [r for r in records if "split" not in r]
+    assert [(r["iteration"], r["consumed_samples"]) for r in train] == [(1, 4), (2, 8)]
+    assert "training: 2 iterations" in proc.stdout
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    valid = [(r["iteration"], r["group"]) for r in records if r.get("split") == "valid"]
+    assert valid == [(2, "animal_or_object"), (2, "first_word"), (2, "copy_valid")]

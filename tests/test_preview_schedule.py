@@ -11,7 +11,7 @@ import torch
 
 from megatron.arguments import parse_args
 from megatron.learning_rates import build_opt_param_scheduler
-from megatron.schedules.units import batch_schedule_from_args
+from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -25,7 +25,7 @@ def stepped(flags):
     """(consumed_samples, lr, wd) per iteration from stepping the real scheduler."""
     args = parse_args(BASE + flags.split(), world_size=1, require_data=False)
     bs = batch_schedule_from_args(args)
-    iters = args.train_iters if args.train_iters is not None else bs.iterations_for_samples(args.train_samples)
+    iters = train_iterations_from_args(args, bs)
     opt = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "wd_mult": 1.0,
                             "lr_mult": 1.0}], lr=1.0)
     sched = build_opt_param_scheduler(args, opt)
@@ -137,3 +137,49 @@ def test_preview_mixture_is_the_training_index(tmp_path, demo_data, dist_group):
     expected = np.interp(np.arange(30), [0, 20], [3, 0])
     assert math == pytest.approx(expected / (expected + 1))
     assert args.data_blend is not None
+
+
+def _strict_json(text):
+    """json.loads that refuses Infinity/NaN (which Python's json otherwise accepts)."""
+    def refuse(constant):
+        raise ValueError(f"non-JSON constant {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_preview_json_is_strict(tmp_path, demo_data):
+    """Every preview is strict JSON: power laws (infinite at 0 tokens before the cap), staged
+    power, and a --train-samples run off an iteration boundary with a blend file (mixture)."""
+    schedule = tmp_path / "power.yaml"
+    schedule.write_text("lr_schedule:\n  - {start: 0, schedule: {type: constant, value: 0.02}}\n"
+                        "  - {start: 40, schedule: {type: power, max: 0.02, a: 0.05, to: 1.0e-4}}\n")
+    blend = tmp_path / "blend.json"
+    blend.write_text(json.dumps({"train": {"blend": [
+        {"path": demo_data["web"], "weight": 1},
+        {"path": demo_data["math"], "weight": {"type": "linear", "unit": "samples", "points": {0: 1, 50: 0}}}]}}))
+    runs = CASES + [
+        f"--global-batch-size 16 --rampup-batch-size 4 4 200 --train-iters 100 --lr 0.02 "
+        f"--lr-schedule-config {schedule}",
+        f"--global-batch-size 4 --train-samples 103 --lr 1e-3 --lr-decay-style cosine "
+        f"--data-blend-config {blend} --data-cache-path {tmp_path / 'cache'} --eval-iters 0"]
+    for k, flags in enumerate(runs):
+        out = tmp_path / f"p{k}.json"
+        preview_schedule.main(BASE + flags.split() + ["--output-json", str(out)])
+        data = _strict_json(out.read_text())
+        assert np.all(np.isfinite(data["lr"])) and len(data["lr"]) == len(data["iteration"])
+    assert data["iteration"][-1] == 25                           # 103 samples: 25 whole batches
+    assert len(data["mixture"]["web"]) == 25
+
+
+def test_preview_refuses_non_finite_schedule_values(tmp_path, capsys):
+    config = tmp_path / "inf.yaml"
+    config.write_text("lr_schedule:\n  - {start: 0, schedule: {type: constant, value: .inf}}\n")
+    out = tmp_path / "p.json"
+    with pytest.raises(SystemExit) as info:
+        preview_schedule.main(BASE + f"--global-batch-size 4 --train-iters 20 --lr 1e-3 "
+                                     f"--lr-schedule-config {config} --output-json {out}".split())
+    assert info.value.code == 2
+    assert "stage 0 (start 0): constant: 'value': inf is not a finite number" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"'lr'\[2\] is nan"):
+        preview_schedule._write_json({"lr": np.asarray([0.1, 0.2, np.nan])}, str(out))
+    assert not out.exists()

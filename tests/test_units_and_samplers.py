@@ -68,3 +68,69 @@ def test_sampler_rejects_bad_input():
         PretrainingBatchSampler(10, 10, 2, 0, 1)
     with pytest.raises(ValueError, match="data_parallel_rank 2"):
         PretrainingBatchSampler(10, 0, 2, 2, 2)
+
+
+# ---- --train-samples -> iterations (Megatron-LM's update_train_iters) and training-set sizes ----
+
+def megatron_lm_update_train_iters(train_samples, gbs, rampup):
+    """A transcription of Megatron-LM's ``update_train_iters`` (megatron/training/training.py),
+    on megatron-core's rampup calculator."""
+    if rampup is None:
+        return train_samples // gbs
+    calc = RampupBatchsizeNumMicroBatchesCalculator(gbs, 1, 1, False, 0, *rampup)
+    iterations = consumed = 0
+    while consumed <= int(rampup[2]):
+        calc.update(consumed, False)
+        consumed += calc.get_current_global_batch_size()
+        iterations += 1
+    return iterations + (train_samples - consumed) // gbs
+
+
+def _args(train_samples, gbs, rampup, seq=16, **extra):
+    import argparse
+    return argparse.Namespace(train_iters=None, train_samples=train_samples, global_batch_size=gbs,
+                              rampup_batch_size=list(rampup) if rampup else None, seq_length=seq,
+                              **extra)
+
+
+def test_train_samples_round_down_as_megatron_lm():
+    from megatron.schedules.units import train_iterations_from_args
+    assert train_iterations_from_args(_args(128017, 64, None)) == 2000   # not 2001
+    assert train_iterations_from_args(_args(10, 4, None)) == 2
+    for rampup, gbs in (((4, 4, 100), 16), ((192, 16, 9_765_625), 2048), ((256, 256, 30_000_000), 1024)):
+        schedule = BatchSchedule(gbs, rampup)
+        ramp_end = int(schedule._ramp_table()[-1])    # samples after the rampup loop
+        for samples in (ramp_end, ramp_end + 1, ramp_end + gbs - 1, ramp_end + 5 * gbs + 3,
+                        220_000_000, 220_000_017):
+            if samples < ramp_end:
+                continue
+            ours = train_iterations_from_args(_args(samples, gbs, rampup))
+            assert ours == megatron_lm_update_train_iters(samples, gbs, rampup), (rampup, samples)
+            assert schedule.samples_at_iteration(ours) <= samples < schedule.samples_at_iteration(ours + 1)
+
+
+def test_train_samples_inside_the_rampup_take_the_batches_that_fit():
+    from megatron.schedules.units import train_iterations_from_args
+    schedule = BatchSchedule(16, (4, 4, 100))
+    table = schedule.consumed_samples_table(40)
+    for samples in range(1, int(table[-1])):
+        ours = train_iterations_from_args(_args(samples, 16, (4, 4, 100)))
+        assert table[ours] <= samples < table[ours + 1]
+
+
+def test_bloom_training_set_is_what_the_planned_iterations_consume():
+    """BLOOM's flags: the training set equals the samples of the planned iterations (the sum of
+    megatron-core's batch sizes over them); the old sizing (--train-samples with rounded-up
+    iterations) was 1200 samples short of what the run consumes."""
+    from megatron.data.builder import train_valid_test_num_samples
+    from megatron.schedules.units import train_iterations_from_args
+    args = _args(220_000_000, 2048, (192, 16, 9_765_625), seq=2048, eval_interval=1000, eval_iters=5)
+    iters = args.train_iters = train_iterations_from_args(args)   # as pretrain() sets it
+    calc = RampupBatchsizeNumMicroBatchesCalculator(2048, 1, 1, False, 0, 192, 16, 9_765_625)
+    consumed = 0
+    for _ in range(iters):
+        calc.update(consumed, False)
+        consumed += calc.get_current_global_batch_size()
+    train, valid, test = train_valid_test_num_samples(args)
+    assert train == consumed <= 220_000_000 < consumed + 2048
+    assert valid == (iters // 1000 + 1) * 5 * 2048 and test == 5 * 2048

@@ -184,10 +184,15 @@ def plot_preview(data: dict, path: str, title: Optional[str] = None) -> None:
     plt.close(fig)
 
 
-def _json_array(values: np.ndarray) -> str:
-    """JSON text of a 1-D array; floats use repr (exact round trip), each distinct value once."""
+def _json_array(values: np.ndarray, key: str = "") -> str:
+    """JSON text of a 1-D array; floats use repr (exact round trip), each distinct value once.
+    A non-finite value (``inf``/``nan`` are not JSON) raises ``ValueError`` naming ``key``."""
     if values.dtype.kind in "iu":
         return json.dumps(values.tolist())
+    finite = np.isfinite(values)
+    if not finite.all():
+        i = int(np.flatnonzero(~finite)[0])
+        raise ValueError(f"preview {key!r}[{i}] is {float(values[i])!r}, which JSON cannot hold")
     unique, inverse = np.unique(values, return_inverse=True)
     if len(unique) * 2 < len(values):
         text = np.asarray(list(map(repr, unique.tolist())), dtype=object)[inverse]
@@ -195,12 +200,17 @@ def _json_array(values: np.ndarray) -> str:
     return "[" + ", ".join(map(repr, values.tolist())) + "]"
 
 
-def _json_value(value) -> str:
+def _json_value(value, key: str = "") -> str:
+    """Strict JSON text of ``value`` (no ``Infinity``/``NaN``: ``ValueError`` naming the key)."""
     if isinstance(value, np.ndarray) and value.ndim == 1:
-        return _json_array(value)
+        return _json_array(value, key)
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)}: {_json_value(v)}" for k, v in value.items()) + "}"
-    return json.dumps(value.tolist() if isinstance(value, np.ndarray) else value)
+        return "{" + ", ".join(f"{json.dumps(k)}: {_json_value(v, f'{key}.{k}' if key else str(k))}"
+                               for k, v in value.items()) + "}"
+    try:
+        return json.dumps(value.tolist() if isinstance(value, np.ndarray) else value, allow_nan=False)
+    except ValueError:
+        raise ValueError(f"preview {key!r} holds {value!r}, which JSON cannot hold") from None
 
 
 def _write_json(data: dict, path: str) -> None:

@@ -12,16 +12,19 @@ from megatron.data.blend_config import indexed_dataset_problem
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.errors import ConfigError
 from megatron.initialize import print_rank_0
-from megatron.schedules.units import batch_schedule_from_args
+from megatron.schedules.units import (batch_schedule_from_args, train_iterations_from_args,
+                                      train_samples_from_args)
 
 
 def train_valid_test_num_samples(args) -> Tuple[int, int, int]:
-    """Samples each split must provide: the whole training run, every evaluation of the validation
-    set (``(train_iters // eval_interval + 1) x eval_iters`` global batches), and one test pass."""
+    """Samples each split must provide: the samples the planned training iterations consume (the
+    sum of the batch schedule's global batch sizes over ``train_iters``, which is at most
+    ``--train-samples``: a partial last batch is dropped), every evaluation of the validation set
+    (``(train_iters // eval_interval + 1) x eval_iters`` global batches), and one test pass."""
     schedule = batch_schedule_from_args(args)
-    train_samples = (args.train_samples if args.train_samples is not None
-                     else schedule.samples_at_iteration(args.train_iters))
-    evaluations = args.train_iters // args.eval_interval + 1
+    train_iters = train_iterations_from_args(args, schedule)
+    train_samples = train_samples_from_args(args, schedule)
+    evaluations = train_iters // args.eval_interval + 1
     eval_samples = evaluations * args.eval_iters * args.global_batch_size
     test_samples = args.eval_iters * args.global_batch_size
     return train_samples, eval_samples, test_samples

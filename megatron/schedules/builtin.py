@@ -43,6 +43,8 @@ def parse_points(points, where: str) -> tuple:
             xs.append(float(x))
         except (TypeError, ValueError):
             raise ScheduleError(f"{where}: point position {x!r} is not a number") from None
+        if not np.isfinite(xs[-1]):
+            raise ScheduleError(f"{where}: point position {x!r} is not a finite number")
         vs.append(_number(v, f"{where}: value at point {x!r}"))
     order = np.argsort(xs, kind="stable")
     xs, vs = np.asarray(xs)[order], np.asarray(vs)[order]
@@ -240,20 +242,27 @@ class Step(Schedule):
 class Power(_Warmup):
     """Power Scheduler (Shen et al. 2024, arXiv:2408.13359).
 
-    ``lr(n) = min(max, beta(n) * a * n**b)`` with ``n`` the tokens consumed and ``beta(n)`` the
+    ``lr(n) = max(to, min(max, beta * a * n**b))`` with ``n`` the tokens consumed and ``beta`` the
     global batch size in samples (sequences) of the current iteration, read from the context's
-    :class:`BatchSchedule` (so batch-size rampup is honoured) unless ``batch_size`` is given.
+    :class:`BatchSchedule` at the run's real progress (so batch-size rampup is honoured, also
+    inside a stage) unless ``batch_size`` is given. Inside a relative stage ``n`` counts the tokens
+    since the stage start (the tokens the stage really saw, also while the batch ramps in unit
+    iterations); at top level or in an absolute stage, the run's tokens. ``to`` is a floor
+    everywhere after the warmup.
     Linear warmup over ``warmup`` units from ``warmup_from`` to ``lr(warmup)``; with ``decay > 0``
     the last ``decay`` units before ``span`` decay from ``lr(span - decay)`` to ``to``:
     exponential ``(e**(1 - r) - 1) / (e - 1)`` (IBM's reference) or linear ``1 - r``, and ``to``
-    after ``span``. Without a decay phase the power law simply continues (token-number agnostic). Phase lengths are in the schedule's unit (default tokens).
+    after ``span`` (when ``lr(span - decay)`` is already at the floor, the decay stays there).
+    Without a decay phase the power law simply continues (token-number agnostic). Phase lengths
+    are in the schedule's unit (default tokens). ``b`` must be negative (a decaying power law).
     """
     keys = {"max": REQUIRED, "a": 4.6, "b": -0.51, "to": 0.0, "warmup": 0, "warmup_from": 0.0,
             "span": None, "decay": 0, "decay_style": "exponential", "batch_size": None}
     default_unit = "tokens"
 
     def __init__(self, unit, max, a=4.6, b=-0.51, to=0.0, warmup=0, warmup_from=0.0, span=None,
-                 decay=0, decay_style="exponential", batch_size=None, batch_schedule=None):
+                 decay=0, decay_style="exponential", batch_size=None, batch_schedule=None,
+                 offset=0.0):
         self.unit = unit
         self.max = _number(max, "power: 'max'")
         self.a = _number(a, "power: 'a'")
@@ -271,6 +280,12 @@ class Power(_Warmup):
         self._batch_schedule = batch_schedule
         if self.a <= 0:
             raise ScheduleError(f"power: 'a' {self.a:g} must be positive")
+        if self.b >= 0:
+            raise ScheduleError(f"power: 'b' {self.b:g} must be negative (lr = a * batch * n**b "
+                                "decays with the tokens n)")
+        if self.to > self.max:
+            raise ScheduleError(f"power: 'to' {self.to:g} is above 'max' {self.max:g}")
+        self._offset = float(offset)
         if self.warmup < 0 or self.decay < 0:
             raise ScheduleError(f"power: 'warmup' {self.warmup:g} and 'decay' {self.decay:g} must be "
                                 "non-negative")
@@ -290,9 +305,10 @@ class Power(_Warmup):
         if kwargs.get("span") is None and context is not None:
             kwargs["span"] = context.span(unit)
         return cls(unit=unit, batch_schedule=None if context is None else context.batch_schedule,
-                   **kwargs)
+                   offset=0.0 if context is None else context.offset, **kwargs)
 
     def _samples_tokens(self, p):
+        """(samples, tokens) of the run at progress ``p`` in the schedule's unit (absolute)."""
         if self.unit == "iterations":
             samples = self._batch_schedule.samples_at_iterations(np.rint(p).astype(np.int64))
             samples = samples.astype(np.float64)
@@ -302,27 +318,31 @@ class Power(_Warmup):
         return p / self._seq, p
 
     def power_lr(self, p):
-        """``min(max, beta * a * n**b)`` at progress ``p`` (no warmup or decay)."""
-        samples, tokens = self._samples_tokens(np.asarray(p, dtype=np.float64))
+        """``max(to, min(max, beta * a * n**b))`` at progress ``p`` of this schedule (relative
+        to its stage start inside a relative stage); no warmup or decay. ``beta`` is the run's
+        batch size at the real progress ``p + offset``; ``n`` the tokens from the stage start."""
+        p = np.asarray(p, dtype=np.float64)
+        samples, tokens = self._samples_tokens(p + self._offset)
+        if self._offset:
+            tokens = tokens - self._samples_tokens(np.asarray([self._offset]))[1][0]
         if self.batch_size is not None:
             beta = self.batch_size
         else:
             beta = self._batch_schedule.batch_sizes_at_samples(samples).astype(np.float64)
         with np.errstate(divide="ignore"):
-            return np.minimum(self.max, beta * self.a * np.power(tokens, self.b))
+            return np.maximum(self.to, np.minimum(self.max, beta * self.a * np.power(tokens, self.b)))
 
     def values(self, p):
         out = self.power_lr(p)
         if self.span is not None and self.decay > 0:
-            if True:
-                start = self.span - self.decay
-                top = self.power_lr(np.asarray([start]))[0]
-                r = (p - start) / self.decay
-                if self.decay_style == "exponential":
-                    c = (np.exp(1.0 - r) - 1.0) / (math.e - 1.0)
-                else:
-                    c = 1.0 - r
-                out = np.where(p > start, self.to + c * (top - self.to), out)
+            start = self.span - self.decay
+            top = self.power_lr(np.asarray([start]))[0]   # never below ``to``: no rise
+            r = (p - start) / self.decay
+            if self.decay_style == "exponential":
+                c = (np.exp(1.0 - r) - 1.0) / (math.e - 1.0)
+            else:
+                c = 1.0 - r
+            out = np.where(p > start, self.to + c * (top - self.to), out)
             out = np.where(p > self.span, self.to, out)
         if self.warmup > 0:
             out = self._warm(p, out, self.power_lr(np.asarray([self.warmup]))[0])

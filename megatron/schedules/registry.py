@@ -47,11 +47,16 @@ class ScheduleContext:
         total: the length of training per unit, e.g. ``{"iterations": 1000, "samples": 32000,
             "tokens": 65536000}``; :meth:`span` fills missing units by conversion.
         spans: per-unit overrides of the span (a staged schedule's stage length).
+        offset: the run's progress, in the schedule's unit, at which the schedule's own progress
+            is 0: a relative stage's start (0 for a top-level schedule or an absolute stage).
+            Kinds whose value depends on the run's real progress (the ``power`` kind's batch size
+            and tokens) add it to the progress they are given.
     """
 
     batch_schedule: Optional[BatchSchedule] = None
     total: Mapping[str, float] = field(default_factory=dict)
     spans: Mapping[str, float] = field(default_factory=dict)
+    offset: float = 0.0
 
     @classmethod
     def for_training(cls, batch_schedule: BatchSchedule, train_iters: int) -> "ScheduleContext":
@@ -79,8 +84,12 @@ class ScheduleContext:
         except ScheduleError:
             return None
 
-    def with_span(self, unit: str, length: float) -> "ScheduleContext":
-        return replace(self, spans={unit: float(length)})
+    def with_span(self, unit: str, length: float, offset: Optional[float] = None) -> "ScheduleContext":
+        """This context with the span ``length`` in ``unit`` (and, if given, the progress
+        ``offset``), for a stage's schedule."""
+        if offset is None:
+            return replace(self, spans={unit: float(length)})
+        return replace(self, spans={unit: float(length)}, offset=float(offset))
 
 
 class Schedule:
@@ -159,8 +168,12 @@ def _ensure_builtins() -> None:
 
 
 def _number(value, where: str) -> float:
+    """``value`` as a float; :class:`ScheduleError` naming ``where`` unless it is a finite number
+    (``.inf``/``.nan`` in YAML, ``Infinity``/``NaN`` in JSON are refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ScheduleError(f"{where}: expected a number, got {value!r}")
+    if not np.isfinite(value):
+        raise ScheduleError(f"{where}: {value!r} is not a finite number")
     return float(value)
 
 
@@ -171,7 +184,8 @@ def build_schedule(config, context: Optional[ScheduleContext] = None,
     :class:`ScheduleError` naming them."""
     _ensure_builtins()
     if isinstance(config, (int, float, np.integer, np.floating)) and not isinstance(config, bool):
-        return _REGISTRY["constant"](unit=default_unit or "iterations", value=float(config))
+        return _REGISTRY["constant"](unit=default_unit or "iterations",
+                                     value=_number(config, "constant schedule"))
     if isinstance(config, (list, tuple)):
         config = {"type": "staged", "stages": list(config)}
     if not isinstance(config, Mapping):

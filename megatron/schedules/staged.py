@@ -19,6 +19,7 @@ or ``{type: staged, unit: samples, relative: true, stages: [...]}``. Stages must
 strictly increasing order, before the end of training; a stage schedule with an explicit ``span``
 longer than its stage overlaps the next and is rejected.
 """
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -44,6 +45,8 @@ class Staged(Schedule):
             raise ScheduleError(f"staged: 'stages' must be a non-empty list of {{start, schedule}}; "
                                 f"got {stages!r}")
         relative = config.get("relative", True)
+        if not isinstance(relative, bool):
+            raise ScheduleError(f"staged: 'relative' must be true or false; got {relative!r}")
         if "unit" not in config:
             first = stages[0].get("schedule") if isinstance(stages[0], Mapping) else None
             if isinstance(first, Mapping) and "unit" in first:
@@ -80,14 +83,19 @@ class Staged(Schedule):
                         > end - starts[i] + (0 if relative else starts[i]):
                     raise ScheduleError(f"stage {i}: 'span' {sub['span']} overlaps the next stage "
                                         f"(stage length {end - starts[i]:g} {unit})")
+            # A relative stage's schedule sees p - start: its context says where its 0 lies in
+            # the run, so kinds that depend on the run's real progress (power) can add it back.
+            offset = (context.offset if context is not None else 0.0) + (starts[i] if relative else 0.0)
             sub_context = context
             if end is not None:
                 length = end - starts[i]
                 if context is None:
                     from megatron.schedules.registry import ScheduleContext
-                    sub_context = ScheduleContext(spans={unit: length})
+                    sub_context = ScheduleContext(spans={unit: length}, offset=offset)
                 else:
-                    sub_context = context.with_span(unit, length if relative else end)
+                    sub_context = context.with_span(unit, length if relative else end, offset)
+            elif context is not None:
+                sub_context = replace(context, offset=offset)
             try:
                 schedules.append(build_schedule(sub, sub_context, default_unit=unit))
             except ScheduleError as e:

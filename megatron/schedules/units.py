@@ -156,11 +156,29 @@ class BatchSchedule:
 
 
 def train_iterations_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
-    """Optimizer steps of the run: ``--train-iters``, or the iterations that ``--train-samples``
-    needs under the (rampup-aware) batch schedule."""
+    """Optimizer steps (iterations) of the run: ``--train-iters``, or the whole global batches
+    that fit in ``--train-samples`` under the (rampup-aware) batch schedule, rounded down.
+
+    This is Megatron-LM's ``update_train_iters``: ``train_samples // global_batch_size`` without
+    rampup (128017 samples at batch 64: 2000 iterations); with rampup, the iterations of the rampup
+    phase (its loop: one iteration per batch while consumed samples <= the rampup samples) plus the
+    whole full batches in the rest, which is the floor inverse
+    :meth:`BatchSchedule.iterations_at_samples`. A partial last batch is dropped. (When
+    ``--train-samples`` ends inside the rampup phase, Megatron-LM subtracts whole *full* batches
+    from the rampup iterations; here it is the same floor: the iterations whose samples fit.)"""
     if args.train_iters is not None:
         return int(args.train_iters)
-    return (batch_schedule or batch_schedule_from_args(args)).iterations_for_samples(args.train_samples)
+    schedule = batch_schedule or batch_schedule_from_args(args)
+    return int(schedule.iterations_at_samples(int(args.train_samples)))
+
+
+def train_samples_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
+    """Samples the planned iterations consume: the sum of the batch schedule's global batch sizes
+    over :func:`train_iterations_from_args` iterations. Training sets are sized from this, so the
+    last iteration never runs out of data (``--train-samples`` off a batch boundary drops the
+    partial batch, as Megatron-LM does)."""
+    schedule = batch_schedule or batch_schedule_from_args(args)
+    return schedule.samples_at_iteration(train_iterations_from_args(args, schedule))
 
 
 def batch_schedule_from_args(args) -> BatchSchedule:

@@ -76,7 +76,9 @@ def layer_spec_from_args(args) -> ModuleSpec:
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        spec = get_gpt_layer_with_transformer_engine_spec(normalization=args.normalization)
+        # megatron-core 0.16's TE getter takes no normalization: TENorm follows
+        # TransformerConfig.normalization
+        spec = get_gpt_layer_with_transformer_engine_spec()
     else:
         spec = get_gpt_layer_local_spec(normalization=args.normalization)
     backend = attention_backend_from_args(args)

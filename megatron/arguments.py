@@ -332,6 +332,9 @@ def _validate_layout(args) -> None:
     from megatron.parallel.recompute import resolve_recompute_flags
 
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if args.num_attention_heads % tp:
+        raise ArgumentError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+                            f"--tensor-model-parallel-size {tp}")
     if args.num_query_groups % tp:
         raise ArgumentError(f"--num-query-groups {args.num_query_groups} is not divisible by "
                             f"--tensor-model-parallel-size {tp}")
@@ -383,9 +386,6 @@ def _validate_model(args) -> None:
     if args.hidden_size % args.num_attention_heads:
         raise ArgumentError(f"--hidden-size {args.hidden_size} is not divisible by "
                             f"--num-attention-heads {args.num_attention_heads}")
-    if args.num_attention_heads % args.tensor_model_parallel_size:
-        raise ArgumentError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
-                            f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")
     if args.num_query_groups is None:
         args.num_query_groups = args.num_attention_heads
     elif args.num_attention_heads % args.num_query_groups:

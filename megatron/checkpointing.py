@@ -23,6 +23,7 @@ import torch
 from megatron.atomic_io import atomic_path, atomic_write_text
 from megatron.errors import ConfigError
 from megatron.initialize import all_reduce_small
+from megatron.parallel.layout_record import check_same_model_split, current_layout, write_layout
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 1
@@ -61,6 +62,8 @@ def rng_state() -> Dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
         state["cuda_rng_tracker"] = _cuda_rng_tracker_states()
+    else:  # the tracker's streams are CPU generator states there (megatron/parallel/cpu_rng.py)
+        state["cpu_rng_tracker"] = _cuda_rng_tracker_states()
     return state
 
 
@@ -86,6 +89,10 @@ def set_rng_state(state: Dict[str, Any]) -> None:
         from megatron.core import tensor_parallel
 
         tensor_parallel.get_cuda_rng_tracker().set_states(state["cuda_rng_tracker"])
+    if state.get("cpu_rng_tracker") and not torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["cpu_rng_tracker"])
 
 
 def _rank() -> int:
@@ -109,6 +116,8 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState) -> str:
     os.makedirs(save_dir, exist_ok=True)
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     directory = os.path.join(save_dir, tag)
+    if _rank() == 0:
+        write_layout(directory, current_layout())
     _atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
     if os.environ.get(FAULT_INJECT_ENV, "") == f"kill_during_save:{state.iteration}":
         os.kill(os.getpid(), signal.SIGKILL)  # test hook, see the module docstring
@@ -151,6 +160,7 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
     if not any(name.endswith("model_states.pt") for name in os.listdir(directory)):
         raise CheckpointError(f"--load {load_dir}: checkpoint {directory} is incomplete (no "
                               "*model_states.pt file)")
+    check_same_model_split(directory, load_dir, current_layout())
     error = None
     try:
         path, client_state = engine.load_checkpoint(

@@ -10,6 +10,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.init import initialize_parameters
+from megatron.model.norms import sequence_parallel_capable
 from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI, model_position_embedding_type
 from megatron.model.attention_backends import (apply_te_kernel_environment,
                                                attention_backend_from_args, core_attention_spec)
@@ -99,9 +100,12 @@ def build_gpt_model(args) -> GPTModel:
     its initial weights drawn from ``--seed`` and each parameter's name, the same under every
     tensor/pipeline-parallel layout (megatron/model/init.py)."""
     config = transformer_config_from_args(args)
+    layer_spec = layer_spec_from_args(args)
+    if args.sequence_parallel:
+        layer_spec = sequence_parallel_capable(layer_spec, config.num_layers)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec_from_args(args),
+        transformer_layer_spec=layer_spec,
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=True,

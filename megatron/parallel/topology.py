@@ -42,7 +42,9 @@ def initialize_model_parallel(args) -> None:
     ``torch.distributed`` must be initialised) and check that DeepSpeed's pipeline topology puts
     every rank at the same coordinates."""
     from megatron.core import parallel_state
+    from megatron.parallel.cpu_buffers import allocate_megatron_core_buffers_on_cpu
 
+    allocate_megatron_core_buffers_on_cpu()
     layout = ParallelLayout.from_args(args)
     if torch.distributed.get_world_size() != layout.world:
         raise RuntimeError(f"validated for {layout.world} ranks but torch.distributed has "

@@ -1,0 +1,84 @@
+"""Parallel layouts end to end through the deepspeed launcher (CPU, gloo): the per-iteration losses
+of data, tensor and sequence parallelism (with activation recompute) equal the single-rank run's;
+exact resume under TP 2; a checkpoint refuses another tensor/pipeline split."""
+import shutil
+
+import pytest
+
+from e2e_helpers import read_jsonl, run_deepspeed
+from parallel_helpers import LAYOUT_ITERS, assert_losses_match, layout_flags, run_layout
+
+TP2 = ["--tensor-model-parallel-size", "2"]
+SAVE_AT = 10
+
+
+def test_data_parallel_2_matches_single_rank(demo_data, tmp_path, single_rank_layout_losses):
+    losses, proc = run_layout(demo_data, tmp_path, num_ranks=2)
+    assert ("tensor-parallel 1, pipeline-parallel 1, data-parallel 2, ZeRO stage 1, "
+            "micro-batches per iteration 2") in proc.stdout
+    assert_losses_match(losses, single_rank_layout_losses)
+
+
+@pytest.fixture(scope="module")
+def tp2_run(demo_data, tmp_path_factory):
+    """TP 2 for the full run, saving at iteration SAVE_AT (and at the end)."""
+    run_dir = tmp_path_factory.mktemp("tp2")
+    losses, proc = run_layout(demo_data, run_dir, num_ranks=2, extra=TP2 + [
+        "--save", str(run_dir / "ckpt"), "--save-interval", str(SAVE_AT)])
+    return run_dir, losses, proc
+
+
+def test_tensor_parallel_2_matches_single_rank(tp2_run, single_rank_layout_losses):
+    run_dir, losses, proc = tp2_run
+    assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 1, ZeRO stage 0, "
+            "micro-batches per iteration 4") in proc.stdout
+    assert_losses_match(losses, single_rank_layout_losses)
+    # one model file per tensor-parallel rank, and the layout recorded
+    names = sorted(p.name for p in (run_dir / "ckpt" / f"iter_{SAVE_AT:07d}").iterdir())
+    assert "mp_rank_00_model_states.pt" in names and "mp_rank_01_model_states.pt" in names
+    assert "parallel_layout.json" in names
+
+
+def test_tp2_dp2_sequence_parallel_full_recompute_zero1_matches_single_rank(
+        demo_data, tmp_path, single_rank_layout_losses):
+    """4 ranks: TP 2 x DP 2 with --sequence-parallel, full recompute and ZeRO-1 (optimizer states
+    partitioned within each data-parallel group, gradients averaged over it only)."""
+    losses, proc = run_layout(demo_data, tmp_path, num_ranks=4, extra=TP2 + [
+        "--sequence-parallel", "--recompute-granularity", "full", "--recompute-method", "uniform",
+        "--recompute-num-layers", "1", "--zero-stage", "1"])
+    assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 2, ZeRO stage 1, "
+            "micro-batches per iteration 2, sequence-parallel, recompute full (uniform, 1 layer)"
+            ) in proc.stdout
+    assert_losses_match(losses, single_rank_layout_losses)
+
+
+def _checkpoint_at(src, iteration, dst):
+    dst.mkdir()
+    tag = f"iter_{iteration:07d}"
+    shutil.copytree(src / tag, dst / tag)
+    (dst / "latest_checkpointed_iteration.txt").write_text(f"{iteration}\n")
+    return dst
+
+
+def test_tp2_resume_gives_the_uninterrupted_losses_exactly(tp2_run, demo_data, tmp_path):
+    run_dir, losses, _ = tp2_run
+    ckpt = _checkpoint_at(run_dir / "ckpt", SAVE_AT, tmp_path / "ckpt")
+    flags = layout_flags(demo_data, tmp_path, TP2 + ["--load", str(ckpt)])
+    flags[flags.index("--data-cache-path") + 1] = str(run_dir / "cache")
+    proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=2)
+    assert f"resumed from --load {ckpt} at iteration {SAVE_AT}" in proc.stdout
+    resumed = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
+    assert [r["iteration"] for r in resumed] == list(range(SAVE_AT + 1, LAYOUT_ITERS + 1))
+    assert [r["lm_loss"] for r in resumed] == losses[SAVE_AT:]
+
+
+def test_resume_on_another_tensor_parallel_size_is_refused(tp2_run, demo_data, tmp_path):
+    run_dir, _, _ = tp2_run
+    ckpt = _checkpoint_at(run_dir / "ckpt", SAVE_AT, tmp_path / "ckpt")
+    flags = layout_flags(demo_data, tmp_path, ["--load", str(ckpt)])
+    proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=1, check=False)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert (f"was saved with tensor-parallel 2, pipeline-parallel 1, data-parallel 1 and this run "
+            f"has tensor-parallel 1, pipeline-parallel 1, data-parallel 1") in log, log[-3000:]
+    assert "--tensor-model-parallel-size 2" in log and "Traceback" not in log, log[-3000:]

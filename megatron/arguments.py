@@ -46,10 +46,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="Separate input embedding and output layer weights.")
     g.add_argument("--disable-bias-linear", action="store_true", help="No biases in linear layers.")
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    g.add_argument("--transformer-impl", default="transformer_engine",
+    g.add_argument("--transformer-impl", default=None,
                    choices=["transformer_engine", "local"],
-                   help="Layer implementation; falls back to 'local' (SDPA attention) when "
-                        "Transformer Engine is not importable.")
+                   help="Layer implementation (default: transformer_engine when Transformer "
+                        "Engine imports, else local); transformer_engine given without it is an "
+                        "error.")
     g.add_argument("--attention-backend", default="auto",
                    help="Core attention: auto (default), sdpa, flex, te, or Megatron-LM's flash, fused, "
                         "unfused (Transformer Engine kernels), local (SDPA here); see docs/attention.md.")
@@ -382,6 +383,20 @@ def _validate_layout(args) -> None:
     args.pipe_engine = pp > 1
 
 
+def _resolve_transformer_impl(args) -> None:
+    """``--transformer-impl``: the default is Transformer Engine when it imports, else local; an
+    explicit transformer_engine that cannot be met is an error."""
+    from megatron.model.attention_backends import transformer_engine_available
+
+    if args.transformer_impl is None:
+        args.transformer_impl = "transformer_engine" if transformer_engine_available() else "local"
+    elif args.transformer_impl == "transformer_engine" and not transformer_engine_available():
+        raise ArgumentError("--transformer-impl transformer_engine: Transformer Engine is not "
+                            "installed (the module transformer_engine does not import); install it "
+                            "or give --transformer-impl local (without the flag, local is used "
+                            "when Transformer Engine is absent)")
+
+
 def _validate_model(args) -> None:
     if args.hidden_size % args.num_attention_heads:
         raise ArgumentError(f"--hidden-size {args.hidden_size} is not divisible by "
@@ -409,6 +424,7 @@ def _validate_model(args) -> None:
     if args.attention_backend not in ATTENTION_BACKEND_CHOICES:
         raise ArgumentError(f"--attention-backend {args.attention_backend}: unknown; choose one of "
                             f"{', '.join(ATTENTION_BACKEND_CHOICES)}")
+    _resolve_transformer_impl(args)
     for name in ("hidden_dropout", "attention_dropout"):
         value = getattr(args, name)
         if not 0.0 <= value < 1.0:

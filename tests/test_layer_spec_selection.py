@@ -65,3 +65,22 @@ def test_with_transformer_engine_its_spec_with_valid_arguments(te_installed, cap
     assert "attention backend: sdpa" in capsys.readouterr().out
     layer_spec_from_args(_args(["--transformer-impl", "local"]))
     assert len(te_installed) == 1  # --transformer-impl local: not TE's
+
+
+def test_transformer_impl_default_falls_back_explicit_is_an_error(monkeypatch, capsys):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        None if name == "transformer_engine" else real_find_spec(name, *a)))
+    assert _args().transformer_impl == "local"
+    assert _args(["--transformer-impl", "local"]).transformer_impl == "local"
+    with pytest.raises(SystemExit):
+        _args(["--transformer-impl", "transformer_engine"])
+    assert ("error: --transformer-impl transformer_engine: Transformer Engine is not installed (the "
+            "module transformer_engine does not import); install it or give --transformer-impl "
+            "local") in capsys.readouterr().err
+
+
+def test_transformer_impl_default_is_transformer_engine_when_installed(te_installed):
+    assert _args().transformer_impl == "transformer_engine"
+    assert _args(["--transformer-impl", "transformer_engine"]).transformer_impl == "transformer_engine"
+    assert _args(["--transformer-impl", "local"]).transformer_impl == "local"

@@ -18,10 +18,12 @@ if [ "$QUICK" = 1 ]; then
   run "train_step_overhead (ours vs bare torch loop)" "$PY" benchmarks/train_step_overhead.py --iters 5 --repeats 1
   run "blend_index (curriculum vs megatron-core C++ build_blending_indices / BlendedDataset)" "$PY" benchmarks/blend_index.py --sizes 1e6
   run "mtf_packing (packed vs one pair per sample)" "$PY" benchmarks/mtf_packing.py --pairs 20000
+  run "attention_masks (compact attention structure vs dense masks)" "$PY" benchmarks/attention_masks.py --samples 20 --repeats 1
 else
   run "train_step_overhead (ours vs bare torch loop)" "$PY" benchmarks/train_step_overhead.py
   run "blend_index (curriculum vs megatron-core C++ build_blending_indices / BlendedDataset)" "$PY" benchmarks/blend_index.py --sizes 1e7 1e8
   run "mtf_packing (packed vs one pair per sample)" "$PY" benchmarks/mtf_packing.py
+  run "attention_masks (compact attention structure vs dense masks)" "$PY" benchmarks/attention_masks.py
 fi
 STAMP="$(date -u +%Y-%m-%d) on $(nproc) CPU cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 "$PY" - "$OUT/results.md" "$STAMP" <<'PYEOF'

@@ -478,3 +478,55 @@ def test_t0_prefix_lm_losses_compact_equal_dense_reference(monkeypatch, position
     dense = t0_losses(dense_model, batches, 10)
     assert compact[-1] < compact[0] - 0.1  # it trains
     np.testing.assert_allclose(compact, dense, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ pretraining: --reset-attention-mask
+def test_document_segments_wrap_train_and_eval_sets():
+    from megatron.data.document_segments import with_document_segments
+    from megatron.data.train_data import EvalGroup, TrainData
+
+    class Samples(list):
+        names = ["web"]
+
+    eod = 2
+    train = Samples([{"tokens": torch.tensor([5, 2, 7, 7, 2, 9]),
+                      "attention_mask": torch.zeros(1, 6, 6, dtype=torch.bool)}])
+    data = with_document_segments(TrainData(train, [EvalGroup("v", Samples(train))], ["web"]), eod)
+    for ds in (data.train, data.eval_groups[0].dataset):
+        sample = ds[0]
+        assert "attention_mask" not in sample  # the dense mask never reaches the model
+        assert sample["segment_ids"].tolist() == [1, 1, 2, 2, 2, 3] and len(ds) == 1
+    assert data.train.names == ["web"] and data.dataset_names == ["web"]
+
+
+def pretrain_flags(demo_data, run_dir, extra=()):
+    return ["--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "6",
+            "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--train-iters", "8", "--lr", "3e-3", "--lr-decay-style", "constant",
+            "--hidden-dropout", "0", "--attention-dropout", "0",
+            "--data-path", demo_data["web"], "--split", "98,2,0",
+            "--data-cache-path", str(run_dir / "cache"), "--log-interval", "1",
+            "--eval-interval", "100", "--eval-iters", "0",
+            "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "5", *extra]
+
+
+def test_pretrain_reset_attention_mask_with_alibi_end_to_end(demo_data, tmp_path):
+    """2 CPU ranks through the deepspeed launcher: document segments from EODs, ALiBi with 6
+    heads (not a power of two), the backend named in the start-up log; the loss falls."""
+    from e2e_helpers import read_jsonl, run_deepspeed
+    proc = run_deepspeed("pretrain_gpt.py", pretrain_flags(demo_data, tmp_path, [
+        "--reset-attention-mask", "--reset-position-ids", "--position-embedding-type", "alibi"]))
+    assert ("attention backend: sdpa [--attention-backend auto: CPU: SDPA (FlexAttention has no "
+            "CPU backward)]") in proc.stdout
+    losses = [r["lm_loss"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
+    assert len(losses) == 8 and losses[-1] < losses[0] - 0.3
+
+
+def test_explicit_flex_on_cpu_stops_the_run_with_one_line(demo_data, tmp_path):
+    from e2e_helpers import run_deepspeed
+    proc = run_deepspeed("pretrain_gpt.py", pretrain_flags(demo_data, tmp_path, [
+        "--attention-backend", "flex"]), check=False)
+    assert proc.returncode != 0
+    assert ("error: --attention-backend flex: torch's FlexAttention has no backward pass on CPU"
+            in proc.stderr + proc.stdout)
+    assert "Traceback" not in proc.stderr

@@ -21,7 +21,7 @@ from megatron.errors import run_entry_point
 from megatron.data.blend_config import short_dataset_name
 from megatron.data.builder import train_valid_test_num_samples
 from megatron.data.mtf_dataset import MTFBlendedDataset, MTFDataset
-from megatron.model.gpt_model import build_gpt_model
+from megatron.model.gpt_model_pipe import gpt_model_for_layout
 from megatron.tokenizer import build_tokenizer
 from megatron.training import EvalGroup, TrainData, gpt_forward_step, pretrain
 
@@ -105,8 +105,9 @@ def datasets_provider(args) -> TrainData:
 
 
 def model_provider(args):
-    """The GPT model (vocab padded for the tokenizer); masks come with each batch."""
-    return build_gpt_model(args)
+    """The GPT model (vocab padded for the tokenizer; ``GPTModelPipe`` with
+    --pipeline-model-parallel-size > 1); masks come with each batch."""
+    return gpt_model_for_layout(args)
 
 
 def forward_step(engine, batch):

@@ -12,15 +12,16 @@ from megatron.arguments import parse_args
 from megatron.errors import run_entry_point
 from megatron.data.builder import build_pretraining_data
 from megatron.data.document_segments import with_document_segments
-from megatron.model.gpt_model import build_gpt_model
+from megatron.model.gpt_model_pipe import gpt_model_for_layout
 from megatron.tokenizer import build_tokenizer
 from megatron.data.train_data import TrainData
 from megatron.training import pretrain
 
 
 def model_provider(args):
-    """The GPT model for ``args`` (vocab padded for the tokenizer)."""
-    return build_gpt_model(args)
+    """The GPT model for ``args`` (vocab padded for the tokenizer): ``GPTModel``, or this rank's
+    ``GPTModelPipe`` stage with --pipeline-model-parallel-size > 1."""
+    return gpt_model_for_layout(args)
 
 
 def datasets_provider(args) -> TrainData:

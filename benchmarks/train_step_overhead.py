@@ -51,7 +51,8 @@ def time_ours(args, opts) -> float:
     from megatron.model.gpt_model import build_gpt_model
     from megatron.checkpointing import TrainingState
     from megatron.schedules.units import batch_schedule_from_args
-    from megatron.training import TrainData, gpt_forward_step, setup_model_and_optimizer, train
+    from megatron.training import (TrainData, gpt_forward_step, setup_model_and_optimizer,
+                                   step_functions, train)
 
     torch.manual_seed(0)
     engine, optimizer, scheduler = setup_model_and_optimizer(args, build_gpt_model, args.global_batch_size)
@@ -60,10 +61,12 @@ def time_ours(args, opts) -> float:
     schedule = batch_schedule_from_args(args)
     warm = TrainingState()
     args.train_iters = opts.warmup
-    train(args, engine, optimizer, scheduler, TrainData(dataset), gpt_forward_step, warm, metrics, schedule)
+    train(args, engine, optimizer, scheduler, TrainData(dataset), step_functions(engine, gpt_forward_step),
+          warm, metrics, schedule)
     args.train_iters = opts.warmup + opts.iters
     start = time.perf_counter()
-    train(args, engine, optimizer, scheduler, TrainData(dataset), gpt_forward_step, warm, metrics, schedule)
+    train(args, engine, optimizer, scheduler, TrainData(dataset), step_functions(engine, gpt_forward_step),
+          warm, metrics, schedule)
     return (time.perf_counter() - start) / opts.iters
 
 

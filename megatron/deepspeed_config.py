@@ -24,6 +24,13 @@ def deepspeed_config_from_args(args, train_batch_size: int) -> Dict[str, Any]:
         fp16 = {**config.get("fp16", {}), "enabled": True}
         fp16.setdefault("loss_scale", args.loss_scale or 0)
         config["fp16"] = fp16
+    if args.pipeline_model_parallel_size > 1 and args.sequence_parallel:
+        # The pipe engine splits the activation it sends over the tensor-parallel group, assuming
+        # every tensor-parallel rank holds the same one; under sequence parallelism each holds its
+        # own slice of the sequence, so the activations travel whole.
+        pipeline = config.setdefault("pipeline", {})
+        pipeline["pipe_partitioned"] = False
+        pipeline["grad_partitioned"] = False
     config.setdefault("zero_allow_untested_optimizer", True)
     config.setdefault("steps_per_print", 10 ** 12)
     config.setdefault("wall_clock_breakdown", False)

@@ -4,8 +4,10 @@ checkpoints and exact resume.
 Progress is counted in iterations (optimizer steps over one global batch) and consumed samples; the
 learning-rate scheduler is advanced by the samples of each iteration (Megatron-LM's convention).
 """
+import functools
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -17,6 +19,7 @@ from megatron.deepspeed_config import deepspeed_config_from_args
 from megatron.initialize import all_reduce_small, initialize_distributed, print_rank_0, set_seeds
 from megatron.learning_rates import build_opt_param_scheduler
 from megatron.metrics import MetricsWriter, perplexity
+from megatron.model.lm_loss import masked_lm_loss
 from megatron.optimizer import build_optimizer
 from megatron.parallel.topology import layout_line
 from megatron.schedules.units import (BatchSchedule, batch_schedule_from_args,
@@ -39,12 +42,7 @@ def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tens
     batch = _to_device(batch, engine.device)
     per_token = engine(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                        packed_seq_params=attention_structure_from_batch(batch))
-    mask = batch["loss_mask"].to(per_token.dtype)
-    per_token = per_token.float() * mask.float()
-    tokens_per_sample = mask.float().sum(dim=1)
-    loss = per_token.sum() / tokens_per_sample.sum().clamp(min=1.0)
-    per_sample = per_token.sum(dim=1) / tokens_per_sample.clamp(min=1.0)
-    return loss, per_sample.detach()
+    return masked_lm_loss(per_token, batch["loss_mask"])
 
 
 def _loader(dataset, consumed: int, args, total: Optional[int] = None) -> Iterator[Dict]:
@@ -107,6 +105,17 @@ def _data_parallel_group():
     return parallel_state.get_data_parallel_group()
 
 
+def _reduce_loss_sums(local: torch.Tensor) -> torch.Tensor:
+    """Sum per-rank loss sums and counts over the model replicas: over the pipeline group first
+    (only the last stage holds losses; the other stages add zeros), then over the data-parallel
+    group. Returns the sums on the CPU, the same on every rank."""
+    from megatron.core import parallel_state
+
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        local = all_reduce_small(local, group=parallel_state.get_pipeline_model_parallel_group())
+    return all_reduce_small(local, group=_data_parallel_group())
+
+
 class _IntervalStats:
     """Losses accumulated between two log lines (summed locally, reduced across ranks at log time)."""
 
@@ -150,12 +159,73 @@ class _IntervalStats:
             torch.tensor([float(self.micro_batches)], dtype=torch.float64),
             self.dataset_loss.cpu() if self.dataset_loss is not None else zeros,
             self.dataset_count.cpu() if self.dataset_count is not None else zeros])
-        packed = all_reduce_small(local, group=_data_parallel_group())
+        packed = _reduce_loss_sums(local)
         loss = (packed[0] / packed[1].clamp(min=1)).item()
         return loss, packed[2:2 + size], packed[2 + size:]
 
 
-def evaluate(engine, args, group: EvalGroup, forward_step: Callable, evaluation_index: int) -> float:
+@dataclass(frozen=True)
+class StepFunctions:
+    """How one training iteration and one evaluation window run on this run's engine, picked once
+    by :func:`step_functions`; everything else in the loop is shared by every layout.
+
+    ``train_step(engine, iterator, num_micro_batches, stats, logging_now)`` runs the forward,
+    backward and optimizer step of one global batch, adds the micro batches' losses to ``stats``
+    and returns the unclipped gradient norm when it has one (else None: the engine's is used).
+    ``eval_step(engine, iterator, num_micro_batches)`` returns (sum of the micro-batch losses,
+    their count) of this rank."""
+
+    train_step: Callable
+    eval_step: Callable
+
+
+def micro_batch_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,
+                           logging_now: bool, forward_step: Callable) -> Optional[float]:
+    """One iteration on a plain DeepSpeed engine: ``forward_step``, ``engine.backward`` and
+    ``engine.step`` per micro batch (DeepSpeed steps the optimizer at the last one)."""
+    stage0_norm = None
+    for micro in range(num_micro_batches):
+        batch = next(iterator)
+        loss, per_sample = forward_step(engine, batch)
+        engine.backward(loss)
+        if logging_now and micro == num_micro_batches - 1:
+            stage0_norm = _unclipped_grad_norm(engine)
+        engine.step()
+        stats.add_micro_batch(loss, per_sample, batch.get("dataset_id"))
+    return stage0_norm
+
+
+def micro_batch_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
+                          forward_step: Callable) -> Tuple[torch.Tensor, int]:
+    """Forward ``num_micro_batches`` micro batches; (sum of their losses, count)."""
+    loss_sum = None
+    for _ in range(num_micro_batches):
+        loss, _ = forward_step(engine, next(iterator))
+        loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
+    return loss_sum.cpu(), num_micro_batches
+
+
+def step_functions(engine, forward_step: Callable) -> StepFunctions:
+    """The pipe engine's ``train_batch``/``eval_batch`` steps (megatron/parallel/pipe.py) for a
+    ``PipelineModule``, else the per-micro-batch steps around ``forward_step``."""
+    from megatron.parallel.pipe import is_pipe_engine, pipe_eval_step, pipe_train_step
+
+    if is_pipe_engine(engine):
+        return StepFunctions(pipe_train_step, pipe_eval_step)
+    return StepFunctions(functools.partial(micro_batch_train_step, forward_step=forward_step),
+                         functools.partial(micro_batch_eval_step, forward_step=forward_step))
+
+
+def _eval_batches(dataset, start: int, usable: int, args) -> Iterator[Dict]:
+    """Micro batches of ``dataset`` from sample ``start``, wrapping around to sample 0 after
+    ``usable`` samples (a set smaller than one evaluation)."""
+    iterator = _loader(dataset, start, args, total=usable)
+    while True:
+        yield from iterator
+        iterator = _loader(dataset, 0, args, total=usable)
+
+
+def evaluate(engine, args, group: EvalGroup, steps: StepFunctions, evaluation_index: int) -> float:
     """Mean loss over ``--eval-iters`` global batches of ``group``; evaluation number
     ``evaluation_index`` reads samples ``[k * eval_iters * gbs, (k+1) * eval_iters * gbs)`` (wrapping
     around the set), so a resumed run evaluates exactly what an uninterrupted one would."""
@@ -165,25 +235,16 @@ def evaluate(engine, args, group: EvalGroup, forward_step: Callable, evaluation_
     start = (evaluation_index * samples_per_eval) % max(usable, 1)
     micro_per_eval = samples_per_eval // (args.micro_batch_size * args.data_parallel_size)
     engine.eval()
-    loss_sum, count = None, 0
     with torch.no_grad():
-        iterator = _loader(group.dataset, start, args, total=usable)
-        for _ in range(micro_per_eval):
-            try:
-                batch = next(iterator)
-            except StopIteration:  # wrap around a set smaller than one evaluation
-                iterator = _loader(group.dataset, 0, args, total=usable)
-                batch = next(iterator)
-            loss, _ = forward_step(engine, batch)
-            loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
-            count += 1
+        loss_sum, count = steps.eval_step(engine, _eval_batches(group.dataset, start, usable, args),
+                                          micro_per_eval)
     engine.train()
-    total = all_reduce_small(torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)]),
-                             group=_data_parallel_group())
+    total = _reduce_loss_sums(torch.stack([loss_sum.double().view(()),
+                                           torch.tensor(float(count), dtype=torch.float64)]))
     return (total[0] / total[1]).item()
 
 
-def _evaluate_all(engine, args, groups: Sequence[EvalGroup], forward_step, iteration: int,
+def _evaluate_all(engine, args, groups: Sequence[EvalGroup], steps: StepFunctions, iteration: int,
                   metrics: MetricsWriter, split: str = "valid") -> Dict[str, float]:
     results = {}
     # Periodic evaluation j (at iteration j * eval_interval) reads window j-1; a final evaluation at
@@ -192,9 +253,10 @@ def _evaluate_all(engine, args, groups: Sequence[EvalGroup], forward_step, itera
     for group in groups:
         if group.split != split:
             continue
-        loss = evaluate(engine, args, group, forward_step, evaluation_index)
+        loss = evaluate(engine, args, group, steps, evaluation_index)
         results[group.name] = loss
-        print_rank_0(f" {split} {group.name} | iteration {iteration} | lm loss: {loss:.6E} | "
+        label = split if group.name == split else f"{split} {group.name}"  # unnamed: "valid"
+        print_rank_0(f" {label} | iteration {iteration} | lm loss: {loss:.6E} | "
                      f"ppl: {perplexity(loss):.6E}")
         metrics.eval_record({"iteration": iteration, "split": split, "group": group.name,
                              "lm_loss": loss, "ppl": perplexity(loss)})
@@ -204,17 +266,25 @@ def _evaluate_all(engine, args, groups: Sequence[EvalGroup], forward_step, itera
 def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int):
     """Model, torch optimizer, DeepSpeed engine and the LR/WD scheduler on the engine's groups."""
     import deepspeed
+    from deepspeed.pipe import PipelineModule
     from megatron.core import parallel_state
     from megatron.parallel.grads import install_sequence_parallel_grad_allreduce
+    from megatron.parallel.pipe import check_grid_matches, install_model_grad_clipping
     from megatron.parallel.topology import MegatronCoreMPU
 
     model = model_provider(args)
+    pipe = isinstance(model, PipelineModule)
     if args.sequence_parallel:
         install_sequence_parallel_grad_allreduce(model, parallel_state.get_tensor_model_parallel_group())
     optimizer = build_optimizer(args, model)
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=deepspeed_config_from_args(args, initial_batch),
-        mpu=MegatronCoreMPU(), dist_init_required=False)
+        # A pipe engine takes its groups from the PipelineModule's topology (DeepSpeed refuses an
+        # mpu with a pipe); they are checked against megatron-core's below.
+        mpu=None if pipe else MegatronCoreMPU(), dist_init_required=False)
+    if pipe:
+        check_grid_matches(engine.grid)
+        install_model_grad_clipping(engine)
     scheduler = build_opt_param_scheduler(args, ds_optimizer)
     return engine, ds_optimizer, scheduler
 
@@ -304,10 +374,11 @@ def _grad_norm(engine, stage0_norm: Optional[float]) -> Optional[float]:
     return norm if math.isfinite(norm) else None
 
 
-def train(args, engine, optimizer, scheduler, data: TrainData, forward_step: Callable,
+def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFunctions,
           state: TrainingState, metrics: MetricsWriter, batch_schedule: BatchSchedule) -> bool:
-    """Run iterations ``state.iteration + 1 .. --train-iters`` (updating ``state`` in place);
-    returns True when ``--exit-interval`` stopped the run early."""
+    """Run iterations ``state.iteration + 1 .. --train-iters`` (updating ``state`` in place) with
+    ``steps`` (:func:`step_functions`); returns True when ``--exit-interval`` stopped the run
+    early."""
     per_step = args.micro_batch_size * args.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
     exit_request = ExitRequest(args)
@@ -321,15 +392,7 @@ def train(args, engine, optimizer, scheduler, data: TrainData, forward_step: Cal
         wd = optimizer.param_groups[0]["weight_decay"]
         num_micro_batches = batch_size // per_step
         logging_now = (state.iteration + 1) % args.log_interval == 0
-        stage0_norm = None
-        for micro in range(num_micro_batches):
-            batch = next(iterator)
-            loss, per_sample = forward_step(engine, batch)
-            engine.backward(loss)
-            if logging_now and micro == num_micro_batches - 1:
-                stage0_norm = _unclipped_grad_norm(engine)
-            engine.step()
-            stats.add_micro_batch(loss, per_sample, batch.get("dataset_id"))
+        stage0_norm = steps.train_step(engine, iterator, num_micro_batches, stats, logging_now)
         state.iteration += 1
         state.consumed_samples += batch_size
         scheduler.step(increment=batch_size)
@@ -341,7 +404,7 @@ def train(args, engine, optimizer, scheduler, data: TrainData, forward_step: Cal
             stats.reset()
         paused = time.perf_counter()  # evaluation and saving stay out of the per-iteration time
         if args.eval_iters and data.eval_groups and state.iteration % args.eval_interval == 0:
-            _evaluate_all(engine, args, data.eval_groups, forward_step, state.iteration, metrics)
+            _evaluate_all(engine, args, data.eval_groups, steps, state.iteration, metrics)
         if args.save_interval and state.iteration % args.save_interval == 0:
             _maybe_save(engine, args, state, scheduler)
         stats.start += time.perf_counter() - paused
@@ -375,20 +438,29 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     engine, optimizer, scheduler = setup_model_and_optimizer(
         args, model_provider, batch_schedule.batch_size_at_samples(0))
     state = _restore(engine, args, scheduler)
+    if args.load and not args.skip_train and state.iteration >= args.train_iters > 0:
+        # A resume at the end of training: no step, no evaluation, no duplicate metrics records.
+        print_rank_0(f"nothing to train: the checkpoint in --load {args.load} is at iteration "
+                     f"{state.iteration} and --train-iters is {args.train_iters}; to train on, "
+                     f"raise --train-iters (with --override-opt_param-scheduler so the LR schedule "
+                     f"follows the new length)")
+        metrics.close()
+        return state
     print_rank_0(f"training: {args.train_iters} iterations, global batch {args.global_batch_size}, "
                  f"micro batch {args.micro_batch_size} | {layout_line(args, engine)}")
+    steps = step_functions(engine, forward_step)
     start_iteration = state.iteration
     exited_early = False
     if not args.skip_train and state.iteration < args.train_iters:
-        exited_early = train(args, engine, optimizer, scheduler, data, forward_step, state, metrics,
+        exited_early = train(args, engine, optimizer, scheduler, data, steps, state, metrics,
                              batch_schedule)
         if args.save and state.iteration > start_iteration and not exited_early \
                 and not (args.save_interval and state.iteration % args.save_interval == 0):
             _maybe_save(engine, args, state, scheduler)
     if not exited_early and args.eval_iters:
         if state.iteration % args.eval_interval != 0 or args.skip_train or state.iteration == start_iteration:
-            _evaluate_all(engine, args, data.eval_groups, forward_step, state.iteration, metrics)
-        _evaluate_all(engine, args, data.eval_groups, forward_step, state.iteration, metrics,
+            _evaluate_all(engine, args, data.eval_groups, steps, state.iteration, metrics)
+        _evaluate_all(engine, args, data.eval_groups, steps, state.iteration, metrics,
                       split="test")
     metrics.close()
     return state

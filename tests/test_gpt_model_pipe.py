@@ -58,10 +58,9 @@ def batch(args, with_mask=False, seed=0):
            "position_ids": torch.arange(s).expand(b, s).contiguous(),
            "loss_mask": (torch.rand(b, s, generator=g) > 0.2).float(),
            "dataset_id": torch.tensor([0, 1])}
-    if with_mask:  # two packed segments: no attention across them
-        seg = (torch.arange(s) >= s // 2).long()
-        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
-        out["attention_mask"] = (causal | (seg[:, None] != seg[None, :]))[None].expand(b, 1, s, s).contiguous()
+    if with_mask:  # two packed segments, the first 3 tokens of each a (bidirectional) prefix
+        out["segment_ids"] = (1 + (torch.arange(s) >= s // 2)).to(torch.int32).expand(b, s).contiguous()
+        out["is_prefix"] = ((torch.arange(s) % (s // 2)) < 3).expand(b, s).contiguous()
     return out
 
 
@@ -90,8 +89,9 @@ def test_one_stage_pipe_equals_gpt_model(one_stage, with_mask, untie):
     args = model_args(*(["--untie-embeddings-and-output-weights"] if untie else []))
     reference, pipe = build_pair(args)
     data = batch(args, with_mask)
-    per_token = reference(data["tokens"], data["position_ids"], data.get("attention_mask"),
-                          labels=data["labels"])
+    from megatron.model.masks import attention_structure_from_batch
+    per_token = reference(data["tokens"], data["position_ids"], None, labels=data["labels"],
+                          packed_seq_params=attention_structure_from_batch(data))
     expected, expected_per_sample = masked_lm_loss(per_token, data["loss_mask"])
     got = pipe_forward(pipe, data)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
@@ -165,11 +165,12 @@ def partition_counts(args, method, stages):
 
 
 def test_partition_methods_give_the_documented_layer_counts(one_stage):
-    """docs/parallel.md, "Pipeline partitioning": the counts of its table."""
+    """docs/pipeline_parallel.md, "Partitioning": the counts of its table."""
     small = model_args("--num-layers", "4")
     assert partition_counts(small, "uniform", 2) == [2, 2]
     assert partition_counts(small, "type:transformer", 2) == [2, 2]
     assert partition_counts(small, "type:transformer|embedding", 2) == [2, 2]
+    assert partition_counts(small, "parameters", 2) == [2, 2]
     six = model_args("--num-layers", "6")
     assert partition_counts(six, "type:transformer|embedding", 4) == [1, 2, 2, 1]
     assert partition_counts(six, "uniform", 3) == [2, 2, 2]
@@ -188,22 +189,72 @@ def test_pipe_batch_carries_what_the_stages_need():
     args = types.SimpleNamespace(micro_batch_size=2, seq_length=8)
     data = batch(args, with_mask=True)
     inputs, labels = pipe_batch(data)
-    assert [t.shape for t in inputs] == [(2, 8), (2, 8), (2, 1, 8, 8)]
-    assert inputs[2].dtype == torch.bool
+    assert [t.shape for t in inputs] == [(2, 8), (2, 8), (2, 8), (2, 8)]
+    assert [t.dtype for t in inputs[2:]] == [torch.int32, torch.uint8]
     assert [t.shape for t in labels] == [(2, 8), (2, 8), (2,)]
-    del data["attention_mask"], data["dataset_id"]
+    from megatron.model.gpt_model_pipe import attention_structure_from_pipe
+    structure = attention_structure_from_pipe(inputs[2:])
+    assert torch.equal(structure.segment_ids, data["segment_ids"])
+    assert torch.equal(structure.is_prefix, data["is_prefix"])
+    del data["segment_ids"], data["is_prefix"], data["dataset_id"]
     inputs, labels = pipe_batch(data)
     assert len(inputs) == 2 and len(labels) == 2
+    assert attention_structure_from_pipe(inputs[2:]) is None
 
 
-def test_model_grad_norm_counts_each_parameter_once(dist_group):
-    """Replicated parameters count on tensor-parallel rank 0 only, shards on every rank, the tied
-    copy DeepSpeed marks ds_pipe_replicated never (one process: the group sum is the local sum)."""
-    from megatron.parallel.pipe import model_grad_norm
-    shard, replicated, tied_copy = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
-    shard.grad, replicated.grad, tied_copy.grad = torch.full((3,), 2.0), torch.full((3,), 1.0), torch.ones(3)
-    shard.tensor_model_parallel = True
+def test_unique_parameters_skip_the_tied_copy():
+    """The tied embedding's copy on the later stage (DeepSpeed marks it ds_pipe_replicated) is left
+    out of the gradient norm, so the shared weight counts once."""
+    from megatron.parallel.pipe import unique_parameters
+    own, tied_copy = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     tied_copy.ds_pipe_replicated = True
-    group = torch.distributed.group.WORLD
-    assert model_grad_norm([shard, replicated, tied_copy], 0, group) == pytest.approx((12 + 3) ** 0.5)
-    assert model_grad_norm([shard, replicated, tied_copy], 1, group) == pytest.approx(12 ** 0.5)
+    assert unique_parameters([own, tied_copy]) == [own]
+
+
+def test_recompute_in_the_pipe_recomputes_each_layer_with_the_same_dropout(one_stage, monkeypatch):
+    """activation_checkpoint_interval 1: every transformer layer (not the embedding, norm or head)
+    runs through megatron-core's checkpoint, and with dropout on the gradients equal those of the
+    pipe without recompute (the recomputed forward draws the same masks)."""
+    from megatron.core import tensor_parallel
+    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
+    from megatron.model.gpt_model_pipe import GPTModelPipe
+    from megatron.parallel.cpu_rng import model_parallel_manual_seed
+
+    args = model_args("--hidden-dropout", "0.2", "--attention-dropout", "0.2")
+    model_parallel_manual_seed(5)
+    calls = []
+    real = tensor_parallel.checkpoint
+    monkeypatch.setattr(tensor_parallel, "checkpoint", lambda *a: calls.append(1) or real(*a))
+    grads = []
+    for interval in (0, 1):
+        torch.manual_seed(3)
+        pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args), 260,
+                            args.max_position_embeddings, one_stage_topology(),
+                            activation_checkpoint_interval=interval)
+        pipe._precompute_checkpointable_values()  # what DeepSpeed's engine does at start-up
+        if grads:
+            pipe.load_canonical_state_dict(reference_state)
+        reference_state = {k: v.clone() for k, v in pipe.canonical_state_dict().items()}
+        torch.manual_seed(11)
+        pipe_forward(pipe, batch(args)).backward()
+        grads.append({n: p.grad.clone() for n, p in pipe.canonical_named_parameters()})
+    assert len(calls) == 4  # one per transformer layer, only with interval 1
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_partition_method_matching_no_layer_is_refused():
+    """--pp-partition-method type:REGEX must name a pipe layer class (good and bad input)."""
+    from megatron.arguments import ArgumentError
+    from megatron.model.gpt_model_pipe import partition_method_from_args
+
+    def method(value):
+        return partition_method_from_args(types.SimpleNamespace(pp_partition_method=value))
+
+    assert method("uniform") == "type:TransformerLayerPipe"
+    assert method("type:transformer|embedding") == "type:transformer|embedding"
+    assert method("parameters") == "parameters"
+    with pytest.raises(ArgumentError, match=r"--pp-partition-method type:attention matches none of "
+                                            r"the pipe's layer classes \(EmbeddingPipe, "
+                                            r"TransformerLayerPipe, FinalNormPipe, OutputLayerPipe\)"):
+        method("type:attention")

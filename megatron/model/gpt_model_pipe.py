@@ -14,9 +14,14 @@ all-reduces over the two stages (the sum of both uses, as in the one-stage model
 
 What flows between stages (DeepSpeed sends tuples of tensors):
 
-- into the first stage: ``(tokens, position_ids[, attention_mask])``;
-- between stages: ``(hidden [s, b, h][, attention_mask])`` (the mask as uint8, True = masked);
+- into the first stage: ``(tokens, position_ids, *attention)``;
+- between stages: ``(hidden [s, b, h], *attention)``;
 - to the loss on the last stage: ``(labels, loss_mask[, dataset_id])``.
+
+``attention`` is the batch's compact attention structure (megatron/model/masks.py): its optional
+``segment_ids`` ``[b, s]`` as int32 and ``is_prefix`` ``[b, s]`` as uint8 (DeepSpeed's p2p sends no
+bool tensors under nccl), told apart by dtype; none for plain causal attention. Each transformer
+layer rebuilds the ``AttentionStructure`` its core attention takes from them.
 """
 import contextlib
 import dataclasses
@@ -27,7 +32,6 @@ import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
-from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_block import _get_block_submodules
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -37,17 +41,39 @@ from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
 TIED_EMBEDDING_KEY = "embed"
 
 
-def _split(inputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``(hidden, mask or None)`` from what the previous pipe layer returned."""
+SEGMENT_IDS_PIPE_DTYPE = torch.int32
+IS_PREFIX_PIPE_DTYPE = torch.uint8
+
+
+def _split(inputs) -> Tuple[torch.Tensor, tuple]:
+    """``(hidden, attention tensors)`` from what the previous pipe layer returned."""
     if torch.is_tensor(inputs):
-        return inputs, None
-    if len(inputs) == 1:
-        return inputs[0], None
-    return inputs[0], inputs[1]
+        return inputs, ()
+    return inputs[0], tuple(inputs[1:])
 
 
-def _pack(hidden: torch.Tensor, mask: Optional[torch.Tensor]):
-    return hidden if mask is None else (hidden, mask)
+def _pack(hidden: torch.Tensor, attention: tuple):
+    return (hidden, *attention) if attention else hidden
+
+
+def attention_tensors(segment_ids: Optional[torch.Tensor], is_prefix: Optional[torch.Tensor]) -> tuple:
+    """The pipe form of a batch's attention structure: ``segment_ids`` as int32 and ``is_prefix``
+    as uint8, each only when present."""
+    out = []
+    if segment_ids is not None:
+        out.append(segment_ids.to(SEGMENT_IDS_PIPE_DTYPE))
+    if is_prefix is not None:
+        out.append(is_prefix.to(IS_PREFIX_PIPE_DTYPE))
+    return tuple(out)
+
+
+def attention_structure_from_pipe(attention: Sequence[torch.Tensor]):
+    """The ``AttentionStructure`` (or None: plain causal) of :func:`attention_tensors`' output."""
+    from megatron.model.masks import attention_structure
+
+    segment_ids = next((t for t in attention if t.dtype == SEGMENT_IDS_PIPE_DTYPE), None)
+    is_prefix = next((t.bool() for t in attention if t.dtype == IS_PREFIX_PIPE_DTYPE), None)
+    return attention_structure(segment_ids, is_prefix)
 
 
 def stage_config(config: TransformerConfig) -> TransformerConfig:
@@ -64,7 +90,7 @@ def stage_config(config: TransformerConfig) -> TransformerConfig:
 
 class EmbeddingPipe(torch.nn.Module):
     """First stage: token (+ learned position) embeddings and embedding dropout,
-    ``(tokens, position_ids[, mask]) -> (hidden [s, b, h][, mask as uint8])``.
+    ``(tokens, position_ids, *attention) -> (hidden [s, b, h], *attention)``.
 
     The same module serves as the tied output layer on the last stage (:meth:`logits`): it holds a
     weightless megatron-core ``ColumnParallelLinear`` that projects with ``word_embeddings.weight``.
@@ -87,12 +113,8 @@ class EmbeddingPipe(torch.nn.Module):
         return self.embedding.word_embeddings
 
     def forward(self, inputs):
-        tokens, position_ids = inputs[0], inputs[1]
-        mask = inputs[2] if len(inputs) > 2 else None
-        hidden = self.embedding(input_ids=tokens, position_ids=position_ids)
-        if mask is not None:
-            mask = mask.to(torch.uint8)  # DeepSpeed's p2p sends no bool tensors under nccl
-        return _pack(hidden, mask)
+        tokens, position_ids, attention = inputs[0], inputs[1], tuple(inputs[2:])
+        return _pack(self.embedding(input_ids=tokens, position_ids=position_ids), attention)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits ``[s, b, v / TP]`` with the tied weight (last stage)."""
@@ -108,8 +130,9 @@ def tied_output_forward(embedding: EmbeddingPipe, inputs) -> torch.Tensor:
 
 class TransformerLayerPipe(torch.nn.Module):
     """One transformer layer from the layer spec, with its global ``layer_number`` (1-based),
-    ``(hidden[, mask]) -> (hidden[, mask])``. With ``--position-embedding-type rope`` the rotary
-    embedding (no parameters) is recomputed here from the sequence length, as ``GPTModel`` does."""
+    ``(hidden, *attention) -> (hidden, *attention)``. With ``--position-embedding-type rope`` the
+    rotary embedding (no parameters) is recomputed here from the sequence length, as ``GPTModel``
+    does."""
 
     def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec, layer_number: int,
                  position_embedding_type: str, rotary_percent: float, rotary_base: int):
@@ -119,13 +142,15 @@ class TransformerLayerPipe(torch.nn.Module):
         self.layer = build_module(layer_spec, config=config, layer_number=layer_number)
         self.rotary_pos_emb = None
         if position_embedding_type == "rope":
+            from megatron.model.rotary import RotaryEmbedding
+
             self.rotary_pos_emb = RotaryEmbedding(
                 kv_channels=config.kv_channels, rotary_percent=rotary_percent,
                 rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
                 use_cpu_initialization=config.use_cpu_initialization)
 
     def forward(self, inputs):
-        hidden, mask = _split(inputs)
+        hidden, attention = _split(inputs)
         rotary = None
         if self.rotary_pos_emb is not None:
             seq_len = hidden.size(0) * (self.config.tensor_model_parallel_size
@@ -135,34 +160,33 @@ class TransformerLayerPipe(torch.nn.Module):
         rng = (tensor_parallel.get_cuda_rng_tracker().fork() if self.config.sequence_parallel
                else contextlib.nullcontext())
         with rng:
-            output, _ = self.layer(hidden_states=hidden,
-                                   attention_mask=None if mask is None else mask.bool(),
-                                   rotary_pos_emb=rotary)
-        return _pack(output, mask)
+            output, _ = self.layer(hidden_states=hidden, attention_mask=None, rotary_pos_emb=rotary,
+                                   packed_seq_params=attention_structure_from_pipe(attention))
+        return _pack(output, attention)
 
 
 def recompute_function(distribute_saved_activations: bool):
     """The pipe's ``activation_checkpoint_func``: megatron-core's ``tensor_parallel.checkpoint``
     (which restores the CPU/CUDA generators and megatron-core's model-parallel RNG tracker, so the
     recomputed forward draws the same dropout masks) around a chunk of transformer layers. DeepSpeed
-    calls it as ``func(chunk, hidden[, mask])``; only the hidden state is differentiable, the mask
-    passes by."""
+    calls it as ``func(chunk, hidden, *attention)``; only the hidden state is differentiable, the
+    attention tensors pass by."""
 
     def checkpoint(chunk, *inputs):
-        hidden, mask = _split(inputs)
+        hidden, attention = _split(inputs)
 
-        def run(h, m):
-            return _split(chunk(h) if m is None else chunk(h, m))[0]
+        def run(h, *a):
+            return _split(chunk(h, *a))[0]
 
-        output = tensor_parallel.checkpoint(run, distribute_saved_activations, hidden, mask)
-        return _pack(output, mask)
+        output = tensor_parallel.checkpoint(run, distribute_saved_activations, hidden, *attention)
+        return _pack(output, attention)
 
     return checkpoint
 
 
 class FinalNormPipe(torch.nn.Module):
     """The decoder's final norm (the class ``TransformerBlock`` would build for this layer spec),
-    ``(hidden[, mask]) -> hidden``."""
+    ``(hidden, *attention) -> hidden``."""
 
     def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec):
         super().__init__()
@@ -328,15 +352,30 @@ class GPTModelPipe(PipelineModule):
         return counts
 
 
+PIPE_LAYER_CLASSES = (EmbeddingPipe, TransformerLayerPipe, FinalNormPipe, OutputLayerPipe)
+
+
 def partition_method_from_args(args) -> str:
     """DeepSpeed's partition method for ``--pp-partition-method``. ``uniform`` keeps Megatron-LM's
     meaning, the same number of transformer layers on every stage (``validate_args`` checks that
     ``--num-layers`` divides), which is DeepSpeed's ``type:TransformerLayerPipe``; DeepSpeed's own
     ``uniform`` would also count the embedding, final norm and output layer as layers. The others
-    are passed through."""
-    if args.pp_partition_method == "uniform":
+    are passed through; a ``type:REGEX`` that matches no layer class is refused (DeepSpeed would
+    fail on every rank at start-up)."""
+    method = args.pp_partition_method
+    if method == "uniform":
         return f"type:{TransformerLayerPipe.__name__}"
-    return args.pp_partition_method
+    if method.startswith("type:"):
+        import regex  # DeepSpeed's partitioner matches with the regex package
+
+        names = [cls.__name__ for cls in PIPE_LAYER_CLASSES]
+        pattern = regex.compile(method[len("type:"):], regex.IGNORECASE)
+        if not any(pattern.search(name) for name in names):
+            from megatron.arguments import ArgumentError
+
+            raise ArgumentError(f"--pp-partition-method {method} matches none of the pipe's layer "
+                                f"classes ({', '.join(names)}); e.g. type:transformer")
+    return method
 
 
 def activation_checkpoint_interval_from_args(args) -> int:

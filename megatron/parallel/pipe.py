@@ -7,11 +7,11 @@
   adds them to the interval statistics (other stages add nothing, so the world-wide sums the loop
   reduces at log time are the last stage's);
 - :func:`check_grid_matches`: the engine's process groups are megatron-core's;
-- :func:`install_model_grad_clipping`: a gradient norm over the whole model (every stage, each
-  tensor-parallel shard once, the tied embedding once) for ZeRO stage 0, where DeepSpeed's
-  ``clip_grad_norm_`` would count only the first stage's replicated parameters.
+- :func:`install_model_grad_clipping`: clipping by the norm of the whole model's gradient (every
+  stage, each tensor-parallel shard once, the tied embedding once) at ZeRO stage 0, where
+  DeepSpeed's ``clip_grad_norm_`` with the pipe grid would count only the first stage's replicated
+  parameters.
 """
-import math
 import types
 from typing import Dict, Iterator, Optional, Tuple
 
@@ -26,11 +26,14 @@ def is_pipe_engine(engine) -> bool:
 
 
 def pipe_batch(batch: Dict[str, torch.Tensor]) -> Tuple[tuple, tuple]:
-    """``((tokens, position_ids[, attention_mask]), (labels, loss_mask[, dataset_id]))`` from a
-    loader batch (the first stage reads the inputs, the last stage the labels)."""
-    inputs = [batch["tokens"], batch["position_ids"]]
-    if batch.get("attention_mask") is not None:
-        inputs.append(batch["attention_mask"])
+    """``((tokens, position_ids, *attention), (labels, loss_mask[, dataset_id]))`` from a loader
+    batch (the first stage reads the inputs, the last stage the labels); ``attention`` is the
+    batch's compact attention structure (``segment_ids``, ``is_prefix``) in the pipe's form."""
+    from megatron.model.gpt_model_pipe import attention_tensors
+    from megatron.model.masks import IS_PREFIX_KEY, SEGMENT_IDS_KEY
+
+    inputs = [batch["tokens"], batch["position_ids"],
+              *attention_tensors(batch.get(SEGMENT_IDS_KEY), batch.get(IS_PREFIX_KEY))]
     labels = [batch["labels"], batch["loss_mask"]]
     if batch.get("dataset_id") is not None:
         labels.append(torch.as_tensor(batch["dataset_id"]).view(-1))
@@ -81,36 +84,26 @@ def check_grid_matches(grid) -> None:
                                f"{sorted(ranks(ours))}")
 
 
-def model_grad_norm(parameters, tensor_parallel_rank: int, model_parallel_group) -> float:
-    """L2 norm of the gradients of the whole model: each rank adds the squares of its tensor-parallel
-    shards, of its replicated parameters only on tensor-parallel rank 0, and skips the copies
-    DeepSpeed marks ``ds_pipe_replicated`` (the tied embedding's second stage); the sum runs over
-    ``model_parallel_group`` (tensor x pipeline)."""
-    total = torch.zeros(1, dtype=torch.float64)
-    for p in parameters:
-        if p.grad is None or getattr(p, "ds_pipe_replicated", False):
-            continue
-        if getattr(p, "tensor_model_parallel", False) or tensor_parallel_rank == 0:
-            total += p.grad.detach().double().pow(2).sum().cpu()
-    if torch.distributed.get_backend(model_parallel_group) == "nccl":  # nccl reduces GPU tensors only
-        total = total.to(torch.device("cuda", torch.cuda.current_device()))
-    torch.distributed.all_reduce(total, group=model_parallel_group)
-    return math.sqrt(float(total.item()))
+def unique_parameters(parameters):
+    """The parameters whose gradients count in the model's norm on this rank: all but the copies
+    DeepSpeed marks ``ds_pipe_replicated`` (the tied embedding's copy on its later stage)."""
+    return [p for p in parameters if not getattr(p, "ds_pipe_replicated", False)]
 
 
 def install_model_grad_clipping(engine) -> None:
-    """At ZeRO stage 0 in fp32, make the pipe engine clip by :func:`model_grad_norm` (and record it
-    as ``engine.get_global_grad_norm()``) instead of DeepSpeed's ``clip_grad_norm_``, which with the
+    """At ZeRO stage 0 in fp32, make the pipe engine clip by ``megatron.parallel.grads.global_grad_norm``
+    of :func:`unique_parameters` (and record it as ``engine.get_global_grad_norm()``) instead of DeepSpeed's ``clip_grad_norm_``, which with the
     pipe grid as ``mpu`` counts replicated parameters on the first stage only. ZeRO stage 1 and the
     mixed-precision optimizers compute the norm themselves (by tensor-parallel rank, skipping the
     replicated tied copy) and are left alone."""
     if engine.zero_optimization_stage() > 0 or engine.fp16_enabled() or engine.bfloat16_enabled():
         return
+    from megatron.parallel.grads import global_grad_norm
+    from megatron.parallel.topology import MegatronCoreMPU
 
     def clip_fp32_gradients(self):
         params = [p for p in self.module.parameters() if p.grad is not None]
-        norm = model_grad_norm(params, self.grid.get_slice_parallel_rank(),
-                               self.grid.get_model_parallel_group())
+        norm = global_grad_norm(unique_parameters(params), MegatronCoreMPU())
         self._global_grad_norm = norm
         coefficient = min(1.0, self.gradient_clipping() / (norm + 1e-6))
         if coefficient < 1.0:

@@ -525,8 +525,37 @@ def test_pretrain_reset_attention_mask_with_alibi_end_to_end(demo_data, tmp_path
 def test_explicit_flex_on_cpu_stops_the_run_with_one_line(demo_data, tmp_path):
     from e2e_helpers import run_deepspeed
     proc = run_deepspeed("pretrain_gpt.py", pretrain_flags(demo_data, tmp_path, [
-        "--attention-backend", "flex"]), check=False)
+        "--attention-backend", "flex"]), num_ranks=1, check=False)
     assert proc.returncode != 0
     assert ("error: --attention-backend flex: torch's FlexAttention has no backward pass on CPU"
             in proc.stderr + proc.stdout)
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("position", ["learned_absolute", "alibi"])
+def test_flex_model_forward_equals_sdpa_model_on_cpu(monkeypatch, position):
+    """Through the whole GPTModel (same weights): FlexAttention's logits (forward only, as CPU
+    evaluation may run it) equal SDPA's on a packed prefix-LM batch."""
+    import megatron.model.gpt_model as gpt_model
+    from megatron.arguments import parse_args
+    from megatron.model.flex_attention import FlexCoreAttention
+    from megatron.model.masks import attention_structure
+
+    args = parse_args(["--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "6",
+                       "--seq-length", "37", "--micro-batch-size", "3", "--train-iters", "1",
+                       "--lr", "0", "--transformer-impl", "local", "--hidden-dropout", "0",
+                       "--attention-dropout", "0", "--position-embedding-type", position],
+                      require_data=False)
+    args.padded_vocab_size = 128
+    seg, pre = random_batch(5)
+    tokens = torch.randint(0, 128, (3, 37), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(37).expand(3, 37)
+    sdpa_model = gpt_model.build_gpt_model(args).eval()
+    monkeypatch.setattr(gpt_model, "attention_backend_from_args",
+                        lambda a: resolve("flex", device="cpu", training=False))
+    flex_model = gpt_model.build_gpt_model(args).eval()
+    assert any(isinstance(m, FlexCoreAttention) for m in flex_model.modules())
+    with torch.no_grad():
+        want = sdpa_model(tokens, positions, None, packed_seq_params=attention_structure(seg, pre))
+        got = flex_model(tokens, positions, None, packed_seq_params=attention_structure(seg, pre))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -54,13 +54,13 @@ def segment_sdpa_runs(structure: AttentionStructure, device, slopes: Optional[Te
     """Every segment of the batch as ``(sample, start, end, mask)``: ``mask`` is the segment's own
     dense SDPA mask (prefix and/or ALiBi), or None where plain causal attention is exact."""
     runs = []
+    # decide on the host (one copy) which segments have a prefix; build their masks on the device
+    host_prefix = None if structure.is_prefix is None else structure.is_prefix.cpu()
     for b, sample_runs in enumerate(segment_runs(structure)):
         for start, end in sample_runs:
             prefix = None
-            if structure.is_prefix is not None:
+            if host_prefix is not None and bool(host_prefix[b, start:end].any()):
                 prefix = structure.is_prefix[b:b + 1, start:end].to(device)
-                if not bool(prefix.any()):
-                    prefix = None
             local = AttentionStructure(is_prefix=prefix) if prefix is not None else None
             runs.append((b, start, end, dense_sdpa_mask(local, end - start, device, slopes, dtype)))
     return runs

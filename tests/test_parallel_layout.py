@@ -34,6 +34,33 @@ def test_partition_method_default_is_bigscience_type_transformer():
     assert parse([]).pp_partition_method == "type:transformer"
 
 
+REFUSED_IDS = ['world-not-divisible-by-tp-pp',
+               'world-not-divisible-by-pp',
+               'tp-zero',
+               'uniform-layers-not-divisible-by-pp',
+               'fewer-layers-than-stages',
+               'heads-not-divisible-by-tp',
+               'query-groups-not-divisible-by-tp',
+               'ffn-not-divisible-by-tp',
+               'zero2-with-pp',
+               'zero3-with-pp',
+               'sp-without-tp',
+               'sp-seq-not-divisible-by-tp',
+               'no-pipeline-parallel-with-pp',
+               'unknown-partition-method',
+               'partition-bad-regex',
+               'partition-empty-type',
+               'full-recompute-without-method',
+               'recompute-num-layers-too-many',
+               'block-recompute-with-pp',
+               'selective-with-method',
+               'method-without-granularity',
+               'checkpoint-activations-vs-selective',
+               'checkpoint-num-layers-zero',
+               'distribute-without-tp',
+               'distribute-with-sp']
+
+
 @pytest.mark.parametrize("extra, world, fragments", [
     (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 6,
      ["world size 6", "--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 2", "(= 4)"]),
@@ -78,7 +105,7 @@ def test_partition_method_default_is_bigscience_type_transformer():
      ["--distribute-saved-activations", "--tensor-model-parallel-size > 1"]),
     (["--distribute-saved-activations", "--checkpoint-activations", "--sequence-parallel",
       "--tensor-model-parallel-size", "2"], 2, ["--distribute-saved-activations", "--sequence-parallel"]),
-])
+], ids=REFUSED_IDS)
 def test_refused_layouts_name_flags_and_values(extra, world, fragments):
     with pytest.raises(ArgumentError) as err:
         parse(extra, world)

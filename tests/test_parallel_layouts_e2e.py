@@ -9,6 +9,7 @@ from e2e_helpers import read_jsonl, run_deepspeed
 from parallel_helpers import LAYOUT_ITERS, assert_losses_match, layout_flags, run_layout
 
 TP2 = ["--tensor-model-parallel-size", "2"]
+TP2_RECOMPUTE = ["--checkpoint-activations", "--distribute-saved-activations"]
 SAVE_AT = 10
 
 
@@ -21,17 +22,19 @@ def test_data_parallel_2_matches_single_rank(demo_data, tmp_path, single_rank_la
 
 @pytest.fixture(scope="module")
 def tp2_run(demo_data, tmp_path_factory):
-    """TP 2 for the full run, saving at iteration SAVE_AT (and at the end)."""
+    """TP 2 with BigScience's --checkpoint-activations and --distribute-saved-activations (each
+    recomputed layer's input stored split over the TP ranks), saving at iteration SAVE_AT."""
     run_dir = tmp_path_factory.mktemp("tp2")
-    losses, proc = run_layout(demo_data, run_dir, num_ranks=2, extra=TP2 + [
+    losses, proc = run_layout(demo_data, run_dir, num_ranks=2, extra=TP2 + TP2_RECOMPUTE + [
         "--save", str(run_dir / "ckpt"), "--save-interval", str(SAVE_AT)])
     return run_dir, losses, proc
 
 
-def test_tensor_parallel_2_matches_single_rank(tp2_run, single_rank_layout_losses):
+def test_tensor_parallel_2_with_recompute_matches_single_rank(tp2_run, single_rank_layout_losses):
     run_dir, losses, proc = tp2_run
     assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 1, ZeRO stage 0, "
-            "micro-batches per iteration 4") in proc.stdout
+            "micro-batches per iteration 4, recompute full (uniform, 1 layer, saved inputs split "
+            "over tensor-parallel ranks)") in proc.stdout
     assert_losses_match(losses, single_rank_layout_losses)
     # one model file per tensor-parallel rank, and the layout recorded
     names = sorted(p.name for p in (run_dir / "ckpt" / f"iter_{SAVE_AT:07d}").iterdir())
@@ -63,7 +66,7 @@ def _checkpoint_at(src, iteration, dst):
 def test_tp2_resume_gives_the_uninterrupted_losses_exactly(tp2_run, demo_data, tmp_path):
     run_dir, losses, _ = tp2_run
     ckpt = _checkpoint_at(run_dir / "ckpt", SAVE_AT, tmp_path / "ckpt")
-    flags = layout_flags(demo_data, tmp_path, TP2 + ["--load", str(ckpt)])
+    flags = layout_flags(demo_data, tmp_path, TP2 + TP2_RECOMPUTE + ["--load", str(ckpt)])
     flags[flags.index("--data-cache-path") + 1] = str(run_dir / "cache")
     proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=2)
     assert f"resumed from --load {ckpt} at iteration {SAVE_AT}" in proc.stdout

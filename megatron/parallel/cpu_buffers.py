@@ -2,9 +2,10 @@
 
 megatron-core allocates the buffers of its sequence-parallel all-gathers and reduce-scatters with
 ``device=torch.cuda.current_device()`` (``tensor_parallel.mappings``, the backward of
-``tensor_parallel.layers``' linear, ``utils.GlobalMemoryBuffer``), which fails on a CPU-only
+``tensor_parallel.layers``' linear, ``utils.GlobalMemoryBuffer``, and the gather of
+``--distribute-saved-activations`` in ``tensor_parallel.utils``), which fails on a CPU-only
 machine although gloo runs those collectives. :func:`allocate_megatron_core_buffers_on_cpu` gives
-those three modules a view of ``torch`` whose ``torch.cuda.current_device()`` is the CPU, so the
+those modules a view of ``torch`` whose ``torch.cuda.current_device()`` is the CPU, so the
 buffers land where the tensors are; every other attribute is torch's own. Nothing changes when
 CUDA is available.
 """
@@ -14,7 +15,7 @@ import types
 import torch
 
 PATCHED_MODULES = ("megatron.core.tensor_parallel.mappings", "megatron.core.tensor_parallel.layers",
-                   "megatron.core.utils")
+                   "megatron.core.tensor_parallel.utils", "megatron.core.utils")
 
 
 class _CudaOnCpu:

@@ -189,5 +189,6 @@ def layout_line(args, engine) -> str:
         line += ", recompute selective (core attention)"
     elif args.recompute_granularity == "full":
         line += (f", recompute full ({args.recompute_method}, {args.recompute_num_layers} "
-                 f"layer{'s' if args.recompute_num_layers != 1 else ''})")
+                 f"layer{'s' if args.recompute_num_layers != 1 else ''}"
+                 f"{', saved inputs split over tensor-parallel ranks' if args.distribute_saved_activations else ''})")
     return line

@@ -559,3 +559,14 @@ def test_flex_model_forward_equals_sdpa_model_on_cpu(monkeypatch, position):
         want = sdpa_model(tokens, positions, None, packed_seq_params=attention_structure(seg, pre))
         got = flex_model(tokens, positions, None, packed_seq_params=attention_structure(seg, pre))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_alibi_with_tensor_parallelism_matches_one_rank(demo_data, tmp_path):
+    """ALiBi + --reset-attention-mask at TP 2 (each rank its 2 heads' slopes) gives the losses of
+    the one-rank run; a rank using the wrong heads' slopes would not."""
+    from parallel_helpers import assert_losses_match, run_layout
+    extra = ["--position-embedding-type", "alibi", "--reset-attention-mask"]
+    reference, _ = run_layout(demo_data, tmp_path / "tp1", num_ranks=1, extra=extra, iters=6)
+    losses, _ = run_layout(demo_data, tmp_path / "tp2", num_ranks=2, iters=6,
+                           extra=extra + ["--tensor-model-parallel-size", "2"])
+    assert_losses_match(losses, reference)

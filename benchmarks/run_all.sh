@@ -19,11 +19,15 @@ if [ "$QUICK" = 1 ]; then
   run "blend_index (curriculum vs megatron-core C++ build_blending_indices / BlendedDataset)" "$PY" benchmarks/blend_index.py --sizes 1e6
   run "mtf_packing (packed vs one pair per sample)" "$PY" benchmarks/mtf_packing.py --pairs 20000
   run "attention_masks (compact attention structure vs dense masks)" "$PY" benchmarks/attention_masks.py --samples 20 --repeats 1
+  run "recompute_memory (activation recompute on vs off)" "$PY" benchmarks/recompute_memory.py --num-layers 2 --hidden-size 128 --seq-length 256 --iters 2
+  run "tensor_parallel_overhead (TP 2 vs TP 1)" "$PY" benchmarks/tensor_parallel_overhead.py --hidden-size 128 --seq-length 128 --iters 4
 else
   run "train_step_overhead (ours vs bare torch loop)" "$PY" benchmarks/train_step_overhead.py
   run "blend_index (curriculum vs megatron-core C++ build_blending_indices / BlendedDataset)" "$PY" benchmarks/blend_index.py --sizes 1e7 1e8
   run "mtf_packing (packed vs one pair per sample)" "$PY" benchmarks/mtf_packing.py
   run "attention_masks (compact attention structure vs dense masks)" "$PY" benchmarks/attention_masks.py
+  run "recompute_memory (activation recompute on vs off)" "$PY" benchmarks/recompute_memory.py
+  run "tensor_parallel_overhead (TP 2 vs TP 1)" "$PY" benchmarks/tensor_parallel_overhead.py
 fi
 STAMP="$(date -u +%Y-%m-%d) on $(nproc) CPU cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 "$PY" - "$OUT/results.md" "$STAMP" <<'PYEOF'

@@ -37,12 +37,20 @@ def _unshard(shards, like):
     return torch.cat([chunks[i] for i in range(stride) for chunks in per_rank], dim=dim)
 
 
-@pytest.mark.parametrize("extra", [[], ["--swiglu"], ["--num-query-groups", "2"]])
-def test_tp2_shards_concatenate_to_the_tp1_weights(tp1_state, extra):
+@pytest.mark.parametrize("extra, block_elements", [([], None), (["--swiglu"], None),
+                                                   (["--num-query-groups", "2"], None),
+                                                   (["--swiglu"], 100)])
+def test_tp2_shards_concatenate_to_the_tp1_weights(tp1_state, extra, block_elements):
+    """Also with blocks of 100 elements (a few rows: every weight is drawn in several blocks, so a
+    rank draws only some of them for row-split weights and slices each for column-split ones)."""
     from megatron.model.gpt_model import build_gpt_model, transformer_config_from_args
     from megatron.model.init import initialize_parameters
 
-    full = dict(build_gpt_model(_args(extra)).named_parameters())
+    model = build_gpt_model(_args(extra))
+    if block_elements:
+        initialize_parameters(model.named_parameters(), transformer_config_from_args(_args(extra)), 9,
+                              block_elements=block_elements)
+    full = dict(model.named_parameters())
     tp2_args = _args(extra + ["--tensor-model-parallel-size", "2"])
     config = transformer_config_from_args(tp2_args)
     sharded_kinds = set()
@@ -57,7 +65,8 @@ def test_tp2_shards_concatenate_to_the_tp1_weights(tp1_state, extra):
                 shard.partition_stride = 2 if (name.endswith("linear_fc1.weight") and "--swiglu" in extra) \
                     else 1
                 sharded_kinds.add(name.split(".")[-2])
-            initialize_parameters([(name, shard)], config, 9, tp_rank=rank, tp_size=2)
+            initialize_parameters([(name, shard)], config, 9, tp_rank=rank, tp_size=2,
+                                  block_elements=block_elements)
             shards.append(shard)
         torch.testing.assert_close(_unshard(shards, shards[0]), param.detach(), rtol=0, atol=0, msg=name)
     assert {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "word_embeddings",

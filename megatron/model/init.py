@@ -1,16 +1,18 @@
 """Layout-independent initial weights: every parameter is drawn from --seed and its canonical name.
 
 The canonical name is the parameter's name in the TP=1, PP=1 ``GPTModel`` state dict, with global
-layer numbers (``decoder.layers.7.mlp.linear_fc1.weight``). For each parameter the *full-size*
-tensor is drawn with megatron-core's init for its kind, on the CPU generator seeded from
-(seed, name), and this rank's tensor-parallel shard is copied out of it the way megatron-core
-shards (``partition_dim``/``partition_stride``). So the model is the same model under every
-(TP, PP) layout, and a pipeline stage holding layers 4..7 draws exactly what a single rank does.
+layer numbers (``decoder.layers.7.mlp.linear_fc1.weight``). Each parameter's *full-size* tensor is
+defined by megatron-core's init for its kind, drawn on the CPU generator in blocks of whole rows,
+block k seeded from (seed, name, k); this rank's tensor-parallel shard is cut out of it the way
+megatron-core shards (``partition_dim``/``partition_stride``), drawing only the blocks it needs.
+So the model is the same model under every (TP, PP) layout, and a pipeline stage holding layers
+4..7 draws exactly what a single rank does.
 The vocabulary rows are ``args.padded_vocab_size``, which depends on TP (Megatron-LM pads to a
 multiple of ``--make-vocab-size-divisible-by`` x TP): layouts are the same model when the padded
 sizes agree.
 """
 import hashlib
+import math
 from typing import Callable, Iterable, Optional, Tuple
 
 import torch
@@ -18,6 +20,7 @@ import torch
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 _SCALED = ("linear_proj.weight", "linear_fc2.weight")
+BLOCK_ELEMENTS = 1 << 24  # elements drawn per generator seed (64 MiB of float32)
 
 
 def name_seed(seed: int, name: str) -> int:
@@ -60,31 +63,59 @@ def _shard(full: torch.Tensor, param: torch.Tensor, tp_rank: int, tp_size: int) 
     return torch.cat(chunks[tp_rank::tp_size], dim=dim)
 
 
-def draw_full_parameter(name: str, param: torch.Tensor, config: TransformerConfig, seed: int,
-                        tp_size: int) -> torch.Tensor:
-    """The full-size (TP=1) float32 initial value of the parameter called ``name``."""
-    full = torch.empty(_full_shape(param, tp_size), dtype=torch.float32)
+def _init_method(kind: str, config: TransformerConfig) -> Callable:
+    return {"normal": config.init_method, "scaled_normal": config.output_layer_init_method,
+            "embedding": config.embedding_init_method or config.init_method}[kind]
+
+
+def local_initial_value(name: str, param: torch.Tensor, config: TransformerConfig, seed: int,
+                        tp_rank: int, tp_size: int,
+                        block_elements: int = BLOCK_ELEMENTS) -> torch.Tensor:
+    """This rank's float32 initial value of the parameter called ``name`` (see module doc).
+
+    The full-size tensor is defined block by block along dim 0 (blocks of ``block_elements //
+    row size`` full rows, block k drawn from the generator seeded with (seed, name, k)), so only
+    the blocks holding this rank's rows are drawn and never more than one block of a
+    column-split (``partition_dim`` 1) tensor is held in full."""
     kind = init_kind(name, param)
     if kind == "zeros":
-        return full.zero_()
+        return torch.zeros(param.shape)
     if kind == "ones":
-        return full.fill_(1.0)
-    method: Callable = {"normal": config.init_method, "scaled_normal": config.output_layer_init_method,
-                        "embedding": config.embedding_init_method or config.init_method}[kind]
+        return torch.ones(param.shape)
+    full_shape = _full_shape(param, tp_size)
+    row_size = math.prod(full_shape[1:])
+    block_rows = max(1, block_elements // row_size)
+    split_rows = getattr(param, "tensor_model_parallel", False) and param.partition_dim == 0
+    rows = _shard(torch.arange(full_shape[0]), param, tp_rank, tp_size) if split_rows \
+        else torch.arange(full_shape[0])
+    out = torch.empty(param.shape)
+    method = _init_method(kind, config)
+    block_of_row = rows // block_rows
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(name_seed(seed, name))
-        method(full)
-    return full
+        for k in torch.unique(block_of_row).tolist():
+            start = k * block_rows
+            block = torch.empty((min(block_rows, full_shape[0] - start), *full_shape[1:]))
+            torch.manual_seed(name_seed(seed, f"{name}#{k}"))
+            method(block)
+            if not split_rows:
+                block = _shard(block, param, tp_rank, tp_size)  # columns (dim 1) or unsplit
+            mine = torch.nonzero(block_of_row == k).view(-1)
+            out[mine] = block[rows[mine] - start]
+    return out
 
 
 def initialize_parameters(named_params: Iterable[Tuple[str, torch.nn.Parameter]],
                           config: TransformerConfig, seed: int,
                           canonical_name: Optional[Callable[[str], str]] = None,
-                          tp_rank: Optional[int] = None, tp_size: Optional[int] = None) -> int:
+                          tp_rank: Optional[int] = None, tp_size: Optional[int] = None,
+                          block_elements: Optional[int] = None) -> int:
     """Overwrite each parameter with its layout-independent initial value (see module doc);
     ``canonical_name`` maps a module's parameter name to the TP=1/PP=1 GPTModel name (identity
     for GPTModel; a pipe model maps its stage-local names). ``tp_rank``/``tp_size`` default to
-    megatron-core's parallel state. Returns the number of parameters initialised."""
+    megatron-core's parallel state; ``block_elements`` (default :data:`BLOCK_ELEMENTS`) is the
+    draw granularity, part of the definition of the weights. Returns the number of parameters
+    initialised."""
+    block_elements = block_elements or BLOCK_ELEMENTS
     if tp_rank is None or tp_size is None:
         from megatron.core import parallel_state
 
@@ -94,7 +125,7 @@ def initialize_parameters(named_params: Iterable[Tuple[str, torch.nn.Parameter]]
     with torch.no_grad():
         for local_name, param in named_params:
             name = canonical_name(local_name) if canonical_name else local_name
-            full = draw_full_parameter(name, param, config, seed, tp_size)
-            param.copy_(_shard(full, param, tp_rank, tp_size).to(param.dtype))
+            value = local_initial_value(name, param, config, seed, tp_rank, tp_size, block_elements)
+            param.copy_(value.to(param.dtype))
             count += 1
     return count

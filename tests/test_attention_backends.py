@@ -238,11 +238,11 @@ def test_alibi_bad_inputs():
 
 # ------------------------------------------------------------------ --attention-backend
 def resolve(requested, device="cuda", te=True, impl="transformer_engine", structured=True,
-            dropout=0.0, training=True):
+            dropout=0.0, training=True, alibi=False):
     from megatron.model.attention_backends import resolve_attention_backend
     return resolve_attention_backend(requested, device_type=device, te_available=te,
                                      transformer_impl=impl, structured_batches=structured,
-                                     attention_dropout=dropout, training=training)
+                                     attention_dropout=dropout, training=training, alibi=alibi)
 
 
 @pytest.mark.parametrize("requested,kwargs,name,kernel", [
@@ -254,6 +254,10 @@ def resolve(requested, device="cuda", te=True, impl="transformer_engine", struct
     ("auto", dict(structured=False), "te", None),
     ("auto", dict(structured=False, impl="local"), "sdpa", None),
     ("auto", dict(structured=False, te=False), "sdpa", None),
+    ("auto", dict(structured=False, te=False, alibi=True), "flex", None),  # no dense ALiBi bias
+    ("auto", dict(structured=False, te=False, alibi=True, dropout=0.1), "sdpa", None),
+    ("auto", dict(structured=False, alibi=True), "te", None),
+    ("auto", dict(device="cpu", alibi=True), "sdpa", None),
     ("sdpa", dict(), "sdpa", None),
     ("local", dict(device="cpu"), "sdpa", None),
     ("flex", dict(), "flex", None),

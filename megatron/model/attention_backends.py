@@ -14,7 +14,8 @@ and ``te``. What each runs (every one honours the batch's segments, prefixes and
             ``arbitrary`` mask packed or prefix-LM batches need: refused for them).
 ``auto``    CPU: ``sdpa``. GPU: batches with segments or prefixes get ``flex`` (block-sparse)
             when attention dropout is 0, else ``te`` when installed, else ``sdpa``; plain causal
-            batches get ``te`` when installed, else ``sdpa`` (flash kernels through SDPA).
+            batches get ``te`` when installed, else ``sdpa`` (flash kernels through SDPA), except
+            that with ALiBi (a dense bias for SDPA) ``flex`` comes before ``sdpa``.
 ==========  ==================================================================================
 
 An explicit choice that cannot run here is an error naming the flag; only ``auto`` falls back.
@@ -64,11 +65,11 @@ def _error(requested: str, why: str):
 def resolve_attention_backend(requested: str, *, device_type: str, te_available: bool,
                               transformer_impl: str, structured_batches: bool,
                               attention_dropout: float, training: bool = True,
-                              flex_available: bool = True) -> AttentionBackend:
+                              flex_available: bool = True, alibi: bool = False) -> AttentionBackend:
     """The backend for ``requested`` (one of :data:`ATTENTION_BACKEND_CHOICES`) on ``device_type``
     (``cpu``/``cuda``), given whether TE imports, ``--transformer-impl``, whether batches carry
-    segments or prefixes, ``--attention-dropout`` and whether the model trains (see the module
-    docstring). Raises ArgumentError when an explicit choice cannot run."""
+    segments or prefixes, ``--attention-dropout``, whether the model trains and whether it uses
+    ALiBi (see the module docstring). Raises ArgumentError when an explicit choice cannot run."""
     if requested not in ATTENTION_BACKEND_CHOICES:
         raise _error(requested, f"unknown; choose one of {', '.join(ATTENTION_BACKEND_CHOICES)}")
     if requested in ("sdpa", "local"):
@@ -112,6 +113,9 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
                                                    "SDPA per segment")
     if te_ok:
         return AttentionBackend("te", requested, "GPU, causal batches: Transformer Engine")
+    if alibi and flex_available and attention_dropout == 0:
+        return AttentionBackend("flex", requested, "GPU, causal batches with ALiBi, no Transformer "
+                                                   "Engine: FlexAttention (ALiBi as score_mod)")
     return AttentionBackend("sdpa", requested, "GPU, causal batches, no Transformer Engine: SDPA")
 
 
@@ -133,7 +137,8 @@ def attention_backend_from_args(args, device_type: Optional[str] = None,
         args.attention_backend, device_type=device_type,
         te_available=transformer_engine_available(), transformer_impl=args.transformer_impl,
         structured_batches=batches_have_structure(args), attention_dropout=args.attention_dropout,
-        training=training, flex_available=flex_attention_available())
+        training=training, flex_available=flex_attention_available(),
+        alibi=args.position_embedding_type == "alibi")
 
 
 def core_attention_spec(backend: AttentionBackend, alibi: bool):

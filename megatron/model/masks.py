@@ -154,8 +154,15 @@ def segment_runs(structure: AttentionStructure) -> List[List[Tuple[int, int]]]:
 
 
 def block_mask(structure: Optional[AttentionStructure], seq_length: int, device):
-    """FlexAttention ``BlockMask`` of ``structure`` (causal when None), ``[b|1, 1, s, s]``."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """FlexAttention ``BlockMask`` of ``structure`` (causal when None), ``[b|1, 1, s, s]``. On GPU
+    its construction is compiled (as torchtitan does), so no dense ``[b, s, s]`` intermediate is
+    materialised; on CPU it is evaluated eagerly."""
+    from torch.nn.attention.flex_attention import create_block_mask as _create
+
+    compiled = torch.device(device).type == "cuda"
+
+    def create_block_mask(mask_mod, **kwargs):
+        return _create(mask_mod, _compile=compiled, **kwargs)
 
     if structure is None:
         def mask_mod(b, h, q_idx, kv_idx):

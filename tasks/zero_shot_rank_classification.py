@@ -50,6 +50,8 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--load-iteration", type=int, default=None,
                    help="Checkpoint iteration (default: the tracker file's).")
     g.add_argument("--output-json", default=None, help="Write the results here as JSON.")
+    # Not a flag: scored batches carry segment_ids (padding), which --attention-backend considers.
+    parser.set_defaults(packed_samples=True)
     return parser
 
 

@@ -175,6 +175,9 @@ def test_structure_rejects_bad_shapes_and_dense_masks():
     q, k, v = qkv(0, 8, 1)
     with pytest.raises(ValueError, match="not a dense attention_mask"):
         core(q, k, v, torch.zeros(1, 1, 8, 8, dtype=torch.bool))
+    split = AttentionStructure(segment_ids=torch.tensor([[1, 1, 2, 2, 1, 1, 0, 0]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="sample 0: segment 1 is split into separate runs"):
+        core(q, k, v, None, packed_seq_params=split)
 
 
 # ------------------------------------------------------------------ ALiBi slopes

@@ -139,7 +139,8 @@ def dense_allowed_mask(structure: Optional[AttentionStructure], seq_length: int,
 
 def segment_runs(structure: AttentionStructure) -> List[List[Tuple[int, int]]]:
     """Per sample, the ``(start, end)`` token ranges of its segments (maximal runs of one
-    segment id; one run over the whole sample without ``segment_ids``). One host sync."""
+    segment id; one run over the whole sample without ``segment_ids``). One host sync. Raises
+    ValueError when a segment id comes back after another segment (not one contiguous run)."""
     s = structure.seq_length
     if structure.segment_ids is None:
         return [[(0, s)] for _ in range(structure.batch_size)]
@@ -147,8 +148,13 @@ def segment_runs(structure: AttentionStructure) -> List[List[Tuple[int, int]]]:
     change = torch.ones_like(seg, dtype=torch.bool)
     change[:, 1:] = seg[:, 1:] != seg[:, :-1]
     runs = []
-    for row in change.cpu():
+    for n, (row, ids) in enumerate(zip(change.cpu(), seg.cpu())):
         starts = torch.nonzero(row).flatten().tolist()
+        run_ids = ids[starts].tolist()
+        if len(set(run_ids)) != len(run_ids):
+            repeated = next(i for i in run_ids if run_ids.count(i) > 1)
+            raise ValueError(f"segment_ids of sample {n}: segment {repeated} is split into separate "
+                             "runs; each segment must be one contiguous run of tokens")
         runs.append(list(zip(starts, starts[1:] + [s])))
     return runs
 

@@ -12,9 +12,9 @@ pretrained checkpoint's weights only.
 import os
 from typing import List, Sequence, Tuple
 
-from megatron.initialize import quiet_optional_dependency_warnings
+from megatron.known_warnings import quiet_known_warnings
 
-quiet_optional_dependency_warnings()
+quiet_known_warnings()
 
 from megatron.arguments import ArgumentError, parse_args
 from megatron.errors import run_entry_point

@@ -4,9 +4,9 @@ Launch: ``deepspeed --num_gpus N pretrain_gpt.py [Megatron flags]`` (see README.
 """
 import os
 
-from megatron.initialize import quiet_optional_dependency_warnings
+from megatron.known_warnings import quiet_known_warnings
 
-quiet_optional_dependency_warnings()
+quiet_known_warnings()
 
 from megatron.arguments import parse_args
 from megatron.errors import run_entry_point

@@ -3,9 +3,7 @@
 # (tools/plot_schedules.py) and the README demo's schedule + curriculum preview
 # (tools/preview_schedule.py with the demo's flags, via examples/run_demo_cpu.sh).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="$(bash "$ROOT/tools/setup_env.sh" | tail -n 1)"
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/../tools/cpu_env.sh"
 "$PY" tools/plot_schedules.py --output-dir docs/img
 DEMO_PREVIEW_ONLY=1 bash examples/run_demo_cpu.sh
 cp runs/demo/schedule_preview.png docs/img/demo_schedule_preview.png

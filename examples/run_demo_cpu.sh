@@ -2,15 +2,17 @@
 # The README's main job: set up .venv, make the embedded demo corpus (web / code / math), and train a
 # tiny GPT on CPU with the deepspeed launcher and 2 ranks, with a data curriculum and a power LR
 # schedule, evaluating every validation group. Output goes to runs/demo/ (metrics.jsonl, checkpoints,
-# schedule preview). Extra arguments are appended to the training flags.
+# schedule preview, cache/ of built dataset indices).
+#
+#   bash examples/run_demo_cpu.sh [extra training flags]
+#
+# Extra arguments are appended to the training flags (a later flag wins) and given to the schedule
+# preview too, so schedule_preview.* always shows the run that trains. To train on from the last
+# checkpoint to iteration 300:
+#   bash examples/run_demo_cpu.sh --load runs/demo/checkpoints --train-iters 300 --override-opt_param-scheduler
+# MASTER_PORT=PORT picks the launcher's port (default: a free one).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="$(bash "$ROOT/tools/setup_env.sh" | tail -n 1)"
-cd "$ROOT"
-export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-# DeepSpeed JIT-builds a CPU communication op on first use; keep the build beside this venv so
-# another environment's build (or a stale lock it left) is never picked up.
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(dirname "$(dirname "$PY")")/torch_extensions}"
+source "$(dirname "${BASH_SOURCE[0]}")/../tools/cpu_env.sh"
 RUN=runs/demo
 mkdir -p "$RUN"
 "$PY" tools/make_demo_data.py --output-dir data/demo
@@ -29,7 +31,7 @@ FLAGS=(
   --save "$RUN/checkpoints" --save-interval 100
   --metrics-jsonl "$RUN/metrics.jsonl" --tensorboard-dir "$RUN/tensorboard"
 )
-"$PY" tools/preview_schedule.py "${FLAGS[@]}" --output-json "$RUN/schedule_preview.json" \
+"$PY" tools/preview_schedule.py --world-size 2 "${FLAGS[@]}" "$@" --output-json "$RUN/schedule_preview.json" \
   --output-png "$RUN/schedule_preview.png"
 if [ "${DEMO_PREVIEW_ONLY:-0}" = 1 ]; then exit 0; fi  # docs/make_images.sh wants the preview only
-"$(dirname "$PY")/deepspeed" --num_gpus 2 pretrain_gpt.py "${FLAGS[@]}" "$@"
+"$DEEPSPEED" --num_gpus 2 --master_port "$(master_port)" pretrain_gpt.py "${FLAGS[@]}" "$@"

@@ -235,12 +235,56 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
                    help="Set by the deepspeed launcher.")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``error: MESSAGE (see PROG --help)``, exit
+    status 2, no usage block) and that reports every unknown flag and every bad value of one
+    command line together instead of stopping at the first."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._bad_values: List[str] = []
+
+    def _get_value(self, action, arg_string):
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as e:  # e.g. "argument --lr: invalid float value: 'x'"
+            self._bad_values.append(str(e))
+            return None
+
+    def _check_value(self, action, value):
+        if value is None and self._bad_values:  # its conversion failed; reported already
+            return
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:  # "argument --x: invalid choice: ..."
+            self._bad_values.append(str(e))
+
+    def parse_args(self, args=None, namespace=None):
+        self._bad_values = []
+        namespace, unknown = self.parse_known_args(args, namespace)
+        problems = ([f"unrecognized arguments: {' '.join(unknown)}"] if unknown else []) \
+            + self._bad_values
+        if problems:
+            self._fail(problems)
+        return namespace
+
+    def error(self, message):
+        """argparse's own errors (missing value, missing required flag), with the bad values
+        collected before it."""
+        self._fail(self._bad_values + [message])
+
+    def _fail(self, problems: List[str]):
+        from megatron.errors import EXIT_FLAG_ERROR, exit_with_error
+
+        exit_with_error(f"{'; '.join(problems)} (see {self.prog} --help)", EXIT_FLAG_ERROR)
+
+
 def get_parser(extra_args_provider: Optional[Callable] = None,
                deepspeed_args: bool = True) -> argparse.ArgumentParser:
     """The full parser; ``extra_args_provider(parser)`` adds a script's own flags.
     ``deepspeed_args=False`` leaves out DeepSpeed's flags (and its slow import) for tools that
     build no engine; such a tool must define ``--deepspeed_config`` itself."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         description="Megatron-DeepSpeed GPT training", allow_abbrev=False,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for add in (_add_model_args, _add_training_args, _add_lr_args, _add_data_args,
@@ -258,7 +302,8 @@ def get_parser(extra_args_provider: Optional[Callable] = None,
 def parse_args(argv: Optional[List[str]] = None, extra_args_provider: Optional[Callable] = None,
                world_size: Optional[int] = None, require_data: bool = True) -> argparse.Namespace:
     """Parse ``argv`` (default ``sys.argv``) and validate for ``world_size`` ranks
-    (default ``$WORLD_SIZE`` or 1). A bad combination exits with status 2 and the message."""
+    (default ``$WORLD_SIZE`` or 1). Bad flags exit with status 2 and one line naming all of
+    them (megatron.errors.exit_with_error)."""
     parser = get_parser(extra_args_provider)
     args = parser.parse_args(argv)
     if world_size is None:
@@ -678,11 +723,25 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
     """Check flag combinations for ``world_size`` ranks and fill derived values in place.
     ``require_data=False`` lets tools that build no dataset (schedule previews) skip data flags."""
     _require(args, "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size")
-    _validate_batch(args, world_size)
-    _validate_model(args)
-    _validate_training(args)
-    _validate_lr_units(args)
-    _validate_data(args, require_data)
-    _validate_deepspeed_config(args)
-    _validate_layout(args)
+    # Every check whose inputs are valid runs, so one error names all problems of a command line;
+    # a check is skipped when one it builds on (derived values) failed.
+    checks = (("batch", (), lambda: _validate_batch(args, world_size)),
+              ("model", (), lambda: _validate_model(args)),
+              ("training", (), lambda: _validate_training(args)),
+              ("lr", ("batch", "training"), lambda: _validate_lr_units(args)),
+              ("data", (), lambda: _validate_data(args, require_data)),
+              ("deepspeed", ("batch",), lambda: _validate_deepspeed_config(args)),
+              ("layout", ("batch", "model", "deepspeed"), lambda: _validate_layout(args)))
+    failed, errors = set(), []
+    for name, needs, check in checks:
+        if failed.intersection(needs):
+            failed.add(name)
+            continue
+        try:
+            check()
+        except ArgumentError as e:
+            failed.add(name)
+            errors.append(str(e))
+    if errors:
+        raise ArgumentError("; ".join(errors))
     return args

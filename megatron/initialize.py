@@ -26,9 +26,39 @@ def initialize_distributed(args) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not torch.distributed.is_initialized():
+        _init_deepspeed_distributed(args)
+    initialize_model_parallel(args)
+
+
+def _init_deepspeed_distributed(args) -> None:
+    """``deepspeed.init_distributed`` with a notice before DeepSpeed's one-time CPU op build, a
+    one-line error for a busy MASTER_PORT, and no shared-memory buffers left behind (see
+    megatron/cpu_comm.py)."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    from megatron import cpu_comm
+    from megatron.errors import ConfigError
+
+    on_cpu = get_accelerator().device_name() == "cpu"
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if on_cpu:
+        cpu_comm.announce_shm_op_build()
+    try:
         deepspeed.init_distributed(dist_backend=args.distributed_backend or default_backend(),
                                    verbose=False)
-    initialize_model_parallel(args)
+    except torch.distributed.DistNetworkError as e:
+        if "EADDRINUSE" not in str(e):
+            raise
+        raise ConfigError(
+            f"MASTER_PORT {os.environ['MASTER_PORT']} on {os.environ['MASTER_ADDR']} is already in "
+            f"use by another process; pick a free port: --master_port PORT for the deepspeed "
+            f"launcher, MASTER_PORT=PORT for the example scripts") from None
+    if on_cpu:
+        torch.distributed.barrier()  # every rank has mapped every rank's all-reduce buffer
+        cpu_comm.unlink_own_shm_buffer(torch.distributed.get_rank())
+        if local_rank == 0:
+            cpu_comm.remove_stale_shm_buffers()
 
 
 def set_seeds(seed: int) -> None:
@@ -49,13 +79,10 @@ def print_rank_0(message: str) -> None:
 
 
 def quiet_optional_dependency_warnings() -> None:
-    """Hide megatron-core's import-time notices that optional Apex / Transformer Engine kernels are
-    absent (expected on CPU; the fallbacks are the intended path). Call before importing
-    megatron.core."""
-    import warnings
+    """Former name of :func:`megatron.known_warnings.quiet_known_warnings`."""
+    from megatron.known_warnings import quiet_known_warnings
 
-    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed")
-    warnings.filterwarnings("ignore", message=r"full scope is deprecated")
+    quiet_known_warnings()
 
 
 def all_reduce_small(tensor: torch.Tensor, op=None, group=None) -> torch.Tensor:

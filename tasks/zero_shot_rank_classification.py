@@ -26,6 +26,10 @@ from typing import Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
+from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+
+quiet_known_warnings()  # before megatron.core is imported
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 

@@ -44,18 +44,3 @@ def single_rank_layout_losses(demo_data, tmp_path_factory):
     from parallel_helpers import run_layout
     losses, _ = run_layout(demo_data, tmp_path_factory.mktemp("layout_reference"), num_ranks=1)
     return losses
-
-
-@pytest.fixture(autouse=True, scope="session")
-def remove_deepspeed_shm_buffers():
-    """DeepSpeed's CPU all-reduce leaves its shared-memory buffers (/dev/shm/deepspeed_allreduce_
-    buffer_*, tens of MB per rank and launch) behind, also after clean exits and SIGKILLs; remove
-    the ones this test session's launches made, so repeated runs cannot fill the machine's memory."""
-    import glob
-    before = set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"))
-    yield
-    for path in set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) - before:
-        try:
-            os.remove(path)
-        except OSError:
-            pass

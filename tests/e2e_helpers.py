@@ -14,10 +14,12 @@ def deepspeed_launcher() -> str:
 
 
 def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: int = 600,
-                  env: Dict[str, str] = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Launch ``script`` with ``num_ranks`` CPU ranks (gloo); with ``check``, raise with the log
-    when it fails."""
-    cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()),
+                  env: Dict[str, str] = None, check: bool = True,
+                  master_port: int = None) -> subprocess.CompletedProcess:
+    """Launch ``script`` with ``num_ranks`` CPU ranks (gloo) on ``master_port`` (default: a free
+    one); with ``check``, raise with the log when it fails."""
+    cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port",
+           str(master_port or free_port()),
            os.path.join(ROOT, script)] + flags
     run_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")

@@ -22,6 +22,10 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
+from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+
+quiet_known_warnings()  # before megatron.core is imported
+
 import json  # noqa: E402
 import time  # noqa: E402
 from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402

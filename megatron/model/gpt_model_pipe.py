@@ -391,6 +391,7 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
     """The ``GPTModelPipe`` for ``args`` on this rank's stage (``args.padded_vocab_size`` set and the
     parallel state initialised): same config and layer spec as ``build_gpt_model``, DeepSpeed's
     topology equal to megatron-core's, weights from the layout-independent initializer."""
+    from megatron.model.alibi import model_position_embedding_type
     from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
     from megatron.model.init import initialize_parameters
     from megatron.parallel.topology import ParallelLayout, deepspeed_topology
@@ -399,7 +400,8 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
     model = GPTModelPipe(
         config, layer_spec_from_args(args), args.padded_vocab_size, args.max_position_embeddings,
         deepspeed_topology(ParallelLayout.from_args(args)),
-        position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+        position_embedding_type=model_position_embedding_type(args.position_embedding_type),
+        rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         partition_method=partition_method_from_args(args),

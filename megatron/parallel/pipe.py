@@ -56,9 +56,15 @@ def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, st
 
 def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int) -> Tuple[torch.Tensor, int]:
     """Forward ``num_micro_batches`` micro batches with ``engine.eval_batch``; returns (sum of the
-    micro-batch losses, their count) on the last stage and (0, 0) on the others."""
+    micro-batch losses, their count) on the last stage and (0, 0) on the others.
+
+    The pipe engine describes the tensors it sends between stages once and reuses that description;
+    it is renewed around the evaluation, so an evaluation set whose batches carry another attention
+    structure than the training set's (say, no ``segment_ids``) still travels correctly."""
+    engine.reset_activation_shape()
     engine.eval_batch(map(pipe_batch, iterator), num_micro_batches=num_micro_batches,
                       reduce_output=None, bcast_loss=False)
+    engine.reset_activation_shape()
     records = engine.module.loss_function.pop_records()
     total = torch.zeros((), dtype=torch.float64)
     for loss, _, _ in records:

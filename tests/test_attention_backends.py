@@ -241,11 +241,12 @@ def test_alibi_bad_inputs():
 
 # ------------------------------------------------------------------ --attention-backend
 def resolve(requested, device="cuda", te=True, impl="transformer_engine", structured=True,
-            dropout=0.0, training=True, alibi=False):
+            dropout=0.0, training=True, alibi=False, prefix=False):
     from megatron.model.attention_backends import resolve_attention_backend
     return resolve_attention_backend(requested, device_type=device, te_available=te,
                                      transformer_impl=impl, structured_batches=structured,
-                                     attention_dropout=dropout, training=training, alibi=alibi)
+                                     attention_dropout=dropout, training=training, alibi=alibi,
+                                     prefix_batches=prefix)
 
 
 @pytest.mark.parametrize("requested,kwargs,name,kernel", [
@@ -269,6 +270,7 @@ def resolve(requested, device="cuda", te=True, impl="transformer_engine", struct
     ("unfused", dict(), "te", "unfused"),
     ("fused", dict(), "te", "fused"),
     ("flash", dict(structured=False), "te", "flash"),
+    ("flash", dict(), "te", "flash"),  # packed documents without prefixes: TE's thd format
 ])
 def test_backend_selection(requested, kwargs, name, kernel):
     backend = resolve(requested, **kwargs)
@@ -283,7 +285,7 @@ def test_backend_selection(requested, kwargs, name, kernel):
     ("te", dict(te=False), "Transformer Engine is not installed"),
     ("unfused", dict(impl="local"), "needs --transformer-impl transformer_engine"),
     ("fused", dict(device="cpu"), "needs a CUDA device"),
-    ("flash", dict(), "take no arbitrary mask"),
+    ("flash", dict(prefix=True), "take no arbitrary mask, which --prefix-lm batches need"),
     ("magic", dict(), "unknown; choose one of auto, flash"),
 ])
 def test_backend_selection_errors_name_the_flag(requested, kwargs, message):
@@ -329,10 +331,25 @@ class FakeTEDotProductAttention(torch.nn.Module):
         self.scale = 1 / math.sqrt(config.kv_channels)
 
     def forward(self, q, k, v, attention_mask=None, attn_mask_type="causal",
-                core_attention_bias_type="no_bias", core_attention_bias=None, alibi_slopes=None):
+                core_attention_bias_type="no_bias", core_attention_bias=None, alibi_slopes=None,
+                qkv_format=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
+                max_seqlen_kv=None):
         FakeTEDotProductAttention.calls.append(dict(
-            attn_mask_type=attn_mask_type, bias_type=core_attention_bias_type,
-            mask=attention_mask, bias=core_attention_bias, slopes=alibi_slopes))
+            attn_mask_type=attn_mask_type, bias_type=core_attention_bias_type, qkv_format=qkv_format,
+            mask=attention_mask, bias=core_attention_bias, slopes=alibi_slopes,
+            cu_seqlens=cu_seqlens_q, max_seqlen=max_seqlen_q))
+        if qkv_format == "thd":  # [t, h, d]: each cu_seqlens sequence on its own, causally
+            assert attn_mask_type == "padding_causal" and attention_mask is None
+            assert torch.equal(cu_seqlens_q, cu_seqlens_kv) and cu_seqlens_q.dtype == torch.int32
+            bounds = cu_seqlens_q.tolist()
+            assert max_seqlen_q == max(b - a for a, b in zip(bounds, bounds[1:]))
+            outs = []
+            for a, b in zip(bounds, bounds[1:]):
+                sbhd = [t[a:b, None] for t in (q, k, v)]  # [len, 1, h, d]
+                outs.append(FakeTEDotProductAttention.forward(
+                    self, *sbhd, attn_mask_type="causal", alibi_slopes=alibi_slopes,
+                    core_attention_bias_type=core_attention_bias_type)[:, 0])
+            return torch.cat(outs, 0)
         s, b = q.shape[:2]
         if attn_mask_type == "causal":
             allowed = torch.ones(s, s, dtype=torch.bool).tril().expand(b, s, s)
@@ -382,10 +399,15 @@ def test_te_gets_a_mask_type_honouring_the_structure(fake_te, case, alibi):
     q, k, v = qkv(11, 37, 3)
     structure = attention_structure(seg, pre)
     got = core(q, k, v, None, packed_seq_params=structure)
-    call = FakeTEDotProductAttention.calls[-1]
+    call = FakeTEDotProductAttention.calls[0]  # the backend's call (the stand-in recurses for thd)
     if structure is None:
         assert call["attn_mask_type"] == "causal" and call["mask"] is None
-    else:  # never the plain causal mask when the batch has segments or prefixes
+    elif pre is None:  # segments only: TE's packed format, one sequence per segment
+        assert (call["qkv_format"], call["attn_mask_type"]) == ("thd", "padding_causal")
+        runs = [(n * 37 + a) for n in range(3) for a in range(37)
+                if a == 0 or seg[n, a] != seg[n, a - 1]]
+        assert call["cu_seqlens"].tolist() == runs + [3 * 37]
+    else:  # never the plain causal mask when the batch has prefixes
         assert call["attn_mask_type"] == "arbitrary" and call["mask"].shape == (3, 1, 37, 37)
     if alibi:
         assert call["bias_type"] == ("post_scale_bias" if pre is not None else "alibi")

@@ -11,7 +11,8 @@ and ``te``. What each runs (every one honours the batch's segments, prefixes and
 ``te``      Transformer Engine (megatron/model/te_attention.py), TE picks its kernel; needs TE
             and ``--transformer-impl transformer_engine`` on a GPU. ``flash`` / ``fused`` /
             ``unfused`` are ``te`` restricted to that kernel family (``flash`` cannot take the
-            ``arbitrary`` mask packed or prefix-LM batches need: refused for them).
+            ``arbitrary`` mask prefix-LM batches need: refused for them; packed documents
+            without prefixes run TE's packed ``thd`` format, which it can).
 ``auto``    CPU: ``sdpa``. GPU: batches with segments or prefixes get ``flex`` (block-sparse)
             when attention dropout is 0, else ``te`` when installed, else ``sdpa``; plain causal
             batches get ``te`` when installed, else ``sdpa`` (flash kernels through SDPA), except
@@ -65,11 +66,12 @@ def _error(requested: str, why: str):
 def resolve_attention_backend(requested: str, *, device_type: str, te_available: bool,
                               transformer_impl: str, structured_batches: bool,
                               attention_dropout: float, training: bool = True,
-                              flex_available: bool = True, alibi: bool = False) -> AttentionBackend:
+                              flex_available: bool = True, alibi: bool = False,
+                              prefix_batches: bool = False) -> AttentionBackend:
     """The backend for ``requested`` (one of :data:`ATTENTION_BACKEND_CHOICES`) on ``device_type``
     (``cpu``/``cuda``), given whether TE imports, ``--transformer-impl``, whether batches carry
-    segments or prefixes, ``--attention-dropout``, whether the model trains and whether it uses
-    ALiBi (see the module docstring). Raises ArgumentError when an explicit choice cannot run."""
+    segments or prefixes (and prefixes: ``--prefix-lm``), ``--attention-dropout``, whether the
+    model trains and whether it uses ALiBi (see the module docstring). Raises ArgumentError when an explicit choice cannot run."""
     if requested not in ATTENTION_BACKEND_CHOICES:
         raise _error(requested, f"unknown; choose one of {', '.join(ATTENTION_BACKEND_CHOICES)}")
     if requested in ("sdpa", "local"):
@@ -93,10 +95,9 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
             raise _error(requested, f"needs --transformer-impl transformer_engine (got {transformer_impl})")
         if device_type != "cuda":
             raise _error(requested, "Transformer Engine attention needs a CUDA device")
-        if requested == "flash" and structured_batches:
-            raise _error(requested, "flash attention kernels take no arbitrary mask, which packed "
-                                    "documents / --prefix-lm / --reset-attention-mask need; use unfused, "
-                                    "fused, te, flex or sdpa")
+        if requested == "flash" and prefix_batches:
+            raise _error(requested, "flash attention kernels take no arbitrary mask, which "
+                                    "--prefix-lm batches need; use unfused, fused, te, flex or sdpa")
         kernel = requested if requested in TE_KERNELS else None
         return AttentionBackend("te", requested, "explicit", te_kernel=kernel)
     # auto
@@ -138,7 +139,8 @@ def attention_backend_from_args(args, device_type: Optional[str] = None,
         te_available=transformer_engine_available(), transformer_impl=args.transformer_impl,
         structured_batches=batches_have_structure(args), attention_dropout=args.attention_dropout,
         training=training, flex_available=flex_attention_available(),
-        alibi=args.position_embedding_type == "alibi")
+        alibi=args.position_embedding_type == "alibi",
+        prefix_batches=bool(getattr(args, "prefix_lm", False)))
 
 
 def core_attention_spec(backend: AttentionBackend, alibi: bool):

@@ -7,7 +7,10 @@ TE imports only on GPU installs) instead derives TE's arguments from the
 :class:`~megatron.model.masks.AttentionStructure` of each batch (:func:`te_forward_kwargs`):
 
 - no structure: ``attn_mask_type="causal"`` (flash / cuDNN fused kernels);
-- segments and/or prefixes: ``attn_mask_type="arbitrary"`` with the dense mask (True = masked),
+- segments without prefixes (packed pretraining, causal T0): TE's packed ``thd`` format, every
+  segment (padding included) one sequence of ``cu_seqlens``, ``attn_mask_type="padding_causal"``
+  (flash / fused varlen kernels; q, k, v are reshaped ``[s, b, h, d] -> [b * s, h, d]`` and back);
+- prefixes (``--prefix-lm``): ``attn_mask_type="arbitrary"`` with the dense mask (True = masked),
   built once per micro batch on the device;
 - ALiBi: ``core_attention_bias_type="alibi"`` with this rank's slopes (TE builds the bias,
   ``-slope * |q - k|``, which equals this package's ``slope * (k - q)`` wherever attention is
@@ -24,7 +27,7 @@ import torch
 from torch import Tensor
 
 from megatron.model.alibi import alibi_bias
-from megatron.model.masks import AttentionStructure, dense_allowed_mask
+from megatron.model.masks import AttentionStructure, dense_allowed_mask, segment_runs
 
 TE_KERNEL_ENV = {"flash": "NVTE_FLASH_ATTN", "fused": "NVTE_FUSED_ATTN", "unfused": "NVTE_UNFUSED_ATTN"}
 
@@ -39,13 +42,30 @@ def te_kernel_environment(kernel: Optional[str]) -> Dict[str, str]:
     return {env: "1" if name == kernel else "0" for name, env in TE_KERNEL_ENV.items()}
 
 
+def thd_sequences(structure: AttentionStructure, device) -> Dict:
+    """TE's ``thd`` description of a segments-only batch flattened sample-major to ``b * s`` tokens:
+    ``cu_seqlens`` (int32, on ``device``: the start of every segment, then ``b * s``) and
+    ``max_seqlen`` (the longest segment)."""
+    s = structure.seq_length
+    starts = [n * s + start for n, runs in enumerate(segment_runs(structure)) for start, _ in runs]
+    bounds = starts + [structure.batch_size * s]
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    return {"cu_seqlens": torch.tensor(bounds, dtype=torch.int32, device=device), "max_seqlen": longest}
+
+
 def te_forward_kwargs(structure: Optional[AttentionStructure], seq_length: int, device,
                       alibi_slopes: Optional[Tensor], dtype: torch.dtype = torch.float32) -> Dict:
     """Keyword arguments for TE ``DotProductAttention.forward`` after q, k, v (see the module
-    docstring): ``attention_mask``, ``attn_mask_type`` and, with ALiBi, the bias type and slopes
-    (or the bias itself, in ``dtype``)."""
+    docstring): ``attention_mask``, ``attn_mask_type`` (with ``qkv_format="thd"`` and the
+    ``cu_seqlens`` / ``max_seqlen`` of each segment for segments-only batches) and, with ALiBi, the
+    bias type and slopes (or the bias itself, in ``dtype``)."""
     if structure is None:
         kwargs = {"attention_mask": None, "attn_mask_type": "causal"}
+    elif structure.is_prefix is None:
+        thd = structure.cached(("te_thd", device), lambda: thd_sequences(structure, device))
+        kwargs = {"attention_mask": None, "attn_mask_type": "padding_causal", "qkv_format": "thd",
+                  "cu_seqlens_q": thd["cu_seqlens"], "cu_seqlens_kv": thd["cu_seqlens"],
+                  "max_seqlen_q": thd["max_seqlen"], "max_seqlen_kv": thd["max_seqlen"]}
     else:
         masked = structure.cached(("te_masked", device),
                                   lambda: ~dense_allowed_mask(structure, seq_length, device))
@@ -96,8 +116,13 @@ def te_structured_attention_class():
             slopes = None
             if self.alibi_slope_values is not None:
                 slopes = torch.tensor(self.alibi_slope_values, dtype=torch.float32, device=query.device)
-            kwargs = te_forward_kwargs(packed_seq_params, query.shape[0], query.device, slopes,
-                                       query.dtype)
-            return te_pytorch.DotProductAttention.forward(self, query, key, value, **kwargs)
+            s, b = query.shape[:2]
+            kwargs = te_forward_kwargs(packed_seq_params, s, query.device, slopes, query.dtype)
+            if kwargs.get("qkv_format") != "thd":
+                return te_pytorch.DotProductAttention.forward(self, query, key, value, **kwargs)
+            # [s, b, h, d] -> [b * s, h, d] (sample-major, as cu_seqlens counts) and back
+            q, k, v = (t.transpose(0, 1).reshape(b * s, *t.shape[2:]) for t in (query, key, value))
+            out = te_pytorch.DotProductAttention.forward(self, q, k, v, **kwargs)
+            return out.reshape(b, s, -1).transpose(0, 1).contiguous()
 
     return TEStructuredAttention

@@ -128,3 +128,18 @@ def test_t0_prefix_lm_under_pp2_equals_pp1(toy, tmp_path):
     assert [(it, g) for it, g, _ in evals["pp2"]] == expected
     assert [loss for *_, loss in evals["pp2"]] == pytest.approx([loss for *_, loss in evals["pp1"]],
                                                                 rel=1e-4)
+
+
+def test_tied_embedding_gradient_is_the_sum_over_both_stages(tmp_path):
+    """PP 2 with a tied embedding (tests/pipe_tied_gradient_check.py on 2 ranks): each stage's own
+    gradient of the tied weight is a partial one (its use: input embedding on stage 0, output layer
+    on stage 1); what the optimizer steps with, on both stages, is their sum, which is exactly the
+    one-stage GPTModel's gradient of its shared weight."""
+    import json
+    run_deepspeed("tests/pipe_tied_gradient_check.py", [str(tmp_path)], num_ranks=2)
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for record in records:
+        assert record["stage_vs_reference"] > 1e-3 * record["reference_norm"], record  # partial
+        assert record["stage_sum_vs_reference"] <= 1e-6 * record["reference_norm"], record
+        assert record["step_vs_reference"] <= 1e-6 * record["reference_norm"], record
+    assert records[0]["stage_norm"] != pytest.approx(records[1]["stage_norm"])

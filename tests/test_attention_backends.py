@@ -599,3 +599,19 @@ def test_alibi_with_tensor_parallelism_matches_one_rank(demo_data, tmp_path):
     losses, _ = run_layout(demo_data, tmp_path / "tp2", num_ranks=2, iters=6,
                            extra=extra + ["--tensor-model-parallel-size", "2"])
     assert_losses_match(losses, reference)
+
+
+def test_gpu_benchmark_script_smoke_run_on_cpu():
+    """benchmarks/gpu/attention_backends.py stays runnable: its --device cpu smoke run agrees with
+    SDPA-dense (the GPU figures come from a GPU machine)."""
+    import os
+    import re
+    import subprocess
+    from conftest import ROOT
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "attention_backends.py"),
+                           "--device", "cpu", "--seq-length", "64", "--batch", "2", "--heads", "4",
+                           "--head-dim", "8", "--dtype", "fp32", "--alibi", "--iters", "1",
+                           "--documents", "4"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diff = re.search(r"sdpa-segments .* max\|diff\| (\S+)", proc.stdout)
+    assert diff and float(diff.group(1)) < 1e-5, proc.stdout

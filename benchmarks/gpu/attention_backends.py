@@ -15,6 +15,8 @@ Backends (each where it can run; a skipped one says why):
 
 Every backend's output is first checked against ``sdpa-dense`` (max abs difference printed), so a
 run is also a correctness check of the GPU kernels. Ratios are printed against ``sdpa-dense``.
+``--device cpu`` is a smoke run of the script itself (tiny sizes; no memory figures; FlexAttention
+has no CPU backward and is reported as failed).
 """
 import argparse
 import json
@@ -44,18 +46,22 @@ def packed_prefix_lm_batch(batch: int, seq_length: int, documents: int, seed: in
     return torch.from_numpy(seg), torch.from_numpy(pre)
 
 
-def timed(fn, iters: int):
-    """(seconds per call, peak bytes) of ``fn`` (fwd+bwd) after 3 warm-up calls."""
+def timed(fn, iters: int, device: torch.device):
+    """(seconds per call, peak bytes or 0 off GPU) of ``fn`` (fwd+bwd) after 3 warm-up calls."""
+    cuda = device.type == "cuda"
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     start = time.perf_counter()
     for _ in range(iters):
         fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters, torch.cuda.max_memory_allocated() - base
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / iters
+    return seconds, (torch.cuda.max_memory_allocated() - base) if cuda else 0
 
 
 def main(argv=None):
@@ -69,16 +75,17 @@ def main(argv=None):
     parser.add_argument("--alibi", action="store_true")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (a smoke run)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/gpu/attention_backends.py needs a CUDA device")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("benchmarks/gpu/attention_backends.py needs a CUDA device (--device cpu: smoke run)")
     from megatron.model.alibi import alibi_slopes
     from megatron.model.flex_attention import flex_attend
     from megatron.model.masks import attention_structure, block_mask
     from megatron.model.sdpa_attention import sdpa_dense, sdpa_segmentwise
     from megatron.model.te_attention import te_forward_kwargs
 
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     b, s, n, d = args.batch, args.seq_length, args.heads, args.head_dim
     seg, pre = (t.to(dev) for t in packed_prefix_lm_batch(b, s, args.documents))
@@ -99,7 +106,8 @@ def main(argv=None):
     structure = attention_structure(seg, pre)
     start = time.perf_counter()
     bmask = block_mask(structure, s, dev)
-    torch.cuda.synchronize()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     block_mask_ms = 1e3 * (time.perf_counter() - start)
     backends = {
         "sdpa-dense": lambda: sdpa_dense(q, k, v, structure, scale, slopes=slopes),
@@ -128,14 +136,15 @@ def main(argv=None):
         try:
             with torch.no_grad():
                 diff = (attend().float() - reference).abs().max().item()
-            seconds, peak = timed(step(attend), args.iters)
+            seconds, peak = timed(step(attend), args.iters, dev)
         except Exception as e:  # report and go on: a GPU run should show every backend it can
             print(f"{name}: failed ({type(e).__name__}: {str(e)[:200]})")
             continue
         rows[name] = {"ms": 1e3 * seconds, "tokens_per_s": b * s / seconds,
                       "peak_gib": peak / 2 ** 30, "max_abs_diff_vs_sdpa_dense": diff}
     real = (seg > 0).sum().item()
-    print(f"{torch.cuda.get_device_name()}: b={b} s={s} heads={n} head_dim={d} {args.dtype}, "
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU (smoke run)"
+    print(f"{name}: b={b} s={s} heads={n} head_dim={d} {args.dtype}, "
           f"{args.documents} packed prefix-LM documents/sample, ALiBi {'on' if args.alibi else 'off'}, "
           f"fwd+bwd, {args.iters} iterations (block mask build: {block_mask_ms:.1f} ms/batch)")
     ref = rows.get("sdpa-dense")

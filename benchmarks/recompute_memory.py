@@ -6,8 +6,8 @@ torch AdamW step, so only the model's forward/backward differs). Printed per set
 * saved-for-backward bytes: the distinct storages (weights excluded) autograd keeps between
   forward and backward for one micro batch (``torch.autograd.graph.saved_tensors_hooks``), the
   memory recompute saves;
-* peak RSS growth of the process over the timed iterations (from the high-water mark after model,
-  optimizer and one warm-up iteration), the same measured by the OS;
+* peak RSS growth of the process from the model and optimizer being built to the end of the
+  iterations, the same measured by the OS (it includes Adam's moments, equal in every setting);
 * median ms per iteration (forward + backward + optimizer step).
 
 and the ratios against no recompute. Full recompute keeps only each layer's input and runs every
@@ -72,7 +72,8 @@ def measure(opts, recompute_flags) -> dict:
         loss.backward()
         optimizer.step()
 
-    step()  # warm-up: optimizer state and allocator caches exist from here on
+    baseline = _peak_rss_bytes()  # model and optimizer built, no activations yet
+    step()  # warm-up
     saved = {}
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
@@ -89,7 +90,6 @@ def measure(opts, recompute_flags) -> dict:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model(tokens, position_ids, None, labels=tokens).float().mean()
     loss.backward()
-    baseline = _peak_rss_bytes()
     times = []
     for _ in range(opts.iters):
         start = time.perf_counter()

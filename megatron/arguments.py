@@ -425,7 +425,6 @@ def _validate_layout(args) -> None:
     if args.checkpoint_num_layers < 1:
         raise ArgumentError(f"--checkpoint-num-layers {args.checkpoint_num_layers} must be positive")
     resolve_recompute_flags(args)
-    args.pipe_engine = pp > 1
 
 
 def _resolve_transformer_impl(args) -> None:

@@ -38,9 +38,17 @@ def demo_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def single_rank_layout_losses(demo_data, tmp_path_factory):
-    """Per-iteration losses of the layout-comparison model (tests/parallel_helpers.py) on one rank:
-    the reference every parallel layout must reproduce; run once per session."""
-    from parallel_helpers import run_layout
-    losses, _ = run_layout(demo_data, tmp_path_factory.mktemp("layout_reference"), num_ranks=1)
-    return losses
+def single_rank_layout_records(demo_data, tmp_path_factory):
+    """Training records (``--metrics-jsonl``) of the layout-comparison model
+    (tests/parallel_helpers.py) on one rank: the reference every parallel layout must reproduce;
+    run once per session."""
+    from parallel_helpers import run_layout, train_records
+    run_dir = tmp_path_factory.mktemp("layout_reference")
+    run_layout(demo_data, run_dir, num_ranks=1)
+    return train_records(run_dir)
+
+
+@pytest.fixture(scope="session")
+def single_rank_layout_losses(single_rank_layout_records):
+    """Per-iteration losses of the single-rank layout reference run."""
+    return [r["lm_loss"] for r in single_rank_layout_records]

@@ -36,9 +36,14 @@ def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
     returns (per-iteration lm losses, the launcher's CompletedProcess)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     proc = run_deepspeed(script, layout_flags(demo_data, run_dir, extra, iters), num_ranks=num_ranks)
-    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "split" not in r]
+    records = train_records(run_dir)
     assert [r["iteration"] for r in records] == list(range(1, iters + 1)), records
     return [r["lm_loss"] for r in records], proc
+
+
+def train_records(run_dir) -> List[dict]:
+    """The training records of the run in ``run_dir`` (its ``metrics.jsonl``)."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "split" not in r]
 
 
 def assert_losses_match(got: Sequence[float], reference: Sequence[float], rel: float = 1e-4) -> None:

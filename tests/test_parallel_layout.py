@@ -27,7 +27,6 @@ def test_data_parallel_size_is_world_over_tp_pp(extra, world, tp, pp, dp):
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
             args.data_parallel_size) == (tp, pp, dp)
     assert args.global_batch_size == 2 * dp
-    assert args.pipe_engine == (pp > 1)
 
 
 def test_partition_method_default_is_bigscience_type_transformer():

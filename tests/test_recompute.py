@@ -80,3 +80,23 @@ def test_cpu_tracker_fork_uses_its_own_stream_and_restores_the_default(model_par
     expected_forked = torch.rand(4, generator=torch.Generator().manual_seed(1 + 2718))
     assert torch.equal(forked, expected_forked)  # model-parallel stream: seed + 2718 + tp_rank
 
+
+
+def test_checkpoint_rng_state_carries_the_cpu_tracker_streams(model_parallel_state):
+    """Exact resume with dropout under TP on CPU: the tracker's model-parallel stream is saved and
+    restored with the other generator states (megatron/checkpointing.py rng_state)."""
+    from megatron.checkpointing import rng_state, set_rng_state
+    from megatron.core import tensor_parallel
+    from megatron.parallel.cpu_rng import model_parallel_manual_seed
+
+    model_parallel_manual_seed(4)
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    with tracker.fork():
+        torch.rand(3)  # move the stream off its seed
+    saved = rng_state()
+    with tracker.fork():
+        expected = torch.rand(5)
+    model_parallel_manual_seed(99)  # a fresh process would start elsewhere
+    set_rng_state(saved)
+    with tracker.fork():
+        assert torch.equal(torch.rand(5), expected)

@@ -539,18 +539,6 @@ def pretrain_flags(demo_data, run_dir, extra=()):
             "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "5", *extra]
 
 
-def test_pretrain_reset_attention_mask_with_alibi_end_to_end(demo_data, tmp_path):
-    """2 CPU ranks through the deepspeed launcher: document segments from EODs, ALiBi with 6
-    heads (not a power of two), the backend named in the start-up log; the loss falls."""
-    from e2e_helpers import read_jsonl, run_deepspeed
-    proc = run_deepspeed("pretrain_gpt.py", pretrain_flags(demo_data, tmp_path, [
-        "--reset-attention-mask", "--reset-position-ids", "--position-embedding-type", "alibi"]))
-    assert ("attention backend: sdpa [--attention-backend auto: CPU: SDPA (FlexAttention has no "
-            "CPU backward)]") in proc.stdout
-    losses = [r["lm_loss"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
-    assert len(losses) == 8 and losses[-1] < losses[0] - 0.3
-
-
 def test_explicit_flex_on_cpu_stops_the_run_with_one_line(demo_data, tmp_path):
     from e2e_helpers import run_deepspeed
     proc = run_deepspeed("pretrain_gpt.py", pretrain_flags(demo_data, tmp_path, [
@@ -591,11 +579,16 @@ def test_flex_model_forward_equals_sdpa_model_on_cpu(monkeypatch, position):
 
 
 def test_alibi_with_tensor_parallelism_matches_one_rank(demo_data, tmp_path):
-    """ALiBi + --reset-attention-mask at TP 2 (each rank its 2 heads' slopes) gives the losses of
-    the one-rank run; a rank using the wrong heads' slopes would not."""
+    """Pretraining through the deepspeed launcher with ALiBi and --reset-attention-mask (document
+    segments from EODs): the backend is named in the start-up log, the loss falls, and TP 2 (each
+    rank its 2 heads' slopes) gives the losses of the one-rank run; a rank using the wrong heads'
+    slopes would not."""
     from parallel_helpers import assert_losses_match, run_layout
-    extra = ["--position-embedding-type", "alibi", "--reset-attention-mask"]
-    reference, _ = run_layout(demo_data, tmp_path / "tp1", num_ranks=1, extra=extra, iters=6)
+    extra = ["--position-embedding-type", "alibi", "--reset-attention-mask", "--reset-position-ids"]
+    reference, proc = run_layout(demo_data, tmp_path / "tp1", num_ranks=1, extra=extra, iters=6)
+    assert ("attention backend: sdpa [--attention-backend auto: CPU: SDPA (FlexAttention has no "
+            "CPU backward)]") in proc.stdout
+    assert reference[-1] < reference[0] - 0.3
     losses, _ = run_layout(demo_data, tmp_path / "tp2", num_ranks=2, iters=6,
                            extra=extra + ["--tensor-model-parallel-size", "2"])
     assert_losses_match(losses, reference)

@@ -78,13 +78,6 @@ def print_rank_0(message: str) -> None:
         print(message, flush=True)
 
 
-def quiet_optional_dependency_warnings() -> None:
-    """Former name of :func:`megatron.known_warnings.quiet_known_warnings`."""
-    from megatron.known_warnings import quiet_known_warnings
-
-    quiet_known_warnings()
-
-
 def all_reduce_small(tensor: torch.Tensor, op=None, group=None) -> torch.Tensor:
     """All-reduce a small tensor (flags, loss sums) over ``group`` (default: all ranks) and return
     the result on the CPU. The reduction runs where the backend needs it: on this rank's GPU for

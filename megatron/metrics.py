@@ -26,7 +26,7 @@ class MetricsWriter:
             self._tb = SummaryWriter(log_dir=tensorboard_dir)
 
     def train_record(self, record: Dict[str, Any]) -> None:
-        """Log a training record (keys of DESIGN.md: iteration, consumed_samples, lr, ...)."""
+        """Log a training record (the README's --metrics-jsonl keys: iteration, lr, ...)."""
         self._write(record)
         if self._tb is not None:
             step = record["iteration"]

@@ -21,14 +21,16 @@ FLAGS = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2
 
 
 def _own_buffers(port: int):
-    return glob.glob(os.path.join(cpu_comm.SHM_DIR, f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_*_{port}_*"))
+    pattern = f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_*_{port}_*"
+    return glob.glob(os.path.join(cpu_comm.SHM_DIR, pattern))
 
 
 def test_buffer_path_is_named_as_deepspeed_names_it():
     """shm.cpp: "%s_%d_%s_%s" (prefix, uid, MASTER_ADDR, MASTER_PORT) then "_%d" (rank)."""
     import deepspeed
 
-    source = os.path.join(os.path.dirname(deepspeed.__file__), "ops", "csrc", "cpu", "comm", "shm.cpp")
+    source = os.path.join(os.path.dirname(deepspeed.__file__), "ops", "csrc", "cpu", "comm",
+                          "shm.cpp")
     with open(source) as f:
         text = f.read()
     assert f'#define SHM_BUFFER_NAME "{cpu_comm.SHM_PREFIX}"' in text

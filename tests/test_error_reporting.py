@@ -1,5 +1,6 @@
-"""How errors reach the user: one line per error, all flag problems of a command line together, once
-per launch (not once per rank), exit status 2 for flags and 1 for other input (docs/robustness.md)."""
+"""How errors reach the user: one line per error, all flag problems of a command line together,
+once per launch (not once per rank), exit status 2 for flags and 1 for other input
+(docs/robustness.md)."""
 import os
 import socket
 

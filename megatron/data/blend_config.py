@@ -1,6 +1,6 @@
 """``--data-blend-config FILE``: YAML/JSON blend files -> typed blend configuration.
 
-File shape (see DESIGN.md, "Blend files")::
+File shape (see docs/curriculum.md)::
 
     train:                       # one of: blend | epochized_blend | sequential
       blend:

@@ -1,5 +1,5 @@
-"""GPTModelPipe on one process: canonical names, equality with GPTModel, stage partitioning, and the
-pipe batch / grid / gradient-norm glue (megatron/parallel/pipe.py)."""
+"""GPTModelPipe on one process: canonical names and initial weights, equality with GPTModel,
+recompute, stage partitioning, and the pipe batch / tied-copy glue (megatron/parallel/pipe.py)."""
 import types
 
 import pytest
@@ -80,6 +80,25 @@ def test_canonical_names_are_gpt_model_names(one_stage, untie):
     assert "decoder.layers.3.mlp.linear_fc2.weight" in names
     layers = [f for f in pipe.forward_funcs if type(f).__name__ == "TransformerLayerPipe"]
     assert [f.layer.layer_number for f in layers] == [1, 2, 3, 4]
+
+
+def test_pipe_starts_from_the_gpt_model_initial_weights(one_stage):
+    """The layout-independent initializer, given the pipe's canonical names, draws exactly the
+    weights build_gpt_model draws for the same --seed."""
+    from megatron.model.gpt_model import build_gpt_model, layer_spec_from_args, transformer_config_from_args
+    from megatron.model.gpt_model_pipe import GPTModelPipe
+    from megatron.model.init import initialize_parameters
+
+    args = model_args("--seed", "17")
+    reference = dict(build_gpt_model(args).named_parameters())
+    config = transformer_config_from_args(args)
+    pipe = GPTModelPipe(config, layer_spec_from_args(args), args.padded_vocab_size,
+                        args.max_position_embeddings, one_stage_topology())
+    initialize_parameters(pipe.canonical_named_parameters(), config, args.seed)
+    state = pipe.canonical_state_dict()
+    assert sorted(state) == sorted(reference)
+    for name, value in state.items():
+        assert torch.equal(value, reference[name].detach()), name
 
 
 @pytest.mark.parametrize("with_mask,untie", [(False, False), (True, False), (False, True)])

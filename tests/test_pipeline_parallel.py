@@ -1,7 +1,8 @@
 """Pipeline parallelism end to end (DeepSpeed's pipe engine, GPTModelPipe) through the real
 deepspeed launcher on CPU ranks: the per-iteration losses of PP 2 and TP 2 x PP 2 (4 ranks, full
 recompute) equal the single-rank run's; TP 2 x PP 2 resumes exactly; a T0 prefix-LM finetune under
-PP 2 equals its PP 1 run, per-dataset losses and every validation group included."""
+PP 2 x DP 2 equals its PP 1 run, per-dataset losses and every validation group included; the tied
+embedding's gradient is the sum over both stages."""
 import shutil
 
 import pytest
@@ -107,13 +108,15 @@ def t0_flags(toy, run_dir, extra=()):
 def test_t0_prefix_lm_under_pp2_equals_pp1(toy, tmp_path):
     """Packed prefix-LM batches (segment_ids, is_prefix), --norm-target-loss weights, per-dataset
     losses, named validation groups and a batch-size rampup (the pipe engine's micro-batch count
-    changes between iterations) under PP 2 give the PP 1 numbers."""
-    runs = {}
-    for name, ranks, extra in (("pp1", 1, []), ("pp2", 2, ["--pipeline-model-parallel-size", "2"])):
+    changes between iterations) under PP 2 x DP 2 (ZeRO stage 1, 4 ranks) give the PP 1 numbers."""
+    runs, logs = {}, {}
+    for name, ranks, extra in (("pp1", 1, []), ("pp2", 4, ["--pipeline-model-parallel-size", "2"])):
         run_dir = tmp_path / name
         run_dir.mkdir()
-        run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, extra), num_ranks=ranks)
+        proc = run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, extra), num_ranks=ranks)
+        logs[name] = proc.stdout
         runs[name] = read_jsonl(run_dir / "metrics.jsonl")
+    assert "tensor-parallel 1, pipeline-parallel 2, data-parallel 2, ZeRO stage 1" in logs["pp2"]
     train = {k: [r for r in v if "split" not in r] for k, v in runs.items()}
     assert [r["iteration"] for r in train["pp2"]] == list(range(1, T0_ITERS + 1))
     assert [r["global_batch_size"] for r in train["pp2"]][:2] == [4, 4]

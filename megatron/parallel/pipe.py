@@ -97,8 +97,9 @@ def unique_parameters(parameters):
 
 
 def install_model_grad_clipping(engine) -> None:
-    """At ZeRO stage 0 in fp32, make the pipe engine clip by ``megatron.parallel.grads.global_grad_norm``
-    of :func:`unique_parameters` (and record it as ``engine.get_global_grad_norm()``) instead of DeepSpeed's ``clip_grad_norm_``, which with the
+    """At ZeRO stage 0 in fp32, make the pipe engine clip by the whole model's gradient norm
+    (``megatron.parallel.grads.global_grad_norm`` of :func:`unique_parameters`, recorded as
+    ``engine.get_global_grad_norm()``) instead of DeepSpeed's ``clip_grad_norm_``, which with the
     pipe grid as ``mpu`` counts replicated parameters on the first stage only. ZeRO stage 1 and the
     mixed-precision optimizers compute the norm themselves (by tensor-parallel rank, skipping the
     replicated tied copy) and are left alone."""

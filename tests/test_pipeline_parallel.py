@@ -27,6 +27,18 @@ def test_pp2_equals_single_rank(demo_data, tmp_path, single_rank_layout_losses):
     assert "stage=0 layers=3" in proc.stdout and "stage=1 layers=4" in proc.stdout
 
 
+def test_tp2_pp2_sequence_parallel_equals_single_rank(demo_data, tmp_path, single_rank_layout_losses):
+    """Sequence parallelism inside the stages: the activations travel whole between stages (each
+    tensor-parallel rank holds its own slice of the sequence) and the norms are sequence-parallel
+    ones, as in GPTModel."""
+    losses, proc = run_layout(demo_data, tmp_path / "tp2_pp2_sp", 4,
+                              ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
+                               "2", "--sequence-parallel"])
+    assert_losses_match(losses, single_rank_layout_losses)
+    assert "pipeline-parallel 2, data-parallel 1, ZeRO stage 0, micro-batches per iteration 4, " \
+           "sequence-parallel" in proc.stdout
+
+
 @pytest.fixture(scope="module")
 def tp2_pp2_run(demo_data, tmp_path_factory):
     """TP 2 x PP 2 with --checkpoint-activations, saving at iteration SAVE_AT and at the end."""

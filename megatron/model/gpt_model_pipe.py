@@ -25,7 +25,7 @@ layer rebuilds the ``AttentionStructure`` its core attention takes from them.
 """
 import contextlib
 import dataclasses
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -33,12 +33,15 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-from megatron.core.transformer.transformer_block import _get_block_submodules
+from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
+                                                          _get_block_submodules)
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
 
 TIED_EMBEDDING_KEY = "embed"
+# What GPTModel's transformer_layer_spec takes: one layer's spec or the block's submodules.
+LayerSpecs = Union[ModuleSpec, TransformerBlockSubmodules]
 
 
 SEGMENT_IDS_PIPE_DTYPE = torch.int32
@@ -56,7 +59,8 @@ def _pack(hidden: torch.Tensor, attention: tuple):
     return (hidden, *attention) if attention else hidden
 
 
-def attention_tensors(segment_ids: Optional[torch.Tensor], is_prefix: Optional[torch.Tensor]) -> tuple:
+def attention_tensors(segment_ids: Optional[torch.Tensor],
+                      is_prefix: Optional[torch.Tensor]) -> tuple:
     """The pipe form of a batch's attention structure: ``segment_ids`` as int32 and ``is_prefix``
     as uint8, each only when present."""
     out = []
@@ -185,12 +189,11 @@ def recompute_function(distribute_saved_activations: bool):
 
 
 class FinalNormPipe(torch.nn.Module):
-    """The decoder's final norm (the class ``TransformerBlock`` would build for this layer spec),
-    ``(hidden, *attention) -> hidden``."""
+    """The decoder's final norm (``norm``: what ``TransformerBlock`` would build for the layer
+    spec), ``(hidden, *attention) -> hidden``."""
 
-    def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec):
+    def __init__(self, config: TransformerConfig, norm):
         super().__init__()
-        norm = _get_block_submodules(config, layer_spec).layer_norm
         self.final_layernorm = build_module(norm, config=config, hidden_size=config.hidden_size,
                                             eps=config.layernorm_epsilon)
 
@@ -251,33 +254,41 @@ class GPTModelPipe(PipelineModule):
     hold anything but transformer layers (the embedding, norm and output layer) are not recomputed.
     """
 
-    def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec, vocab_size: int,
-                 max_sequence_length: int, topology, *, position_embedding_type: str = "learned_absolute",
-                 rotary_percent: float = 1.0, rotary_base: int = 10000,
-                 share_embeddings_and_output_weights: bool = True,
-                 partition_method: str = "type:transformer", activation_checkpoint_interval: int = 0):
+    def __init__(self, config: TransformerConfig, layer_spec: LayerSpecs, vocab_size: int,
+                 max_sequence_length: int, topology, *,
+                 position_embedding_type: str = "learned_absolute", rotary_percent: float = 1.0,
+                 rotary_base: int = 10000, share_embeddings_and_output_weights: bool = True,
+                 partition_method: str = "type:transformer",
+                 activation_checkpoint_interval: int = 0):
         self.config = stage_config(config)
         self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
         self.num_transformer_layers = config.num_layers
         specs = self.layer_specs(config, layer_spec, vocab_size, max_sequence_length,
                                  position_embedding_type=position_embedding_type,
                                  rotary_percent=rotary_percent, rotary_base=rotary_base,
-                                 share_embeddings_and_output_weights=share_embeddings_and_output_weights)
+                                 share_embeddings_and_output_weights=(
+                                     share_embeddings_and_output_weights))
         self.loss_function = PipeLMLoss()
+        recompute = recompute_function(config.distribute_saved_activations)
         super().__init__(layers=specs, topology=topology, loss_fn=self.loss_function,
                          partition_method=partition_method,
                          activation_checkpoint_interval=activation_checkpoint_interval,
-                         activation_checkpoint_func=recompute_function(config.distribute_saved_activations),
+                         activation_checkpoint_func=recompute,
                          checkpointable_layers=[TransformerLayerPipe.__name__])
 
     @staticmethod
-    def layer_specs(config: TransformerConfig, layer_spec: ModuleSpec, vocab_size: int,
+    def layer_specs(config: TransformerConfig, layer_spec: LayerSpecs, vocab_size: int,
                     max_sequence_length: int, *, position_embedding_type: str = "learned_absolute",
                     rotary_percent: float = 1.0, rotary_base: int = 10000,
                     share_embeddings_and_output_weights: bool = True) -> list:
         """The pipe's layers (DeepSpeed layer specs, nothing built): embedding, ``num_layers``
-        transformer layers, final norm, output layer (tied to the embedding unless untied)."""
+        transformer layers, final norm, output layer (tied to the embedding unless untied).
+        ``layer_spec`` is what ``GPTModel`` takes: one layer's spec, or the block's submodules
+        (per-layer specs and the final norm)."""
         cfg = stage_config(config)
+        block = _get_block_submodules(cfg, layer_spec)
+        if len(block.layer_specs) != config.num_layers:
+            raise ValueError(f"{len(block.layer_specs)} layer specs for {config.num_layers} layers")
         embedding_args = (cfg, vocab_size, max_sequence_length)
         specs = []
         if share_embeddings_and_output_weights:
@@ -288,9 +299,9 @@ class GPTModelPipe(PipelineModule):
             specs.append(LayerSpec(EmbeddingPipe, *embedding_args,
                                    position_embedding_type=position_embedding_type))
         for i in range(config.num_layers):
-            specs.append(LayerSpec(TransformerLayerPipe, cfg, layer_spec, i + 1, position_embedding_type,
-                                   rotary_percent, rotary_base))
-        specs.append(LayerSpec(FinalNormPipe, cfg, layer_spec))
+            specs.append(LayerSpec(TransformerLayerPipe, cfg, block.layer_specs[i], i + 1,
+                                   position_embedding_type, rotary_percent, rotary_base))
+        specs.append(LayerSpec(FinalNormPipe, cfg, block.layer_norm))
         if share_embeddings_and_output_weights:
             # On a last stage that holds no embedding, this builds the tied module without
             # position embeddings; on a one-stage pipe it reuses the first spec's module.
@@ -394,11 +405,15 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
     from megatron.model.alibi import model_position_embedding_type
     from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
     from megatron.model.init import initialize_parameters
+    from megatron.model.norms import sequence_parallel_capable
     from megatron.parallel.topology import ParallelLayout, deepspeed_topology
 
     config = transformer_config_from_args(args)
+    layer_spec = layer_spec_from_args(args)
+    if args.sequence_parallel:  # as build_gpt_model: norms that tag their parameters for SP
+        layer_spec = sequence_parallel_capable(layer_spec, config.num_layers)
     model = GPTModelPipe(
-        config, layer_spec_from_args(args), args.padded_vocab_size, args.max_position_embeddings,
+        config, layer_spec, args.padded_vocab_size, args.max_position_embeddings,
         deepspeed_topology(ParallelLayout.from_args(args)),
         position_embedding_type=model_position_embedding_type(args.position_embedding_type),
         rotary_percent=args.rotary_percent,

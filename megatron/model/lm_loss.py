@@ -13,11 +13,13 @@ def vocab_parallel_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tor
     ``[b, s]`` (megatron-core's ``compute_language_model_loss`` without the fused paths)."""
     from megatron.core import tensor_parallel
 
-    loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous())
+    loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(),
+                                                        labels.transpose(0, 1).contiguous())
     return loss.transpose(0, 1).contiguous()
 
 
-def masked_lm_loss(per_token: torch.Tensor, loss_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def masked_lm_loss(per_token: torch.Tensor,
+                   loss_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(loss, per-sample loss) of one micro batch: ``loss = sum(per_token * mask) / sum(mask)`` over
     the micro batch (a weighted mask, as T0's ``--norm-target-loss`` makes, weights each token), and
     per sample ``sum(per_token * mask) / sum(mask)`` over its tokens (detached, for per-dataset

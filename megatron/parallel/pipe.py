@@ -54,7 +54,8 @@ def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, st
     return None
 
 
-def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int) -> Tuple[torch.Tensor, int]:
+def pipe_eval_step(engine, iterator: Iterator[Dict],
+                   num_micro_batches: int) -> Tuple[torch.Tensor, int]:
     """Forward ``num_micro_batches`` micro batches with ``engine.eval_batch``; returns (sum of the
     micro-batch losses, their count) on the last stage and (0, 0) on the others.
 

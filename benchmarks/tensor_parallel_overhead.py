@@ -5,7 +5,8 @@ TP 2 splits every layer's matrix work over 2 ranks, so with free communication a
 half of TP 1's time; what it takes beyond that is the price of the tensor-parallel all-reduces (or,
 with --sequence-parallel, all-gathers and reduce-scatters) plus the work TP does not split (norms,
 embeddings, the optimizer on replicated parameters). Printed per layout: median ms/iteration
-(warm-up dropped, from the loop's own metrics), speed-up over TP 1, and overhead =
+(warm-up dropped, from the loop's own metrics; best of --repeats interleaved rounds), speed-up
+over TP 1, and overhead =
 (t_TP2 - t_TP1 / 2) / t_TP2, the fraction of a TP 2 iteration not explained by the split work.
 
     DS_ACCELERATOR=cpu python benchmarks/tensor_parallel_overhead.py [--hidden-size 512
@@ -67,6 +68,7 @@ def main():
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="Interleaved rounds (best kept).")
     opts = parser.parse_args()
     sys.path.insert(0, ROOT)
     from tools.make_demo_data import make_demo_data
@@ -77,7 +79,11 @@ def main():
         os.makedirs(runs)
         print(f"model: {opts.num_layers} layers x {opts.hidden_size} hidden, seq {opts.seq_length}, "
               f"micro batch {opts.micro_batch_size} x 2 accumulation, 1 thread per rank")
-        times = {name: run(opts, data["web"], runs, name) for name in LAYOUTS}
+        times = {}
+        for _ in range(opts.repeats):  # layouts interleaved; the fastest round of each is kept
+            for name in LAYOUTS:
+                ms = run(opts, data["web"], runs, name)
+                times[name] = min(ms, times.get(name, ms))
     base = times["TP 1 (1 rank)"]
     for name, ms in times.items():
         line = f"{name:26s}: {ms:8.1f} ms/iteration, speed-up over TP 1 {base / ms:5.2f}x"

@@ -8,26 +8,34 @@ import shutil
 import pytest
 
 from e2e_helpers import read_jsonl, run_deepspeed
-from parallel_helpers import LAYOUT_ITERS, assert_losses_match, layout_flags, run_layout
+from parallel_helpers import (LAYOUT_ITERS, assert_losses_match, layout_flags, run_layout,
+                              train_records)
 
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
            "--checkpoint-activations"]
 SAVE_AT = 10
 
 
-def train_records(path):
-    return [r for r in read_jsonl(path) if "split" not in r]
+def assert_grad_norms_match(run_dir, reference_records):
+    """The logged gradient norms (the whole model's, before clipping) equal the single-rank run's;
+    --clip-grad 1.0 clips these updates, so the losses match only with the right norm."""
+    norms = [r["grad_norm"] for r in train_records(run_dir)]
+    assert min(norms[:5]) > 1.0, norms
+    assert_losses_match(norms, [r["grad_norm"] for r in reference_records])
 
 
-def test_pp2_equals_single_rank(demo_data, tmp_path, single_rank_layout_losses):
+def test_pp2_equals_single_rank(demo_data, tmp_path, single_rank_layout_losses,
+                                single_rank_layout_records):
     losses, proc = run_layout(demo_data, tmp_path / "pp2", 2, ["--pipeline-model-parallel-size", "2"])
     assert_losses_match(losses, single_rank_layout_losses)
+    assert_grad_norms_match(tmp_path / "pp2", single_rank_layout_records)  # ZeRO 0: our clipping
     assert "tensor-parallel 1, pipeline-parallel 2, data-parallel 1" in proc.stdout
     # DeepSpeed's partition printout: embedding + 2 transformer layers | 2 layers + norm + head
     assert "stage=0 layers=3" in proc.stdout and "stage=1 layers=4" in proc.stdout
 
 
-def test_tp2_pp2_sequence_parallel_equals_single_rank(demo_data, tmp_path, single_rank_layout_losses):
+def test_tp2_pp2_sequence_parallel_equals_single_rank(demo_data, tmp_path, single_rank_layout_losses,
+                                                      single_rank_layout_records):
     """Sequence parallelism inside the stages: the activations travel whole between stages (each
     tensor-parallel rank holds its own slice of the sequence) and the norms are sequence-parallel
     ones, as in GPTModel."""
@@ -35,6 +43,7 @@ def test_tp2_pp2_sequence_parallel_equals_single_rank(demo_data, tmp_path, singl
                               ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
                                "2", "--sequence-parallel"])
     assert_losses_match(losses, single_rank_layout_losses)
+    assert_grad_norms_match(tmp_path / "tp2_pp2_sp", single_rank_layout_records)
     assert "pipeline-parallel 2, data-parallel 1, ZeRO stage 0, micro-batches per iteration 4, " \
            "sequence-parallel" in proc.stdout
 
@@ -48,15 +57,13 @@ def tp2_pp2_run(demo_data, tmp_path_factory):
     return run_dir, losses, proc
 
 
-def test_tp2_pp2_with_recompute_equals_single_rank(tp2_pp2_run, single_rank_layout_losses):
+def test_tp2_pp2_with_recompute_equals_single_rank(tp2_pp2_run, single_rank_layout_losses,
+                                                   single_rank_layout_records):
     run_dir, losses, proc = tp2_pp2_run
     assert_losses_match(losses, single_rank_layout_losses)
     assert ("tensor-parallel 2, pipeline-parallel 2, data-parallel 1, ZeRO stage 0, micro-batches "
             "per iteration 4, recompute full (uniform, 1 layer)") in proc.stdout
-    # --clip-grad 1.0 clips these updates (norms above 1), so the losses above match only if the
-    # norm is the whole model's (every stage, each tensor-parallel shard once, the tied weight once).
-    norms = [r["grad_norm"] for r in train_records(run_dir / "metrics.jsonl")]
-    assert all(n is not None for n in norms) and min(norms[:5]) > 1.0, norms
+    assert_grad_norms_match(run_dir, single_rank_layout_records)
 
 
 def test_tp2_pp2_checkpoint_has_layer_files_per_stage_and_shard(tp2_pp2_run):
@@ -83,7 +90,7 @@ def test_tp2_pp2_resume_continues_exactly(tp2_pp2_run, demo_data, tmp_path):
     flags[flags.index("--data-cache-path") + 1] = str(run_dir / "cache")
     proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=4)
     assert f"resumed from --load {ckpt} at iteration {SAVE_AT}" in proc.stdout
-    resumed = train_records(tmp_path / "metrics.jsonl")
+    resumed = train_records(tmp_path)
     assert [r["iteration"] for r in resumed] == list(range(SAVE_AT + 1, LAYOUT_ITERS + 1))
     assert [r["lm_loss"] for r in resumed] == losses[SAVE_AT:]  # exactly
 

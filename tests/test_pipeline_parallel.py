@@ -165,3 +165,40 @@ def test_tied_embedding_gradient_is_the_sum_over_both_stages(tmp_path):
         assert record["stage_sum_vs_reference"] <= 1e-6 * record["reference_norm"], record
         assert record["step_vs_reference"] <= 1e-6 * record["reference_norm"], record
     assert records[0]["stage_norm"] != pytest.approx(records[1]["stage_norm"])
+
+
+# ------------------------------------------------------------------ curriculum blend under PP 2
+def test_curriculum_blend_under_pp2_equals_pp1(demo_data, tmp_path):
+    """A --data-blend-config curriculum (a weight schedule) with two named validation groups:
+    PP 2 gives the PP 1 losses, per-dataset losses and validation-group losses."""
+    blend = tmp_path / "blend.yaml"
+    blend.write_text(
+        "train:\n  blend:\n"
+        f"    - {{path: {demo_data['web']}, weight: 1}}\n"
+        f"    - path: {demo_data['code']}\n"
+        "      weight: {type: linear, unit: iterations, points: {0: 1, 10: 0.2}}\n"
+        "valid:\n"
+        f"  - {{name: web, path: {demo_data['web']}, split: '0.98:1'}}\n"
+        f"  - {{name: code, path: {demo_data['code']}, split: '0.98:1'}}\n")
+    runs = {}
+    for name, ranks, extra in (("pp1", 1, []), ("pp2", 2, ["--pipeline-model-parallel-size", "2"])):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        flags = layout_flags(demo_data, run_dir, extra, iters=10)
+        at = flags.index("--data-path")
+        del flags[at:at + 4]  # --data-path P --split S
+        flags[flags.index("--eval-iters") + 1] = "1"
+        flags += ["--data-blend-config", str(blend), "--eval-interval", "5"]
+        run_deepspeed("pretrain_gpt.py", flags, num_ranks=ranks)
+        runs[name] = read_jsonl(run_dir / "metrics.jsonl")
+    train = {k: [r for r in v if "split" not in r] for k, v in runs.items()}
+    assert_losses_match([r["lm_loss"] for r in train["pp2"]], [r["lm_loss"] for r in train["pp1"]])
+    for got, ref in zip(train["pp2"], train["pp1"]):
+        assert set(got["per_dataset_loss"]) == set(ref["per_dataset_loss"]) == {"web", "code"}
+        assert got["per_dataset_loss"] == pytest.approx(ref["per_dataset_loss"], rel=1e-4)
+    evals = {k: [(r["iteration"], r["group"], r["lm_loss"]) for r in v if r.get("split") == "valid"]
+             for k, v in runs.items()}
+    assert [(it, g) for it, g, _ in evals["pp2"]] == [(5, "web"), (5, "code"), (10, "web"),
+                                                      (10, "code")]
+    assert [loss for *_, loss in evals["pp2"]] == pytest.approx([loss for *_, loss in evals["pp1"]],
+                                                                rel=1e-4)

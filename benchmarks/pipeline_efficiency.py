@@ -14,32 +14,20 @@ theoretical bubble is lost; the rest is p2p transfer, stage imbalance and the en
 Needs one CPU core per rank (2 for PP 2); run on an otherwise idle machine.
 """
 import argparse
-import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 from statistics import median
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-
+from launch import ROOT, launch_pretraining
 
 def theoretical_bubble(stages: int, micro_batches: int) -> float:
     """Idle fraction (p - 1) / (m + p - 1) of a p-stage pipeline over m micro batches."""
     return (stages - 1) / (micro_batches + stages - 1)
 
-
 def ideal_speedup(stages: int, micro_batches: int) -> float:
     """p * m / (m + p - 1): p ranks, each idle for the bubble fraction."""
     return stages * (1.0 - theoretical_bubble(stages, micro_batches))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run(opts, data_prefix: str, work: str, ranks: int, micro_batches: int) -> float:
     """Median ms per iteration (after ``--warmup`` iterations) of one launch."""
@@ -53,19 +41,9 @@ def run(opts, data_prefix: str, work: str, ranks: int, micro_batches: int) -> fl
         "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local",
         "--data-path", data_prefix, "--split", "98,1,1", "--eval-iters", "0",
         "--data-cache-path", os.path.join(work, "cache"), "--log-interval", "1",
-        "--metrics-jsonl", metrics, "--pipeline-model-parallel-size", str(ranks)]
-    launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()),
-           os.path.join(ROOT, "pretrain_gpt.py")] + flags
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    with open(metrics) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    times = [r["ms_per_iteration"] for r in records if "split" not in r][opts.warmup:]
-    return median(times)
-
+        "--pipeline-model-parallel-size", str(ranks)]
+    records = launch_pretraining(flags, ranks, metrics, f"PP {ranks}, {micro_batches} micro-batches")
+    return median(r["ms_per_iteration"] for r in records[opts.warmup:])
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -94,7 +72,6 @@ def main(argv=None) -> None:
             speedup = one / pipe
             print(f"{m:>3} {one:>10.1f} {pipe:>10.1f} {speedup:>9.2f} {theoretical_bubble(p, m):>7.3f} "
                   f"{ideal_speedup(p, m):>6.2f} {speedup / ideal_speedup(p, m):>28.2f}")
-
 
 if __name__ == "__main__":
     main()

@@ -15,25 +15,16 @@ over TP 1, and overhead =
 Needs one free CPU core per rank; run on an otherwise idle machine.
 """
 import argparse
-import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 from statistics import median
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+from launch import ROOT, launch_pretraining
+
 LAYOUTS = {"TP 1 (1 rank)": (1, []),
            "TP 2 (2 ranks)": (2, ["--tensor-model-parallel-size", "2"]),
            "TP 2 + sequence parallel": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"])}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run(opts, data_prefix: str, work: str, name: str) -> float:
     """Median ms per iteration (after ``--warmup`` iterations) of one launch."""
@@ -47,18 +38,9 @@ def run(opts, data_prefix: str, work: str, name: str) -> float:
         "--lr-decay-style", "constant", "--hidden-dropout", "0", "--attention-dropout", "0",
         "--transformer-impl", "local", "--data-path", data_prefix, "--split", "98,1,1",
         "--eval-iters", "0", "--data-cache-path", os.path.join(work, "cache"), "--log-interval", "1",
-        "--metrics-jsonl", metrics, "--zero-stage", "0", *layout]
-    launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()),
-           os.path.join(ROOT, "pretrain_gpt.py")] + flags
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    with open(metrics) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+        "--zero-stage", "0", *layout]
+    records = launch_pretraining(flags, ranks, metrics, name)
     return median(r["ms_per_iteration"] for r in records[opts.warmup:])
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -90,7 +72,6 @@ def main():
         if name != "TP 1 (1 rank)":
             line += f" (ideal 2.00x), overhead {(ms - base / 2) / ms:5.1%} of the iteration"
         print(line)
-
 
 if __name__ == "__main__":
     main()

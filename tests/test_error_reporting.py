@@ -3,6 +3,7 @@ once per launch (not once per rank), exit status 2 for flags and 1 for other inp
 (docs/robustness.md)."""
 import os
 import socket
+import sys
 
 import pytest
 
@@ -62,6 +63,8 @@ def test_nonzero_rank_reports_a_startup_error_only_late(capsys, monkeypatch):
     once; rank 1 waits (the launcher stops it when rank 0 exits), then prints it with its rank."""
     slept = []
     monkeypatch.setattr(errors.time, "sleep", slept.append)
+    # Before start-up: hide a process group an earlier test of this session may have started.
+    monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(SystemExit):

@@ -96,12 +96,14 @@ def shm_op_build_directory() -> Optional[str]:
     return build_directory(builder.name)
 
 
-def announce_shm_op_build() -> None:
-    """Print, on local rank 0, one line before DeepSpeed JIT-builds its CPU communication op
-    (``deepspeed.init_distributed`` does it silently, once per environment)."""
+def announce_shm_op_build() -> Optional[str]:
+    """Print, once per launch, one line before DeepSpeed JIT-builds its CPU communication op
+    (``deepspeed.init_distributed`` does it silently, once per environment). Returns the claim
+    file to pass to ``jit_ops.build_done`` after ``init_distributed`` (None: nothing printed)."""
     from megatron.jit_ops import announce_build
 
     directory = shm_op_build_directory()
-    if directory is not None:
-        announce_build(SHM_OP_NAME, directory, f"DeepSpeed's CPU communication op ({SHM_OP_NAME})",
-                       "about 1-2 minutes")
+    if directory is None:
+        return None
+    return announce_build(SHM_OP_NAME, directory,
+                          f"DeepSpeed's CPU communication op ({SHM_OP_NAME})", "about 1-2 minutes")

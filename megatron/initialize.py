@@ -39,11 +39,11 @@ def _init_deepspeed_distributed(args) -> None:
 
     from megatron import cpu_comm
     from megatron.errors import ConfigError
+    from megatron.jit_ops import build_done
 
     on_cpu = get_accelerator().device_name() == "cpu"
     local_rank = int(os.environ["LOCAL_RANK"])
-    if on_cpu:
-        cpu_comm.announce_shm_op_build()
+    claim = cpu_comm.announce_shm_op_build() if on_cpu else None
     try:
         deepspeed.init_distributed(dist_backend=args.distributed_backend or default_backend(),
                                    verbose=False)
@@ -54,6 +54,8 @@ def _init_deepspeed_distributed(args) -> None:
             f"MASTER_PORT {os.environ['MASTER_PORT']} on {os.environ['MASTER_ADDR']} is already in "
             f"use by another process; pick a free port: --master_port PORT for the deepspeed "
             f"launcher, MASTER_PORT=PORT for the example scripts") from None
+    finally:
+        build_done(claim)
     if on_cpu:
         torch.distributed.barrier()  # every rank has mapped every rank's all-reduce buffer
         cpu_comm.unlink_own_shm_buffer(torch.distributed.get_rank())

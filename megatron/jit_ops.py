@@ -4,7 +4,10 @@ torch builds each op once into ``$TORCH_EXTENSIONS_DIR/NAME`` (default under ``~
 project's scripts put it beside the venv), reuses the build while the sources are unchanged and
 locks it against concurrent builds by other ranks. A build takes from seconds to minutes with no
 output, so a line saying what is built, that it happens once, and about how long it takes is
-printed first (by local rank 0 only).
+printed first, once per launch: by the first rank of the launch to find the op unbuilt (not always
+local rank 0: another rank may start first and finish a quick build before rank 0 looks). Ranks
+agree through a claim file in the build directory named after the launch (the launcher's pid),
+removed once the op is loaded.
 """
 import os
 from typing import List, Optional
@@ -26,16 +29,45 @@ def build_notice(name: str, directory: str, what: str, duration: str) -> Optiona
             f"moves it), {duration}; later runs reuse it")
 
 
-def announce_build(name: str, directory: str, what: str, duration: str) -> None:
-    """Print :func:`build_notice` on local rank 0 when the op still has to be built."""
+def _claim_path(name: str, directory: str) -> str:
+    """The file the ranks of one launch (same parent: the launcher) race to create for ``name``."""
+    return os.path.join(directory, f".announce-{name}-{os.getppid()}")
+
+
+def announce_build(name: str, directory: str, what: str, duration: str) -> Optional[str]:
+    """Print :func:`build_notice` when the op still has to be built and no other rank of this
+    launch has printed it. Returns the claim file to pass to :func:`build_done` (None when this
+    rank printed nothing)."""
     notice = build_notice(name, directory, what, duration)
-    if notice and os.environ.get("LOCAL_RANK", "0") == "0":
-        print(notice, flush=True)
+    if notice is None:
+        return None
+    claim = _claim_path(name, directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another rank of this launch announced it
+        return None
+    except OSError:  # build directory not writable: torch will say so; announce anyway
+        claim = None
+    print(notice, flush=True)
+    return claim
+
+
+def build_done(claim: Optional[str]) -> None:
+    """Remove the claim file :func:`announce_build` returned, once the op is loaded."""
+    if claim is not None:
+        try:
+            os.remove(claim)
+        except FileNotFoundError:
+            pass
 
 
 def load_op(name: str, sources: List[str], extra_cflags: List[str], what: str, duration: str):
     """Build (first use, announced) or reuse the op ``name`` from ``sources`` and import it."""
     from torch.utils.cpp_extension import load
 
-    announce_build(name, build_directory(name), what, duration)
-    return load(name=name, sources=sources, extra_cflags=extra_cflags, verbose=False)
+    claim = announce_build(name, build_directory(name), what, duration)
+    try:
+        return load(name=name, sources=sources, extra_cflags=extra_cflags, verbose=False)
+    finally:
+        build_done(claim)

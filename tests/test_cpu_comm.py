@@ -86,6 +86,23 @@ def test_build_notice_only_before_a_build(tmp_path, monkeypatch):
     assert jit_ops.build_notice(cpu_comm.SHM_OP_NAME, directory, "x", "y") is None
 
 
+def test_build_notice_once_per_launch_whichever_rank_looks_first(tmp_path, capsys):
+    """Another rank may look (and build) before local rank 0: the first rank of the launch to find
+    the op unbuilt prints the notice, the others of the same launch print nothing."""
+    directory = str(tmp_path / "op")
+    first = jit_ops.announce_build("op", directory, "the op", "1 s")
+    assert capsys.readouterr().out.startswith(f"building the op into {directory}")
+    assert jit_ops.announce_build("op", directory, "the op", "1 s") is None  # same launch
+    assert capsys.readouterr().out == ""
+    open(os.path.join(directory, "op.so"), "wb").close()  # the first rank's build
+    jit_ops.build_done(first)
+    assert os.listdir(directory) == ["op.so"]  # the claim is gone
+    assert jit_ops.announce_build("op", directory, "the op", "1 s") is None  # built: no notice
+    os.remove(os.path.join(directory, "op.so"))  # a later launch that must build again
+    assert jit_ops.announce_build("op", directory, "the op", "1 s") is not None
+    assert capsys.readouterr().out.startswith("building the op")
+
+
 def test_launch_leaves_no_buffers_after_sigterm(demo_data, tmp_path):
     """A bare ``deepspeed.init_distributed`` launch leaves its buffers in /dev/shm (what DeepSpeed
     does); pretrain_gpt.py, stopped by SIGTERM in the middle of training, leaves none."""

@@ -38,6 +38,28 @@ def demo_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_tokenizers(tmp_path_factory):
+    """Tiny tokenizers trained on the demo text (tools/make_tiny_tokenizers.py), once per session:
+    {"hf": tokenizer directory, "sentencepiece": .model file}."""
+    from tools.make_tiny_tokenizers import make_tiny_tokenizers
+    return make_tiny_tokenizers(str(tmp_path_factory.mktemp("tiny_tokenizers")))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(tiny_tokenizers):
+    """A local Hugging Face tokenizer directory (byte-level BPE, vocab 384; <unk> 0, <s> 1,
+    </s> 2 = eos, <pad> 3) for ``--tokenizer-type PretrainedFromHF --tokenizer-name-or-path``."""
+    return tiny_tokenizers["hf"]
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_model(tiny_tokenizers):
+    """A sentencepiece BPE .model file (vocab 384; <unk> 0, <s> 1, </s> 2, no pad) for
+    ``--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model``."""
+    return tiny_tokenizers["sentencepiece"]
+
+
+@pytest.fixture(scope="session")
 def single_rank_layout_records(demo_data, tmp_path_factory):
     """Training records (``--metrics-jsonl``) of the layout-comparison model
     (tests/parallel_helpers.py) on one rank: the reference every parallel layout must reproduce;

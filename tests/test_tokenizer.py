@@ -209,3 +209,29 @@ def test_unknown_type_lists_allowed():
         build_tokenizer(ns(tokenizer_type="SentencePieceTokenizer"))
     for name in TOKENIZER_TYPES:
         assert name in str(err.value)
+
+
+def test_tiny_tokenizers_tool(hf_tokenizer_dir, sentencepiece_model, tmp_path):
+    """tools/make_tiny_tokenizers.py: an HF directory transformers loads with BLOOM's special ids
+    and a sentencepiece model with Llama's, both of vocab 384 and deterministic; a too-small
+    --vocab-size is refused naming the flag."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    from tools.make_tiny_tokenizers import main, make_tiny_tokenizers
+
+    hf = AutoTokenizer.from_pretrained(hf_tokenizer_dir, local_files_only=True)
+    assert (len(hf), hf.unk_token_id, hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (
+        384, 0, 1, 2, 3)
+    assert hf.decode(hf.encode(SAMPLE, add_special_tokens=False)) == SAMPLE
+    sp = spm.SentencePieceProcessor(model_file=sentencepiece_model)
+    assert (sp.vocab_size(), sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (
+        384, 0, 1, 2, -1)
+    assert sp.decode(sp.encode(SAMPLE)) == SAMPLE  # byte fallback covers unseen characters
+    again = make_tiny_tokenizers(str(tmp_path / "again"))
+    with open(sentencepiece_model, "rb") as a, open(again["sentencepiece"], "rb") as b:
+        assert a.read() == b.read()
+    with open(f"{hf_tokenizer_dir}/tokenizer.json") as a, open(f"{again['hf']}/tokenizer.json") as b:
+        assert a.read() == b.read()
+    with pytest.raises(SystemExit):
+        main(["--output-dir", str(tmp_path / "bad"), "--vocab-size", "100"])

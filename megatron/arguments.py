@@ -34,6 +34,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     g.add_argument("--norm-epsilon", type=float, default=1e-5)
     g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP instead of GeLU.")
+    g.add_argument("--openai-gelu", action="store_true",
+                   help="GeLU by its tanh approximation (OpenAI's GPT-2, BigScience's BLOOM) "
+                        "instead of the exact erf form.")
     g.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "alibi", "none"],
                    help="alibi: BLOOM's attention biases (no position embedding).")
@@ -182,6 +185,10 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
                    help="Load model weights only; reset iteration, optimizer and scheduler.")
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--use-checkpoint-args", action="store_true",
+                   help="Take the model and tokenizer flags from the model_args.json of the "
+                        "checkpoint in --load; flags given that disagree with it are an error "
+                        "(megatron/checkpoint_interop/model_args.py).")
 
 
 def _add_logging_args(parser: argparse.ArgumentParser) -> None:
@@ -304,11 +311,16 @@ def parse_args(argv: Optional[List[str]] = None, extra_args_provider: Optional[C
     """Parse ``argv`` (default ``sys.argv``) and validate for ``world_size`` ranks
     (default ``$WORLD_SIZE`` or 1). Bad flags exit with status 2 and one line naming all of
     them (megatron.errors.exit_with_error)."""
+    import sys
+
+    from megatron.checkpoint_interop.model_args import apply_checkpoint_args
+
     parser = get_parser(extra_args_provider)
     args = parser.parse_args(argv)
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     try:
+        apply_checkpoint_args(args, parser, sys.argv[1:] if argv is None else list(argv))
         return validate_args(args, world_size, require_data)
     except ArgumentError as e:
         parser.error(str(e))

@@ -104,8 +104,11 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-def save_checkpoint(engine, save_dir: str, state: TrainingState) -> str:
+def save_checkpoint(engine, save_dir: str, state: TrainingState,
+                    model_args: Optional[dict] = None) -> str:
     """Write the checkpoint of ``state.iteration`` under ``save_dir``; returns its directory.
+    ``model_args`` (megatron/checkpoint_interop/model_args.py ``model_args_from_args``) is
+    written beside ``parallel_layout.json`` as ``model_args.json``.
 
     All ranks must call this. The tracker file is updated only after every rank has written.
     """
@@ -118,6 +121,10 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState) -> str:
     directory = os.path.join(save_dir, tag)
     if _rank() == 0:
         write_layout(directory, current_layout())
+        if model_args is not None:
+            from megatron.checkpoint_interop.model_args import write_model_args
+
+            write_model_args(directory, model_args)
     _atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
     if os.environ.get(FAULT_INJECT_ENV, "") == f"kill_during_save:{state.iteration}":
         os.kill(os.getpid(), signal.SIGKILL)  # test hook, see the module docstring

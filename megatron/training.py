@@ -293,7 +293,9 @@ def _maybe_save(engine, args, state: TrainingState, scheduler) -> None:
     if not args.save:
         return
     state.extra["opt_param_scheduler"] = scheduler.state_dict()
-    directory = save_checkpoint(engine, args.save, state)
+    from megatron.checkpoint_interop.model_args import model_args_from_args
+
+    directory = save_checkpoint(engine, args.save, state, model_args_from_args(args))
     print_rank_0(f"saved checkpoint {directory}")
 
 

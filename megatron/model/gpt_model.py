@@ -32,6 +32,18 @@ def params_dtype(args) -> torch.dtype:
     return torch.float32
 
 
+def activation_from_args(args):
+    """The MLP activation: SiLU (gated) with ``--swiglu``, else GeLU, by its tanh approximation
+    with ``--openai-gelu`` (megatron-core's ``openai_gelu``), else the exact erf form."""
+    if args.swiglu:
+        return F.silu
+    if args.openai_gelu:
+        from megatron.core.transformer.utils import openai_gelu
+
+        return openai_gelu
+    return F.gelu
+
+
 def transformer_config_from_args(args) -> TransformerConfig:
     """Translate model flags (``--num-layers``, ``--hidden-size`` ...) into a TransformerConfig."""
     return TransformerConfig(
@@ -47,7 +59,7 @@ def transformer_config_from_args(args) -> TransformerConfig:
         normalization=args.normalization,
         layernorm_epsilon=args.norm_epsilon,
         gated_linear_unit=args.swiglu,
-        activation_func=F.silu if args.swiglu else F.gelu,
+        activation_func=activation_from_args(args),
         add_bias_linear=not args.disable_bias_linear,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         sequence_parallel=args.sequence_parallel,

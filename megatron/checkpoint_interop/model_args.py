@@ -1,0 +1,166 @@
+"""The model flags a checkpoint records (``model_args.json``) and ``--use-checkpoint-args``.
+
+Every checkpoint directory ``DIR/iter_NNNNNNN/`` holds ``model_args.json`` beside
+``parallel_layout.json``: the flags that shape the model (``--num-layers``, ``--hidden-size``,
+``--swiglu`` ...) and the tokenizer (``--tokenizer-type`` and its files), after ``validate_args``
+filled derived values (``--ffn-hidden-size``, ``--num-query-groups``, ``--kv-channels``), plus the
+padded vocabulary size the embedding was built with. Shape of the file::
+
+    {"format_version": 1, "model": {dest: value}, "tokenizer": {dest: value},
+     "defaults": {"seq_length": N}, "padded_vocab_size": V}
+
+With ``--use-checkpoint-args`` (Megatron-LM's flag) the model and tokenizer flags come from the
+checkpoint in ``--load``: a flag not given on the command line takes the checkpoint's value; a flag
+given with another value is an error naming both (Megatron-LM silently keeps the command line's
+value for some flags and the checkpoint's for others; a silent mix of two models is worse than a
+clear error). ``defaults`` (``--seq-length``) fill only flags not given: finetuning at another
+sequence length is legitimate. Relative tokenizer paths are relative to the ``--load`` directory
+(imported checkpoints keep their tokenizer files there, tools/checkpoint/convert_from_hf.py).
+"""
+import argparse
+import json
+import os
+from typing import Dict, Iterable, List, Optional, Set
+
+from megatron.atomic_io import atomic_write_text
+
+MODEL_ARGS_FILENAME = "model_args.json"
+FORMAT_VERSION = 1
+# Flags (argparse dests) that shape the model; each recorded when this parser defines it.
+MODEL_ARG_NAMES = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "kv_channels", "max_position_embeddings", "normalization", "norm_epsilon", "swiglu",
+    "openai_gelu", "position_embedding_type", "rotary_percent", "rotary_base",
+    "untie_embeddings_and_output_weights", "disable_bias_linear", "make_vocab_size_divisible_by",
+    "pad_vocab_size_to", "embed_layernorm",
+)
+# Tokenizer flags (dests); paths among them are stored absolute (or relative to the checkpoint
+# root for imported checkpoints).
+TOKENIZER_ARG_NAMES = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model",
+                       "tokenizer_name_or_path", "vocab_extra_ids")
+TOKENIZER_PATH_NAMES = ("vocab_file", "merge_file", "tokenizer_model", "tokenizer_name_or_path")
+# Taken from the checkpoint only when not given (they do not change the weights' shapes).
+DEFAULT_ARG_NAMES = ("seq_length",)
+
+
+def model_args_from_args(args: argparse.Namespace) -> dict:
+    """The ``model_args.json`` record of a validated ``args`` (see the module docstring)."""
+    def pick(names):
+        return {n: getattr(args, n) for n in names if hasattr(args, n)}
+
+    tokenizer = pick(TOKENIZER_ARG_NAMES)
+    for name in TOKENIZER_PATH_NAMES:
+        if tokenizer.get(name) and os.path.exists(tokenizer[name]):
+            tokenizer[name] = os.path.abspath(tokenizer[name])
+    return {"format_version": FORMAT_VERSION, "model": pick(MODEL_ARG_NAMES),
+            "tokenizer": tokenizer, "defaults": pick(DEFAULT_ARG_NAMES),
+            "padded_vocab_size": getattr(args, "padded_vocab_size", None)}
+
+
+def write_model_args(directory: str, record: dict) -> None:
+    """Write ``directory/model_args.json`` atomically (call on one rank)."""
+    atomic_write_text(os.path.join(directory, MODEL_ARGS_FILENAME),
+                      json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def read_model_args(directory: str) -> Optional[dict]:
+    """The record in ``directory/model_args.json`` (an ``iter_*`` directory), or None when the
+    checkpoint predates recorded model flags. Raises :class:`megatron.errors.ConfigError` for a
+    file that is not such a record."""
+    from megatron.errors import ConfigError
+
+    path = os.path.join(directory, MODEL_ARGS_FILENAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION \
+            or not isinstance(record.get("model"), dict):
+        raise ConfigError(f"{path}: not a model_args.json record of format_version "
+                          f"{FORMAT_VERSION} (expected keys format_version, model, tokenizer)")
+    return record
+
+
+def explicit_dests(parser: argparse.ArgumentParser, argv: Iterable[str]) -> Set[str]:
+    """The argparse dests whose flags appear in ``argv`` (``--flag VALUE`` or ``--flag=VALUE``,
+    under any of their aliases); the parser takes no abbreviations, so matching is exact."""
+    by_option = {opt: action.dest for action in parser._actions for opt in action.option_strings}
+    given = set()
+    for token in argv:
+        if token.startswith("--"):
+            dest = by_option.get(token.split("=", 1)[0])
+            if dest is not None:
+                given.add(dest)
+    return given
+
+
+def _flag_name(parser: argparse.ArgumentParser, dest: str) -> str:
+    for action in parser._actions:
+        if action.dest == dest and action.option_strings:
+            return action.option_strings[0]
+    return "--" + dest.replace("_", "-")
+
+
+def _show(parser, dest: str, value) -> str:
+    flag = _flag_name(parser, dest)
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"{flag} {value}"
+
+
+def apply_checkpoint_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
+                          argv: List[str]) -> Optional[dict]:
+    """``--use-checkpoint-args``: set the model and tokenizer flags of ``args`` from the
+    ``model_args.json`` of the latest checkpoint in ``--load`` (see the module docstring); returns
+    the record, or None without ``--use-checkpoint-args``. Raises ``ArgumentError`` naming the flag,
+    the command line's value and the checkpoint's when they disagree, and when ``--load`` holds no
+    checkpoint or one without recorded model flags. Call before ``validate_args``."""
+    from megatron.arguments import ArgumentError
+    from megatron.checkpointing import checkpoint_tag, read_tracker
+
+    if not getattr(args, "use_checkpoint_args", False):
+        return None
+    if not args.load:
+        raise ArgumentError("--use-checkpoint-args needs --load DIR (the checkpoint whose model "
+                            "flags to use)")
+    iteration = read_tracker(args.load)
+    if iteration is None:
+        raise ArgumentError(f"--use-checkpoint-args: --load {args.load} holds no checkpoint "
+                            "(no latest_checkpointed_iteration.txt)")
+    directory = os.path.join(args.load, checkpoint_tag(iteration))
+    record = read_model_args(directory)
+    if record is None:
+        raise ArgumentError(f"--use-checkpoint-args: checkpoint {directory} has no "
+                            f"{MODEL_ARGS_FILENAME} (written before checkpoints recorded their "
+                            "model flags); give the model flags instead")
+    given = explicit_dests(parser, argv)
+    values: Dict[str, object] = dict(record["model"])
+    tokenizer = dict(record.get("tokenizer") or {})
+    for name in TOKENIZER_PATH_NAMES:
+        if tokenizer.get(name) and not os.path.isabs(tokenizer[name]):
+            tokenizer[name] = os.path.normpath(os.path.join(args.load, tokenizer[name]))
+    values.update(tokenizer)
+    conflicts = []
+    for dest, value in values.items():
+        if not hasattr(args, dest):
+            if value in (None, False):
+                continue  # a flag this parser lacks, at its neutral value
+            raise ArgumentError(f"--use-checkpoint-args: checkpoint {directory} sets "
+                                f"{_show(parser, dest, value)}, a flag this program does not have")
+        if dest in given and getattr(args, dest) != value:
+            conflicts.append(f"{_show(parser, dest, getattr(args, dest))} (command line) vs "
+                             f"{_show(parser, dest, value)} (checkpoint)")
+        else:
+            setattr(args, dest, value)
+    for dest, value in (record.get("defaults") or {}).items():
+        if hasattr(args, dest) and dest not in given:
+            setattr(args, dest, value)
+    if conflicts:
+        raise ArgumentError(f"--use-checkpoint-args: the command line disagrees with the model "
+                            f"flags of checkpoint {directory}: {'; '.join(conflicts)}; drop those "
+                            "flags (the checkpoint's values are used) or drop --use-checkpoint-args")
+    args.checkpoint_model_args = record
+    return record

@@ -1,0 +1,322 @@
+"""Checkpoint interop: full model state from any layout (megatron/checkpoint_interop/full_state.py),
+Hugging Face export/import (tools/checkpoint/convert_to_hf.py, convert_from_hf.py), recorded model
+flags and --use-checkpoint-args (megatron/checkpoint_interop/model_args.py).
+
+In-process, fp32 on the CPU: our GPTModel and the exported transformers model give the same logits
+(1e-4) for GPT-2, Llama and BLOOM style models; a checkpoint sharded TP2 x PP2 exactly as
+megatron-core shards exports the same files as TP1; random transformers models imported score as
+transformers does and export back bit for bit. One launch: --finetune from an imported checkpoint
+with --use-checkpoint-args and no model flags.
+"""
+import json
+import os
+
+import pytest
+import torch
+
+from megatron.arguments import ArgumentError, get_parser, parse_args
+from megatron.errors import ConfigError
+
+BASE = ["--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local"]
+SHAPE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
+FAMILIES = {
+    "gpt2": SHAPE + ["--openai-gelu"],
+    "llama": SHAPE + ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                      "--num-query-groups", "2", "--untie-embeddings-and-output-weights",
+                      "--disable-bias-linear", "--rotary-base", "5000", "--norm-epsilon", "1e-6"],
+    "bloom": SHAPE + ["--position-embedding-type", "alibi", "--embed-layernorm", "--openai-gelu"],
+}
+VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def tp1(dist_group):
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    yield
+
+
+def our_args(flags, load=None):
+    """Validated args of ``flags``; with ``load``, ``--load load --use-checkpoint-args``."""
+    args = parse_args(BASE + flags + (["--load", load, "--use-checkpoint-args"] if load else []),
+                      world_size=1, require_data=False)
+    if getattr(args, "checkpoint_model_args", None):
+        args.padded_vocab_size = args.checkpoint_model_args["padded_vocab_size"]
+    else:
+        args.padded_vocab_size = VOCAB
+    return args
+
+
+def our_model(args, seed=0):
+    """GPTModel of ``args`` with every weight perturbed (norm weights and biases included)."""
+    from megatron.model.gpt_model import build_gpt_model
+
+    model = build_gpt_model(args)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def our_logits(model, tokens):
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    with torch.no_grad():
+        return model(tokens, positions, None).float()
+
+
+def hf_logits(hf_dir, tokens):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+def tokens(batch=2, length=16, vocab=VOCAB, seed=1):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def save_model(model, args, directory, tp=1, pp=1):
+    from megatron.checkpoint_interop.model_args import model_args_from_args
+    from megatron.checkpoint_interop.write_checkpoint import write_checkpoint
+
+    full = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return write_checkpoint(str(directory), full, model_args_from_args(args), tp=tp, pp=pp)
+
+
+def export(load, output, **kw):
+    from tools.checkpoint.convert_to_hf import convert
+
+    return convert(str(load), str(output), **kw)
+
+
+def read_safetensors(directory):
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(os.listdir(directory)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(directory, f)))
+    return out
+
+
+# ---------------------------------------------------------------------------- export
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_exported_model_gives_our_logits(tp1, tmp_path, family):
+    args = our_args(FAMILIES[family])
+    model = our_model(args)
+    save_model(model, args, tmp_path / "ckpt")
+    summary = export(tmp_path / "ckpt", tmp_path / "hf")
+    expected = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "bloom": "BloomForCausalLM"}
+    assert summary["family"] == expected[family]
+    x = tokens()
+    ours, theirs = our_logits(model, x), hf_logits(tmp_path / "hf", x)
+    assert ours.shape == theirs.shape == (2, 16, VOCAB)
+    assert (ours - theirs).abs().max().item() < 1e-4
+
+
+def test_tp2_pp2_checkpoint_exports_the_tp1_files(tp1, tmp_path):
+    """Shards cut as megatron-core cuts them (the parameters' partition_dim/stride, as the
+    layout-independent initializer draws them) in DeepSpeed's pipe files merge back to the TP1
+    tensors, and the export (sharded into several safetensors files) is identical."""
+    from megatron.checkpoint_interop.full_state import (FullStateReader, split_full,
+                                                        tensor_parallel_partition)
+    from megatron.model.init import _shard
+
+    args = our_args(FAMILIES["llama"])  # GQA, SwiGLU (strided fc1), untied output layer
+    model = our_model(args)
+    for name, param in model.named_parameters():
+        partition = tensor_parallel_partition(name, gated=True)
+        mine = split_full(param.detach(), *partition, 2) if partition else [param.detach()] * 2
+        local = torch.empty(0)  # a rank's parameter under TP 2: megatron-core's attributes
+        if getattr(param, "tensor_model_parallel", False):
+            shape = list(param.shape)
+            shape[param.partition_dim] //= 2
+            local = torch.empty(shape)
+            for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
+                setattr(local, attr, getattr(param, attr))
+        core = [_shard(param.detach(), local, rank, 2) for rank in range(2)]
+        assert all(torch.equal(a, b) for a, b in zip(mine, core)), name
+    save_model(model, args, tmp_path / "tp1")
+    save_model(model, args, tmp_path / "tp2pp2", tp=2, pp=2)
+    assert any(f.startswith("layer_03-model_01") for f in os.listdir(tmp_path / "tp2pp2" / "iter_0000000"))
+    with FullStateReader(str(tmp_path / "tp2pp2")) as reader:
+        assert (reader.layout.tp, reader.layout.pp) == (2, 2)
+        assert reader.model_args["model"]["num_query_groups"] == 2
+        for name, tensor in reader.items():
+            assert torch.equal(tensor, dict(model.named_parameters())[name].detach()), name
+    export(tmp_path / "tp1", tmp_path / "hf1", max_shard_size="40KB")
+    export(tmp_path / "tp2pp2", tmp_path / "hf2", max_shard_size="40KB")
+    files = sorted(os.listdir(tmp_path / "hf1"))
+    assert "model.safetensors.index.json" in files and files == sorted(os.listdir(tmp_path / "hf2"))
+    one, two = read_safetensors(tmp_path / "hf1"), read_safetensors(tmp_path / "hf2")
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    x = tokens()
+    assert (hf_logits(tmp_path / "hf2", x) - our_logits(model, x)).abs().max().item() < 1e-4
+
+
+# ---------------------------------------------------------------------------- import
+def random_hf_model(family, directory):
+    """A transformers model of ``family`` from a random tiny config, saved in ``directory``."""
+    import transformers
+
+    torch.manual_seed(5)
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=48, n_layer=2,
+                                         n_head=4, n_inner=80, activation_function="gelu_new")
+        model = transformers.GPT2LMHeadModel(config)
+    elif family == "llama":
+        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                                          num_hidden_layers=2, num_attention_heads=8,
+                                          num_key_value_heads=2, max_position_embeddings=64,
+                                          rope_theta=20000.0, rms_norm_eps=1e-5,
+                                          tie_word_embeddings=False)
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=4)
+        model = transformers.BloomForCausalLM(config)
+    with torch.no_grad():  # norms and biases away from their ones/zeros
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(str(directory))
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_imported_model_scores_as_transformers_and_exports_back(tp1, tmp_path, family):
+    from megatron.checkpoint_interop.full_state import load_full_state_dict
+    from tools.checkpoint.convert_from_hf import convert as import_hf
+
+    hf = random_hf_model(family, tmp_path / "hf")
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"))
+    # --use-checkpoint-args: no model flag on the command line
+    args = our_args([], load=str(tmp_path / "ckpt"))
+    model = our_model(args)
+    state, _ = load_full_state_dict(str(tmp_path / "ckpt"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing)
+    x = tokens()
+    with torch.no_grad():
+        theirs = hf(x).logits
+    assert (our_logits(model, x) - theirs).abs().max().item() < 1e-4
+    # the imported checkpoint loads strictly into GPTModel (extra-state entries included)
+    module = torch.load(tmp_path / "ckpt" / "iter_0000000" / "mp_rank_00_model_states.pt",
+                        weights_only=False)["module"]
+    our_model(args).load_state_dict(module, strict=True)
+    export(tmp_path / "ckpt", tmp_path / "out")
+    original, back = read_safetensors(tmp_path / "hf"), read_safetensors(tmp_path / "out")
+    assert original.keys() == back.keys()
+    assert all(torch.equal(original[k], back[k]) for k in original)
+
+
+# ---------------------------------------------------------------------------- model flags
+def test_checkpoint_args_fill_model_flags_and_refuse_disagreeing_ones(tp1, tmp_path):
+    args = our_args(FAMILIES["llama"])
+    save_model(our_model(args), args, tmp_path / "ckpt")
+    load = ["--load", str(tmp_path / "ckpt"), "--use-checkpoint-args"]
+    got = our_args([], load=load[1])
+    for name in ("num_layers", "hidden_size", "num_query_groups", "swiglu", "normalization",
+                 "position_embedding_type", "rotary_base", "norm_epsilon", "ffn_hidden_size",
+                 "untie_embeddings_and_output_weights", "disable_bias_linear"):
+        assert getattr(got, name) == getattr(args, name), name
+    # the same value given explicitly is fine; --seq-length may differ (not a model shape)
+    same = parse_args(BASE + ["--hidden-size", "64", "--seq-length", "8"] + load, world_size=1,
+                      require_data=False)
+    assert same.seq_length == 8 and same.hidden_size == 64
+    parser = get_parser()
+    from megatron.checkpoint_interop.model_args import apply_checkpoint_args
+    for flags, named in ((["--hidden-size", "128"], "--hidden-size 128 (command line) vs "
+                          "--hidden-size 64 (checkpoint)"),
+                         (["--normalization", "LayerNorm"], "--normalization LayerNorm"),
+                         (["--num-query-groups", "4"], "--num-query-groups 2 (checkpoint)")):
+        ns = parser.parse_args(BASE + flags + load)
+        with pytest.raises(ArgumentError, match=named.replace("(", r"\(").replace(")", r"\)")):
+            apply_checkpoint_args(ns, parser, BASE + flags + load)
+
+
+def test_use_checkpoint_args_bad_inputs(tmp_path):
+    from megatron.checkpoint_interop.model_args import apply_checkpoint_args
+
+    parser = get_parser()
+    cases = [([], "--use-checkpoint-args needs --load DIR"),
+             (["--load", str(tmp_path)], f"--load {tmp_path} holds no checkpoint")]
+    (tmp_path / "old" / "iter_0000003").mkdir(parents=True)
+    (tmp_path / "old" / "latest_checkpointed_iteration.txt").write_text("3\n")
+    cases.append((["--load", str(tmp_path / "old")], "has no model_args.json"))
+    for flags, message in cases:
+        argv = BASE + SHAPE + ["--use-checkpoint-args"] + flags
+        with pytest.raises(ArgumentError, match=message):
+            apply_checkpoint_args(parser.parse_args(argv), parser, argv)
+    (tmp_path / "old" / "iter_0000003" / "model_args.json").write_text('{"model": 3}')
+    argv = BASE + ["--use-checkpoint-args", "--load", str(tmp_path / "old")]
+    with pytest.raises(ConfigError, match="not a model_args.json record"):
+        apply_checkpoint_args(parser.parse_args(argv), parser, argv)
+
+
+# ---------------------------------------------------------------------------- bad inputs
+@pytest.mark.parametrize("flags, message", [
+    (SHAPE + ["--position-embedding-type", "rope", "--swiglu"], "--normalization LayerNorm: LlamaForCausalLM"),
+    (SHAPE + ["--position-embedding-type", "rope", "--normalization", "RMSNorm"], "no --swiglu"),
+    (SHAPE + ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+              "--rotary-percent", "0.5"], "--rotary-percent 0.5"),
+    (SHAPE + ["--num-query-groups", "2"], "--num-query-groups 2: GPT2LMHeadModel"),
+    (SHAPE + ["--disable-bias-linear"], "--disable-bias-linear"),
+    (SHAPE + ["--position-embedding-type", "alibi", "--openai-gelu"], "no --embed-layernorm"),
+    (SHAPE + ["--position-embedding-type", "alibi", "--embed-layernorm"], "no --openai-gelu"),
+    (SHAPE + ["--position-embedding-type", "none"], "--position-embedding-type none"),
+])
+def test_export_refuses_what_transformers_cannot_represent(tp1, tmp_path, flags, message):
+    args = our_args(flags)
+    save_model(our_model(args), args, tmp_path / "ckpt")
+    with pytest.raises(ConfigError, match=message):
+        export(tmp_path / "ckpt", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_export_bad_inputs(tp1, tmp_path):
+    args = our_args(FAMILIES["gpt2"])
+    save_model(our_model(args), args, tmp_path / "ckpt")
+    with pytest.raises(ConfigError, match="--iteration 7: .*iter_0000007 does not exist"):
+        export(tmp_path / "ckpt", tmp_path / "hf", iteration=7)
+    with pytest.raises(ConfigError, match="--load .*nowhere: no such directory"):
+        export(tmp_path / "nowhere", tmp_path / "hf")
+    with pytest.raises(ConfigError, match="--max-shard-size '2 parsecs'"):
+        export(tmp_path / "ckpt", tmp_path / "hf", max_shard_size="2 parsecs")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    with pytest.raises(ConfigError, match="--output .*full exists and is not empty"):
+        export(tmp_path / "ckpt", tmp_path / "full")
+    os.remove(tmp_path / "ckpt" / "iter_0000000" / "model_args.json")
+    with pytest.raises(ConfigError, match="has no model_args.json"):
+        export(tmp_path / "ckpt", tmp_path / "hf")
+    (tmp_path / "ckpt" / "iter_0000000" / "mp_rank_00_model_states.pt").write_bytes(b"junk")
+    with pytest.raises(ConfigError, match="mp_rank_00_model_states.pt is corrupt"):
+        export(tmp_path / "ckpt", tmp_path / "hf")
+
+
+def test_import_bad_inputs(tmp_path):
+    from tools.checkpoint.convert_from_hf import convert as import_hf
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    with pytest.raises(ConfigError, match="no config.json"):
+        import_hf(str(hf), str(tmp_path / "a"))
+    bad = [({"model_type": "t5"}, "model_type 't5' is not supported"),
+           ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act='gelu'"),
+           ({"model_type": "llama", "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+            "only the default"),
+           ({"model_type": "gpt2", "activation_function": "relu"}, "activation_function='relu'")]
+    for config, message in bad:
+        (hf / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ConfigError, match=message):
+            import_hf(str(hf), str(tmp_path / "a"))
+    random_hf_model("gpt2", tmp_path / "gpt2")
+    with pytest.raises(ConfigError, match="--tensor-model-parallel-size 3 does not divide"):
+        import_hf(str(tmp_path / "gpt2"), str(tmp_path / "b"), tp=3)
+    os.remove(tmp_path / "gpt2" / "model.safetensors")
+    with pytest.raises(ConfigError, match="no model.safetensors"):
+        import_hf(str(tmp_path / "gpt2"), str(tmp_path / "b"))

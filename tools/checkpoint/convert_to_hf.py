@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""Export a training checkpoint of any layout to a Hugging Face transformers model directory.
+
+    python tools/checkpoint/convert_to_hf.py --load DIR [--iteration N] --output HF_DIR
+        [--max-shard-size 2GB]
+
+writes ``HF_DIR/config.json``, the weights as safetensors (``model.safetensors``, or shards
+``model-0000K-of-0000N.safetensors`` with ``model.safetensors.index.json`` beyond
+``--max-shard-size``) and, when the run used a Hugging Face tokenizer (``--tokenizer-type
+PretrainedFromHF``/``HuggingFaceTokenizer``) or GPT-2 BPE files, the tokenizer files. The family
+follows the recorded model flags (``model_args.json``): learned absolute positions ->
+``GPT2LMHeadModel``, RoPE -> ``LlamaForCausalLM``, ALiBi -> ``BloomForCausalLM``; flags the class
+cannot represent are refused naming the flag (megatron/checkpoint_interop/hf_families.py).
+
+Tensors are read one at a time from the memory-mapped checkpoint files and written shard by shard,
+so peak memory is about the weights once plus one shard (megatron/checkpoint_interop/full_state.py).
+Weights keep the checkpoint's dtype and its padded vocabulary rows (``vocab_size`` = padded size).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
+
+from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+
+quiet_known_warnings()
+
+import torch  # noqa: E402
+
+from megatron.errors import ConfigError, run_entry_point  # noqa: E402
+
+# Tokenizer files transformers' AutoTokenizer reads from a model directory.
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                      "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
+                      "generation_config.json")
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``text`` such as ``2GB``, ``500MB``, ``1024`` (decimal units, as transformers)."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+    upper = text.strip().upper()
+    for unit, factor in units.items():
+        if upper.endswith(unit):
+            try:
+                value = float(upper[:-len(unit)]) * factor
+            except ValueError:
+                break
+            if value > 0:
+                return int(value)
+            break
+    else:
+        if upper.isdigit() and int(upper) > 0:
+            return int(upper)
+    raise ConfigError(f"--max-shard-size {text!r}: expected a positive size such as 2GB, 500MB or "
+                      "a number of bytes")
+
+
+def get_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--load", required=True, help="Checkpoint directory (a training run's --save).")
+    p.add_argument("--iteration", type=int, default=None,
+                   help="Iteration to export (default: the latest complete checkpoint).")
+    p.add_argument("--output", required=True, help="Transformers model directory to write.")
+    p.add_argument("--max-shard-size", default="2GB",
+                   help="Largest safetensors file; larger models are sharded (default 2GB).")
+    return p.parse_args(argv)
+
+
+class ShardWriter:
+    """Writes ``name -> tensor`` pairs into safetensors files of at most ``max_bytes`` each
+    (a tensor larger than that gets a file of its own) and the index transformers reads."""
+
+    def __init__(self, output: str, max_bytes: int):
+        self.output, self.max_bytes = output, max_bytes
+        self.pending: Dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.files: List[List[str]] = []
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + size > self.max_bytes:
+            self.flush()
+        self.pending[name] = tensor.contiguous()
+        self.pending_bytes += size
+        self.total_bytes += size
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self.pending:
+            return
+        save_file(self.pending, os.path.join(self.output, f"part-{len(self.files):05d}.tmp"),
+                  metadata={"format": "pt"})
+        self.files.append(list(self.pending))
+        self.pending, self.pending_bytes = {}, 0
+
+    def finish(self) -> List[str]:
+        """Rename the parts to transformers' names, write the index when sharded; returns the
+        weight file names."""
+        self.flush()
+        count = len(self.files)
+        names = (["model.safetensors"] if count == 1 else
+                 [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)])
+        for k, name in enumerate(names):
+            os.replace(os.path.join(self.output, f"part-{k:05d}.tmp"), os.path.join(self.output, name))
+        if count > 1:
+            index = {"metadata": {"total_size": self.total_bytes},
+                     "weight_map": {t: names[k] for k, tensors in enumerate(self.files) for t in tensors}}
+            with open(os.path.join(self.output, "model.safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=2, sort_keys=True)
+        return names
+
+
+def tokenizer_source(tokenizer_flags: dict) -> Optional[List[str]]:
+    """The tokenizer files of a run to copy into the model directory, or None when the run's
+    tokenizer has no transformers form (the built-in byte-level one)."""
+    kind = tokenizer_flags.get("tokenizer_type")
+    if kind in ("PretrainedFromHF", "HuggingFaceTokenizer"):
+        where = tokenizer_flags.get("tokenizer_name_or_path") or tokenizer_flags.get("tokenizer_model")
+        if where and os.path.isdir(where):
+            return [os.path.join(where, f) for f in HF_TOKENIZER_FILES
+                    if os.path.isfile(os.path.join(where, f))]
+        if where and os.path.isfile(where):
+            return [where]
+        raise ConfigError(f"the checkpoint's tokenizer (--tokenizer-type {kind}) is at {where!r}, "
+                          "which no longer exists; restore it to export the tokenizer files")
+    if kind == "GPT2BPETokenizer":
+        return [tokenizer_flags["vocab_file"], tokenizer_flags["merge_file"]]
+    return None
+
+
+def copy_tokenizer(tokenizer_flags: dict, output: str) -> List[str]:
+    """Copy the run's tokenizer files into ``output``; returns the names written."""
+    files = tokenizer_source(tokenizer_flags)
+    if files is None:
+        return []
+    written = []
+    kind = tokenizer_flags.get("tokenizer_type")
+    for path in files:
+        name = os.path.basename(path)
+        if kind == "GPT2BPETokenizer":
+            name = "vocab.json" if path == tokenizer_flags["vocab_file"] else "merges.txt"
+        shutil.copyfile(path, os.path.join(output, name))
+        written.append(name)
+    if kind == "GPT2BPETokenizer":
+        with open(os.path.join(output, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1 << 30}, f, indent=2)
+        written.append("tokenizer_config.json")
+    return written
+
+
+def convert(load: str, output: str, iteration: Optional[int] = None,
+            max_shard_size: str = "2GB") -> dict:
+    """Export the checkpoint (see the module docstring); returns a summary ``{"family",
+    "iteration", "files", "tokenizer_files", "parameters", "bytes"}``."""
+    from megatron.checkpoint_interop.full_state import FullStateReader
+    from megatron.checkpoint_interop.hf_families import canonical_names, check_exportable, hf_config, to_hf
+
+    max_bytes = parse_size(max_shard_size)
+    if os.path.isdir(output) and os.listdir(output):
+        raise ConfigError(f"--output {output} exists and is not empty; give a new directory")
+    with FullStateReader(load, iteration) as reader:
+        if reader.model_args is None:
+            raise ConfigError(f"--load {load}: checkpoint {reader.directory} has no model_args.json "
+                              "(written before checkpoints recorded their model flags), so its "
+                              "architecture is unknown")
+        flags = reader.model_args["model"]
+        family = check_exportable(flags)
+        expected = canonical_names(flags)
+        if sorted(expected) != sorted(reader.names):
+            missing = sorted(set(expected) - set(reader.names))
+            extra = sorted(set(reader.names) - set(expected))
+            raise ConfigError(f"--load {load}: checkpoint {reader.directory} does not match its "
+                              f"model flags (missing {missing[:4]}, unexpected {extra[:4]})")
+        os.makedirs(output, exist_ok=True)
+        writer = ShardWriter(output, max_bytes)
+        vocab_rows, dtype, parameters = None, None, 0
+        for name in reader.names:
+            tensor = reader.tensor(name)
+            if name == "embedding.word_embeddings.weight":
+                vocab_rows, dtype = tensor.shape[0], tensor.dtype
+            parameters += tensor.numel()
+            for hf_name, hf_tensor in to_hf(name, tensor, flags):
+                writer.add(hf_name, hf_tensor)
+            del tensor
+        files = writer.finish()
+        summary_iteration = reader.iteration
+    config = hf_config(flags, vocab_rows, dtype)
+    with open(os.path.join(output, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    tokenizer_files = copy_tokenizer(reader.model_args.get("tokenizer") or {}, output)
+    return {"family": family.architecture, "iteration": summary_iteration, "files": files,
+            "tokenizer_files": tokenizer_files, "parameters": parameters,
+            "bytes": writer.total_bytes}
+
+
+def main(argv=None):
+    args = get_args(argv)
+    summary = convert(args.load, args.output, args.iteration, args.max_shard_size)
+    note = (f"tokenizer files: {', '.join(summary['tokenizer_files'])}" if summary["tokenizer_files"]
+            else "no tokenizer files (the run's tokenizer has no transformers form)")
+    print(f"wrote {args.output}: {summary['family']}, iteration {summary['iteration']}, "
+          f"{summary['parameters']} parameters in {', '.join(summary['files'])}; {note}")
+
+
+if __name__ == "__main__":
+    run_entry_point(main)

@@ -11,7 +11,8 @@ Each (inputs, choice) pair is tokenized as preprocessing tokenized (inputs, targ
 segment exactly as ``megatron/data/mtf_dataset.py`` does (same truncation, same attention mask, so
 ``--prefix-lm`` models are scored with bidirectional attention over the inputs). The score of a
 choice is the sum of its target tokens' log-probabilities (T0's rank classification), or their mean
-with ``--length-normalize``.
+with ``--length-normalize``. ``--output-json`` also writes every example's ``choice_scores`` (one
+score per choice, in the choices' order) and ``predictions``, in the order of ``--task-data``.
 
 Weights come from a checkpoint saved by training: ``--load DIR`` reads the iteration in
 ``DIR/latest_checkpointed_iteration.txt`` (or ``--load-iteration N``) and loads the ``module`` state
@@ -72,30 +73,55 @@ def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def model_states_path(load: str, iteration: Optional[int] = None) -> str:
-    """The DeepSpeed model-states file of a training checkpoint directory (or ``load`` itself)."""
+    """The DeepSpeed model-states file of a training checkpoint directory (or ``load`` itself).
+    A missing directory, tracker or file is a ``CheckpointError`` naming ``--load``, the
+    iteration and the path."""
+    from megatron.checkpointing import CheckpointError, checkpoint_tag, read_tracker
+
     if os.path.isfile(load):
         return load
-    from megatron.checkpointing import checkpoint_tag, read_tracker
-
+    if not os.path.isdir(load):
+        raise CheckpointError(f"--load {load}: no such checkpoint directory or file")
     if iteration is None:
         iteration = read_tracker(load)
         if iteration is None:
-            raise FileNotFoundError(f"--load {load}: no latest_checkpointed_iteration.txt")
+            raise CheckpointError(f"--load {load}: no latest_checkpointed_iteration.txt (give "
+                                  "--load-iteration N for a directory without one)")
     path = os.path.join(load, checkpoint_tag(iteration), MODEL_STATES)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--load {load}: {path} does not exist")
+        raise CheckpointError(f"--load {load}: iteration {iteration}: {path} does not exist")
     return path
 
 
 def load_model_weights(model: torch.nn.Module, load: str, iteration: Optional[int] = None) -> str:
-    """Load the ``module`` weights of a saved checkpoint into ``model``; returns the file read."""
+    """Load the ``module`` weights of a saved checkpoint into ``model``; returns the file read.
+    Weights the model lacks or the checkpoint lacks, or of another shape, are a
+    ``CheckpointError`` (the model flags differ from the checkpoint's)."""
+    from megatron.checkpointing import CheckpointError
+
     path = model_states_path(load, iteration)
     state = torch.load(path, map_location="cpu", weights_only=False)
     module = state["module"] if "module" in state else state
+    if not isinstance(module, dict):
+        raise CheckpointError(f"--load {load}: {path} holds no model weights (a pipeline-parallel "
+                              "checkpoint keeps them in layer_*-model_states.pt files)")
+    own = model.state_dict()
+    shapes = [f"{k}: checkpoint {list(v.shape)}, model {list(own[k].shape)}"
+              for k, v in module.items()
+              if k in own and torch.is_tensor(v) and torch.is_tensor(own[k])
+              and v.shape != own[k].shape]
+    if shapes:
+        raise CheckpointError(f"--load {load}: {path} does not fit the model flags (--hidden-size, "
+                              f"--num-attention-heads, ...): {len(shapes)} weights differ in "
+                              f"shape, e.g. {'; '.join(shapes[:3])}")
     missing, unexpected = model.load_state_dict(module, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
-    if missing:
-        raise RuntimeError(f"{path}: checkpoint lacks weights {missing[:5]} (model flags differ?)")
+    unexpected = [k for k in unexpected if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"--load {load}: {path} does not fit the model flags (--num-layers, "
+            f"--untie-embeddings-and-output-weights, ...): the checkpoint lacks {missing[:5]} "
+            f"and has no place in the model for {unexpected[:5]}")
     return path
 
 
@@ -163,7 +189,9 @@ def evaluate_records(model, tokenizer, records: Sequence[Dict], seq_length: int,
                      prefix_lm: bool = False, append_eod: bool = False,
                      length_normalize: bool = False, batch_size: int = 32) -> Dict:
     """Rank-classify ``records``; returns {"tasks": {task: {"accuracy", "correct", "total",
-    "chance"}}, "accuracy": mean over tasks, "predictions": [index per record]}."""
+    "chance"}}, "accuracy": mean over tasks, "predictions": [index per record],
+    "choice_scores": [[score per choice, in the choices' order] per record]} (a score is the
+    choice's summed target log-probability in nats, or its mean with ``length_normalize``)."""
     pad_id = getattr(tokenizer, "pad", tokenizer.eod)
     pairs, owners = [], []
     for r_i, record in enumerate(records):
@@ -172,11 +200,12 @@ def evaluate_records(model, tokenizer, records: Sequence[Dict], seq_length: int,
             pairs.append((inp, _encode(tokenizer, choice, append_eod)))
             owners.append(r_i)
     scores = score_pairs(model, pairs, seq_length, pad_id, prefix_lm, length_normalize, batch_size)
-    predictions, pos = [], 0
+    predictions, choice_scores, pos = [], [], 0
     tasks: Dict[str, Dict] = OrderedDict()
     for record in records:
         n = len(record["choices"])
         pred = int(np.argmax(scores[pos:pos + n]))
+        choice_scores.append([float(x) for x in scores[pos:pos + n]])
         pos += n
         predictions.append(pred)
         t = tasks.setdefault(record["task"], {"correct": 0, "total": 0, "chance": 0.0})
@@ -187,7 +216,8 @@ def evaluate_records(model, tokenizer, records: Sequence[Dict], seq_length: int,
         t["accuracy"] = t["correct"] / t["total"]
         t["chance"] = t["chance"] / t["total"]
     mean = float(np.mean([t["accuracy"] for t in tasks.values()])) if tasks else 0.0
-    return {"tasks": tasks, "accuracy": mean, "predictions": predictions}
+    return {"tasks": tasks, "accuracy": mean, "predictions": predictions,
+            "choice_scores": choice_scores}
 
 
 def read_records(path: str) -> List[Dict]:
@@ -220,9 +250,11 @@ def main(argv=None) -> Dict:
     print(f"mean accuracy over {len(results['tasks'])} tasks: {results['accuracy']:.4f}")
     if args.output_json:
         with open(args.output_json, "w") as f:
-            json.dump({k: v for k, v in results.items() if k != "predictions"}, f, indent=1)
+            json.dump(results, f, indent=1)
     return results
 
 
 if __name__ == "__main__":
-    main()
+    from megatron.errors import run_entry_point
+
+    run_entry_point(main)  # a bad checkpoint or file: one "error: ..." line, exit 1

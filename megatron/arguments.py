@@ -697,12 +697,18 @@ def _validate_data(args, require_data: bool) -> None:
 
     # Files are checked when datasets are built (T0 prefixes name inputs/targets pairs).
     args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
-    if args.tokenizer_type == "GPT2BPETokenizer" and (args.vocab_file is None or args.merge_file is None):
-        raise ArgumentError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file")
-    if args.tokenizer_type == "HuggingFaceTokenizer" and args.tokenizer_model is None:
-        raise ArgumentError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model")
     if args.num_workers < 0:
         raise ArgumentError(f"--num-workers {args.num_workers} must be non-negative")
+
+
+def _validate_tokenizer(args) -> None:
+    """Tokenizer flags (megatron/tokenizer/flags.py); resolves the default --tokenizer-type."""
+    from megatron.tokenizer.flags import check_tokenizer_args
+
+    try:
+        check_tokenizer_args(args)
+    except ConfigError as e:
+        raise ArgumentError(str(e)) from e
 
 
 def _validate_deepspeed_config(args) -> None:
@@ -741,6 +747,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("training", (), lambda: _validate_training(args)),
               ("lr", ("batch", "training"), lambda: _validate_lr_units(args)),
               ("data", (), lambda: _validate_data(args, require_data)),
+              ("tokenizer", (), lambda: _validate_tokenizer(args)),
               ("deepspeed", ("batch",), lambda: _validate_deepspeed_config(args)),
               ("layout", ("batch", "model", "deepspeed"), lambda: _validate_layout(args)))
     failed, errors = set(), []

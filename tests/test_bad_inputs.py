@@ -574,7 +574,7 @@ def test_tokenizer_missing_files(bpe, tmp_path):
 
     ok = bpe["ok"]
     _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="GPT2BPETokenizer")),
-            "GPT2BPETokenizer vocab.json needs --vocab-file to be given (got none)")
+            "--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file")
     missing = str(tmp_path / "vocab.json")
     _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="GPT2BPETokenizer",
                                                      vocab_file=missing,

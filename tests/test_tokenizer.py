@@ -1,4 +1,5 @@
-"""Tokenizers: byte-level round trips, GPT-2 BPE files, HF tokenizer.json, clear errors."""
+"""Tokenizers: byte-level round trips, GPT-2 BPE files, megatron-core's Hugging Face and
+sentencepiece tokenizers against their libraries, preprocessing with them, clear errors."""
 
 import argparse
 import json
@@ -7,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron.core.datasets import megatron_tokenizer as mt
+from megatron.core.tokenizers import MegatronTokenizerBase as BASE
+from megatron.errors import ConfigError
 from megatron.tokenizer import (
     TOKENIZER_TYPES,
     ByteLevelTokenizer,
@@ -16,8 +18,6 @@ from megatron.tokenizer import (
     build_tokenizer,
     padded_vocab_size,
 )
-
-BASE = getattr(mt, "MegatronTokenizer", None) or mt.MegatronLegacyTokenizer
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -31,7 +31,7 @@ SAMPLE = "Hello wörld, 日本語 — def f(x):\n\treturn x  # ok\n"
 def ns(**kw):
     """Tokenizer arguments with every attribute build_tokenizer reads."""
     base = dict(tokenizer_type="ByteLevelTokenizer", vocab_file=None, merge_file=None,
-                tokenizer_model=None)
+                tokenizer_model=None, tokenizer_name_or_path=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -142,7 +142,8 @@ def test_hf_tokenizer_json(bpe_files):
     tok = build_tokenizer(ns(tokenizer_type="HuggingFaceTokenizer",
                              tokenizer_model=str(bpe_files / "tokenizer.json")))
     assert isinstance(tok, HuggingFaceTokenizer) and isinstance(tok, BASE)
-    assert tok.eod == tok.vocab["<|endoftext|>"]
+    assert tok.eod == tok.pad == tok.bos == tok._tokenizer.tokenizer.convert_tokens_to_ids(
+        "<|endoftext|>")  # no eos, bos or pad declared: the conventional end-of-text token
     for text in SENTENCES + [SAMPLE]:
         assert tok.detokenize(tok.tokenize(text)) == text
 
@@ -206,7 +207,8 @@ def test_missing_merge_file_names_the_flag(bpe_files, tmp_path):
 
 def test_unknown_type_lists_allowed():
     with pytest.raises(ValueError) as err:
-        build_tokenizer(ns(tokenizer_type="SentencePieceTokenizer"))
+        build_tokenizer(ns(tokenizer_type="SentencePiece"))
+    assert "unknown --tokenizer-type 'SentencePiece'" in str(err.value)
     for name in TOKENIZER_TYPES:
         assert name in str(err.value)
 
@@ -235,3 +237,238 @@ def test_tiny_tokenizers_tool(hf_tokenizer_dir, sentencepiece_model, tmp_path):
         assert a.read() == b.read()
     with pytest.raises(SystemExit):
         main(["--output-dir", str(tmp_path / "bad"), "--vocab-size", "100"])
+
+
+# ------------------------------------------ megatron-core HF / sentencepiece (tiny tokenizers)
+
+def _demo_texts(n=6):
+    """A few demo documents of each domain plus the unicode/whitespace SAMPLE."""
+    from tools.make_demo_data import DOMAINS, generate_domain
+
+    return [d for dom in DOMAINS for d in generate_domain(dom, 2000, seed=7)[:n]] + [SAMPLE]
+
+
+@pytest.mark.parametrize("ttype,flag", [("PretrainedFromHF", "tokenizer_name_or_path"),
+                                        ("HuggingFaceTokenizer", "tokenizer_model")])
+@pytest.mark.parametrize("as_file", [False, True], ids=["directory", "tokenizer.json"])
+def test_hf_types_match_transformers_and_tokenizers(hf_tokenizer_dir, ttype, flag, as_file):
+    """PretrainedFromHF (BigScience) and HuggingFaceTokenizer (Megatron-LM), from the directory or
+    its tokenizer.json: megatron-core's GPTTokenizer giving the ids of transformers (no special
+    tokens added) and of the tokenizers library; vocab_size = len(tokenizer), eod = eos_token_id,
+    pad = pad_token_id, bos = bos_token_id (BigScience's definitions)."""
+    from megatron.core.tokenizers.text.models import GPTTokenizer
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    path = f"{hf_tokenizer_dir}/tokenizer.json" if as_file else hf_tokenizer_dir
+    args = ns(tokenizer_type=ttype, **{flag: path})
+    tok = build_tokenizer(args)
+    assert isinstance(tok, GPTTokenizer) and isinstance(tok, HuggingFaceTokenizer)
+    assert tok.name == ttype
+    hf = AutoTokenizer.from_pretrained(hf_tokenizer_dir, local_files_only=True)
+    lib = Tokenizer.from_file(f"{hf_tokenizer_dir}/tokenizer.json")
+    assert (tok.vocab_size, tok.eod, tok.eos, tok.pad, tok.bos) == (
+        len(hf), hf.eos_token_id, hf.eos_token_id, hf.pad_token_id, hf.bos_token_id) == (
+        384, 2, 2, 3, 1)
+    assert args.padded_vocab_size == 384
+    for text in _demo_texts():
+        ids = tok.tokenize(text)
+        assert ids == hf.encode(text, add_special_tokens=False) == lib.encode(
+            text, add_special_tokens=False).ids
+        assert tok.detokenize(ids) == text
+    # the special token's text inside a document is the special token, as in transformers
+    assert tok.tokenize("a</s>b") == hf.encode("a</s>b", add_special_tokens=False)
+
+
+def test_hf_without_pad_token_pads_with_eod(hf_tokenizer_dir, tmp_path):
+    """A tokenizer declaring eos but no pad: pad = eod (BigScience's PretrainedFromHF)."""
+    import shutil
+
+    shutil.copy(f"{hf_tokenizer_dir}/tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    tok = build_tokenizer(ns(tokenizer_type="PretrainedFromHF",
+                             tokenizer_name_or_path=str(tmp_path)))
+    assert (tok.eod, tok.pad, tok.bos) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("ttype", ["GPTSentencePieceTokenizer", "SentencePieceTokenizer"])
+def test_sentencepiece_types_match_sentencepiece(sentencepiece_model, ttype):
+    """GPTSentencePieceTokenizer / SentencePieceTokenizer: megatron-core's sentencepiece
+    GPTTokenizer giving sentencepiece's own ids (no BOS/EOS added); vocab_size = piece count,
+    eod = eos_id (Megatron-LM), pad = eod because the model has no pad piece (pad_id -1)."""
+    import sentencepiece as spm
+    from megatron.core.tokenizers.text.models import GPTTokenizer
+
+    args = ns(tokenizer_type=ttype, tokenizer_model=sentencepiece_model)
+    tok = build_tokenizer(args)
+    assert isinstance(tok, GPTTokenizer) and tok.name == ttype
+    sp = spm.SentencePieceProcessor(model_file=sentencepiece_model)
+    assert sp.pad_id() == -1
+    assert (tok.vocab_size, tok.eod, tok.eos, tok.bos, tok.pad) == (
+        sp.get_piece_size(), sp.eos_id(), sp.eos_id(), sp.bos_id(), sp.eos_id()) == (
+        384, 2, 2, 1, 2)
+    assert args.padded_vocab_size == 384
+    for text in _demo_texts():
+        ids = tok.tokenize(text)
+        assert ids == sp.encode(text)
+        assert tok.detokenize(ids) == text
+
+
+def test_sentencepiece_pad_piece_is_the_pad(tmp_path):
+    """A sentencepiece model with a pad piece: pad is its id (as Megatron-LM's pad_id)."""
+    import io
+
+    import sentencepiece as spm
+
+    from tools.make_tiny_tokenizers import training_texts
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(training_texts(8000)), model_writer=model, vocab_size=400,
+        byte_fallback=True, pad_id=3, num_threads=1, minloglevel=2)
+    path = tmp_path / "pad.model"
+    path.write_bytes(model.getvalue())
+    tok = build_tokenizer(ns(tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=str(path)))
+    assert (tok.eod, tok.pad) == (2, 3)
+
+
+# ------------------------------------------------------------------ preprocessing with them
+
+@pytest.mark.parametrize("kind", ["hf", "sentencepiece"])
+def test_preprocess_data_writes_the_library_ids(demo_data, tiny_tokenizers, tmp_path, kind):
+    """tools/preprocess_data.py --append-eod with PretrainedFromHF / GPTSentencePieceTokenizer:
+    the .bin/.idx read back by megatron-core's IndexedDataset hold, per document, the library's
+    own ids followed by eos."""
+    import os
+
+    import numpy as np
+    import sentencepiece as spm
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from transformers import AutoTokenizer
+
+    from tools.preprocess_data import main
+
+    src = os.path.join(os.path.dirname(demo_data["web"]), "math.jsonl")
+    with open(src, encoding="utf-8") as f:
+        lines = [next(f) for _ in range(12)]
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text("".join(lines), encoding="utf-8")
+    texts = [json.loads(line)["text"] for line in lines]
+    if kind == "hf":
+        flags = ["--tokenizer-type", "PretrainedFromHF",
+                 "--tokenizer-name-or-path", tiny_tokenizers["hf"]]
+        hf = AutoTokenizer.from_pretrained(tiny_tokenizers["hf"], local_files_only=True)
+        expected = [hf.encode(t, add_special_tokens=False) + [hf.eos_token_id] for t in texts]
+    else:
+        flags = ["--tokenizer-type", "GPTSentencePieceTokenizer",
+                 "--tokenizer-model", tiny_tokenizers["sentencepiece"]]
+        sp = spm.SentencePieceProcessor(model_file=tiny_tokenizers["sentencepiece"])
+        expected = [sp.encode(t) + [sp.eos_id()] for t in texts]
+    prefix = str(tmp_path / "out")
+    assert main(["--input", str(jsonl), "--output-prefix", prefix, "--json-keys", "text",
+                 "--append-eod", "--workers", "2", "--log-interval", "0", *flags]) == 0
+    ds = IndexedDataset(prefix + "_text_document")
+    assert len(ds) == len(texts)
+    for k, ids in enumerate(expected):
+        np.testing.assert_array_equal(ds[k], np.asarray(ids))
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+@pytest.mark.parametrize("value", ["bigscience/tokenizer", "gpt2"])
+def test_hub_name_is_refused(value):
+    """A name that is not a local path is refused naming the flag and value: no Hub download."""
+    with pytest.raises(ConfigError) as err:
+        build_tokenizer(ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=value))
+    msg = str(err.value)
+    assert f"--tokenizer-name-or-path {value!r}: no such file or directory" in msg
+    assert "never downloaded from the Hugging Face Hub" in msg
+
+
+@pytest.mark.parametrize("kw,fragment", [
+    (dict(tokenizer_type="PretrainedFromHF"), "--tokenizer-type PretrainedFromHF needs "
+                                              "--tokenizer-name-or-path"),
+    (dict(tokenizer_type="GPTSentencePieceTokenizer"),
+     "--tokenizer-type GPTSentencePieceTokenizer needs --tokenizer-model"),
+    (dict(tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model="MISSING"),
+     "--tokenizer-model {MISSING!r}: no such file (GPTSentencePieceTokenizer .model file)"),
+    (dict(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path="MISSING"),
+     "--tokenizer-name-or-path {MISSING!r}: no such file or directory"),
+], ids=["hf-no-path", "spm-no-model", "spm-missing-model", "hf-missing-path"])
+def test_missing_tokenizer_paths(tmp_path, kw, fragment):
+    """Missing flags and missing files: one error naming the flag (and path)."""
+    missing = str(tmp_path / "missing" / "tokenizer.model")
+    kw = {k: (missing if v == "MISSING" else v) for k, v in kw.items()}
+    with pytest.raises(ConfigError) as err:
+        build_tokenizer(ns(**kw))
+    assert fragment.replace("{MISSING!r}", repr(missing)) in str(err.value)
+
+
+def test_bad_tokenizer_files(hf_tokenizer_dir, tmp_path):
+    """A file that is not a sentencepiece model, a tokenizers JSON not named tokenizer.json, and a
+    directory without a tokenizer: each refused naming the flag and the path."""
+    import shutil
+
+    not_spm = tmp_path / "tokenizer.model"
+    not_spm.write_text("not a model")
+    with pytest.raises(ConfigError, match=r"--tokenizer-model '.*tokenizer\.model' is not a "
+                                          r"sentencepiece model"):
+        build_tokenizer(ns(tokenizer_type="GPTSentencePieceTokenizer",
+                           tokenizer_model=str(not_spm)))
+    renamed = tmp_path / "bloom.json"
+    shutil.copy(f"{hf_tokenizer_dir}/tokenizer.json", renamed)
+    with pytest.raises(ConfigError, match=r"--tokenizer-name-or-path '.*bloom\.json': a tokenizer "
+                                          r"file must be named tokenizer\.json"):
+        build_tokenizer(ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=str(renamed)))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"--tokenizer-name-or-path '.*empty': could not load a "
+                                          r"tokenizer from it"):
+        build_tokenizer(ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=str(empty)))
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--vocab-file", "gpt2-vocab.json", "--merge-file", "gpt2-merges.txt"],
+     "--vocab-file 'gpt2-vocab.json' --merge-file 'gpt2-merges.txt' given without "
+     "--tokenizer-type"),
+    (["--vocab-file", "gpt2-vocab.json"], "--vocab-file 'gpt2-vocab.json' given without "
+                                          "--tokenizer-type"),
+    (["--tokenizer-model", "tok.model"], "--tokenizer-model 'tok.model' given without "
+                                         "--tokenizer-type"),
+], ids=["vocab-and-merges", "vocab", "tokenizer-model"])
+def test_tokenizer_files_without_type_are_an_error(extra, named, capsys):
+    """Tokenizer files without --tokenizer-type (Megatron-LM refuses them too; this project used to
+    train the byte-level tokenizer instead): pretrain_gpt's flags exit 2 naming the flags and
+    values, preprocess_data.py and build_tokenizer likewise."""
+    from megatron.arguments import parse_args
+
+    from tools.preprocess_data import main
+
+    base = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "64", "--micro-batch-size", "1", "--train-iters", "3",
+            "--lr", "1e-3", "--data-path", "x_text_document"]
+    with pytest.raises(SystemExit) as info:
+        parse_args(base + extra, world_size=1)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and "allowed types: ByteLevelTokenizer" in err
+    with pytest.raises(SystemExit) as info:
+        main(["--input", "in.jsonl", "--output-prefix", "out", *extra])
+    assert info.value.code == 2
+    assert named in capsys.readouterr().err
+    kw = {"--vocab-file": "vocab_file", "--merge-file": "merge_file",
+          "--tokenizer-model": "tokenizer_model"}
+    with pytest.raises(ConfigError, match=named):
+        build_tokenizer(ns(tokenizer_type=None,
+                           **{kw[f]: v for f, v in zip(extra[::2], extra[1::2])}))
+
+
+def test_no_tokenizer_flags_mean_byte_level():
+    """No tokenizer flag at all: the byte-level default, resolved by validation."""
+    from megatron.arguments import parse_args
+
+    args = parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                       "--seq-length", "64", "--micro-batch-size", "1", "--train-iters", "3",
+                       "--lr", "1e-3", "--data-path", "x_text_document"], world_size=1)
+    assert args.tokenizer_type == "ByteLevelTokenizer"
+    assert isinstance(build_tokenizer(ns(tokenizer_type=None)), ByteLevelTokenizer)

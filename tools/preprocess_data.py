@@ -4,6 +4,12 @@
         --json-keys text --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json \
         --merge-file merges.txt --append-eod --workers 4
 
+Tokenizers: the byte-level default (no flags), ``--tokenizer-type GPT2BPETokenizer --vocab-file
+--merge-file``, ``PretrainedFromHF --tokenizer-name-or-path DIR_OR_TOKENIZER_JSON`` (BigScience),
+``HuggingFaceTokenizer --tokenizer-model DIR_OR_TOKENIZER_JSON`` (Megatron-LM) and
+``GPTSentencePieceTokenizer``/``SentencePieceTokenizer --tokenizer-model FILE.model``; paths are
+local only. Tokenizer files without ``--tokenizer-type`` are an error.
+
 writes ``data/corpus_text_document.{bin,idx}`` (one ``.bin``/``.idx`` pair per json key; e.g.
 ``--json-keys inputs targets`` for T0 data). The work is done by
 ``megatron.data.preprocess.preprocess_jsonl``.
@@ -20,7 +26,8 @@ from megatron.known_warnings import quiet_known_warnings  # noqa: E402
 quiet_known_warnings()  # before megatron.core is imported
 
 from megatron.data.preprocess import preprocess_jsonl  # noqa: E402
-from megatron.tokenizer import add_tokenizer_args  # noqa: E402
+from megatron.errors import ConfigError  # noqa: E402
+from megatron.tokenizer import add_tokenizer_args, check_tokenizer_args  # noqa: E402
 
 
 def get_args(argv=None) -> argparse.Namespace:
@@ -46,6 +53,10 @@ def get_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be >= 1")
+    try:
+        check_tokenizer_args(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -55,6 +66,7 @@ def main(argv=None) -> int:
     tokenizer_args = argparse.Namespace(
         tokenizer_type=args.tokenizer_type, vocab_file=args.vocab_file,
         merge_file=args.merge_file, tokenizer_model=args.tokenizer_model,
+        tokenizer_name_or_path=args.tokenizer_name_or_path,
     )
     try:
         result = preprocess_jsonl(

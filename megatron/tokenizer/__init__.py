@@ -5,14 +5,17 @@ import megatron-core.
 """
 import importlib
 
-_FLAGS = ("DEFAULT_TOKENIZER_TYPE", "TOKENIZER_TYPES", "add_tokenizer_args")
+_FLAGS = ("DEFAULT_TOKENIZER_TYPE", "TOKENIZER_TYPES", "add_tokenizer_args",
+          "check_tokenizer_args")
 __all__ = [
     "DEFAULT_TOKENIZER_TYPE",
     "TOKENIZER_TYPES",
     "ByteLevelTokenizer",
     "GPT2BPETokenizer",
     "HuggingFaceTokenizer",
+    "SentencePieceTokenizer",
     "add_tokenizer_args",
+    "check_tokenizer_args",
     "build_tokenizer",
     "padded_vocab_size",
 ]

@@ -1,23 +1,76 @@
-"""Tokenizer command-line flags; kept free of heavy imports so parsers build fast."""
+"""Tokenizer command-line flags and their checks; kept free of heavy imports so parsers build fast.
+
+Names and meanings follow Megatron-LM (``--tokenizer-type``, ``--vocab-file``, ``--merge-file``,
+``--tokenizer-model``) and BigScience's Megatron-DeepSpeed (``--tokenizer-type PretrainedFromHF
+--tokenizer-name-or-path``).
+"""
 import argparse
 
-TOKENIZER_TYPES = ("ByteLevelTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer")
+from megatron.errors import ConfigError
+
 DEFAULT_TOKENIZER_TYPE = "ByteLevelTokenizer"
+# --tokenizer-type value -> the flag naming its files (None: needs no files).
+TOKENIZER_FILE_FLAGS = {
+    "ByteLevelTokenizer": None,
+    "GPT2BPETokenizer": ("--vocab-file", "--merge-file"),
+    "HuggingFaceTokenizer": ("--tokenizer-model",),  # Megatron-LM's name
+    "PretrainedFromHF": ("--tokenizer-name-or-path",),  # BigScience's name
+    "SentencePieceTokenizer": ("--tokenizer-model",),
+    "GPTSentencePieceTokenizer": ("--tokenizer-model",),
+}
+TOKENIZER_TYPES = tuple(TOKENIZER_FILE_FLAGS)
+_FILE_FLAG_ATTRS = {"--vocab-file": "vocab_file", "--merge-file": "merge_file",
+                    "--tokenizer-model": "tokenizer_model",
+                    "--tokenizer-name-or-path": "tokenizer_name_or_path"}
 
 
 def add_tokenizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the tokenizer flag group (``--tokenizer-type``, ``--vocab-file``, ``--merge-file``,
-    ``--tokenizer-model``) to ``parser`` and return it."""
+    ``--tokenizer-model``, ``--tokenizer-name-or-path``) to ``parser`` and return it."""
     group = parser.add_argument_group(title="tokenizer")
     group.add_argument(
-        "--tokenizer-type", type=str, default=DEFAULT_TOKENIZER_TYPE, choices=TOKENIZER_TYPES,
-        help="What type of tokenizer to use (default: the embedded ByteLevelTokenizer).",
+        "--tokenizer-type", type=str, default=None, choices=TOKENIZER_TYPES,
+        help=f"What type of tokenizer to use (default: the embedded {DEFAULT_TOKENIZER_TYPE}, "
+             "which needs no files; tokenizer file flags need an explicit type).",
     )
     group.add_argument("--vocab-file", type=str, default=None,
                        help="GPT-2 BPE vocab.json (GPT2BPETokenizer).")
     group.add_argument("--merge-file", type=str, default=None,
                        help="GPT-2 BPE merges.txt (GPT2BPETokenizer).")
     group.add_argument("--tokenizer-model", type=str, default=None,
-                       help="tokenizer.json file or local tokenizer directory "
-                            "(HuggingFaceTokenizer).")
+                       help="sentencepiece .model file (SentencePieceTokenizer, "
+                            "GPTSentencePieceTokenizer), or a local Hugging Face tokenizer "
+                            "directory or tokenizer.json file (HuggingFaceTokenizer).")
+    group.add_argument("--tokenizer-name-or-path", type=str, default=None,
+                       help="Local Hugging Face tokenizer directory or tokenizer.json file "
+                            "(PretrainedFromHF); never downloaded from the Hub.")
     return parser
+
+
+def check_tokenizer_args(args: argparse.Namespace) -> None:
+    """Check the tokenizer flags of ``args`` and resolve ``args.tokenizer_type``.
+
+    Without ``--tokenizer-type`` the type is the byte-level default, and any tokenizer file flag
+    is an error (as in Megatron-LM, files never pick a tokenizer silently). A type that needs
+    files needs its flags. Whether the files exist is checked when the tokenizer is built.
+    Raises ConfigError naming the flags, their values and what is allowed.
+    """
+    given = {flag: getattr(args, attr, None) for flag, attr in _FILE_FLAG_ATTRS.items()
+             if getattr(args, attr, None)}
+    ttype = getattr(args, "tokenizer_type", None)
+    if ttype is None:
+        if given:
+            flags = " ".join(f"{flag} {value!r}" for flag, value in given.items())
+            raise ConfigError(
+                f"{flags} given without --tokenizer-type: name the tokenizer these files are for "
+                f"(e.g. --tokenizer-type GPT2BPETokenizer for --vocab-file/--merge-file); "
+                f"allowed types: {', '.join(TOKENIZER_TYPES)}")
+        args.tokenizer_type = DEFAULT_TOKENIZER_TYPE
+        return
+    if ttype not in TOKENIZER_FILE_FLAGS:
+        raise ConfigError(
+            f"unknown --tokenizer-type {ttype!r}; allowed: {', '.join(TOKENIZER_TYPES)}")
+    needed = TOKENIZER_FILE_FLAGS[ttype] or ()
+    missing = [flag for flag in needed if flag not in given]
+    if missing:
+        raise ConfigError(f"--tokenizer-type {ttype} needs {' and '.join(needed)}")

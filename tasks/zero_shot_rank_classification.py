@@ -14,9 +14,10 @@ choice is the sum of its target tokens' log-probabilities (T0's rank classificat
 with ``--length-normalize``. ``--output-json`` also writes every example's ``choice_scores`` (one
 score per choice, in the choices' order) and ``predictions``, in the order of ``--task-data``.
 
-Weights come from a checkpoint saved by training: ``--load DIR`` reads the iteration in
-``DIR/latest_checkpointed_iteration.txt`` (or ``--load-iteration N``) and loads the ``module`` state
-of DeepSpeed's ``iter_N/mp_rank_00_model_states.pt``; ``--load`` may also name that file directly.
+Weights come from a checkpoint saved by training (tasks/checkpoint_model.py): ``--load DIR``
+reads the iteration in ``DIR/latest_checkpointed_iteration.txt`` (or ``--load-iteration N``) of any
+tensor/pipeline/data-parallel layout as full TP=1/PP=1 weights; ``--load`` may also name a TP=1/PP=1
+``iter_N/mp_rank_00_model_states.pt`` file directly.
 """
 import argparse
 import json
@@ -36,8 +37,8 @@ import torch  # noqa: E402
 
 from megatron.data.mtf_dataset import pack_sample, truncated_lengths  # noqa: E402
 from megatron.model.masks import attention_structure_from_batch  # noqa: E402
-
-MODEL_STATES = "mp_rank_00_model_states.pt"
+# the model and its checkpoint (any layout); re-exported as this script's Python API
+from tasks.checkpoint_model import MODEL_STATES, build_model, load_model_weights  # noqa: E402,F401
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -70,84 +71,6 @@ def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     return parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,
                       require_data=False)
-
-
-def model_states_path(load: str, iteration: Optional[int] = None) -> str:
-    """The DeepSpeed model-states file of a training checkpoint directory (or ``load`` itself).
-    A missing directory, tracker or file is a ``CheckpointError`` naming ``--load``, the
-    iteration and the path."""
-    from megatron.checkpointing import CheckpointError, checkpoint_tag, read_tracker
-
-    if os.path.isfile(load):
-        return load
-    if not os.path.isdir(load):
-        raise CheckpointError(f"--load {load}: no such checkpoint directory or file")
-    if iteration is None:
-        iteration = read_tracker(load)
-        if iteration is None:
-            raise CheckpointError(f"--load {load}: no latest_checkpointed_iteration.txt (give "
-                                  "--load-iteration N for a directory without one)")
-    path = os.path.join(load, checkpoint_tag(iteration), MODEL_STATES)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"--load {load}: iteration {iteration}: {path} does not exist")
-    return path
-
-
-def load_model_weights(model: torch.nn.Module, load: str, iteration: Optional[int] = None) -> str:
-    """Load the ``module`` weights of a saved checkpoint into ``model``; returns the file read.
-    Weights the model lacks or the checkpoint lacks, or of another shape, are a
-    ``CheckpointError`` (the model flags differ from the checkpoint's)."""
-    from megatron.checkpointing import CheckpointError
-
-    path = model_states_path(load, iteration)
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    module = state["module"] if "module" in state else state
-    if not isinstance(module, dict):
-        raise CheckpointError(f"--load {load}: {path} holds no model weights (a pipeline-parallel "
-                              "checkpoint keeps them in layer_*-model_states.pt files)")
-    own = model.state_dict()
-    shapes = [f"{k}: checkpoint {list(v.shape)}, model {list(own[k].shape)}"
-              for k, v in module.items()
-              if k in own and torch.is_tensor(v) and torch.is_tensor(own[k])
-              and v.shape != own[k].shape]
-    if shapes:
-        raise CheckpointError(f"--load {load}: {path} does not fit the model flags (--hidden-size, "
-                              f"--num-attention-heads, ...): {len(shapes)} weights differ in "
-                              f"shape, e.g. {'; '.join(shapes[:3])}")
-    missing, unexpected = model.load_state_dict(module, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
-    unexpected = [k for k in unexpected if not k.endswith("_extra_state")]
-    if missing or unexpected:
-        raise CheckpointError(
-            f"--load {load}: {path} does not fit the model flags (--num-layers, "
-            f"--untie-embeddings-and-output-weights, ...): the checkpoint lacks {missing[:5]} "
-            f"and has no place in the model for {unexpected[:5]}")
-    return path
-
-
-def build_model(args) -> torch.nn.Module:
-    """GPT model for ``args`` in eval mode, weights from ``--load`` (a 1-process group is started
-    when none exists: megatron-core layers need the model-parallel state)."""
-    from megatron.core import parallel_state
-    from megatron.model.gpt_model import build_gpt_model
-    from megatron.tokenizer import build_tokenizer
-
-    if not torch.distributed.is_initialized():
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(port))
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1)
-    args.tokenizer = build_tokenizer(args)
-    model = build_gpt_model(args)
-    if args.load:
-        load_model_weights(model, args.load, args.load_iteration)
-    return model.eval()
 
 
 def _encode(tokenizer, text: str, append_eod: bool) -> List[int]:

@@ -37,7 +37,7 @@ def tiny(tmp_path_factory, dist_group):
     """A random tiny model and its checkpoint (iteration 3; iteration 2 holds other weights)
     in DeepSpeed's layout: {"args", "model", "tokenizer", "load"}."""
     from tasks.eval_harness import evaluate
-    from tasks.zero_shot_rank_classification import MODEL_STATES, build_model
+    from tasks.checkpoint_model import MODEL_STATES, build_model
 
     args = evaluate.parse_eval_args(MODEL + ["--tasks", "unused"])
     model = build_model(args)
@@ -197,7 +197,7 @@ def test_hf_tokenizer_scores_and_generates_like_the_hand_computation(tiny, hf_to
     encoded, the context's tokens removed), greedy text is the tokenizer's decoding."""
     from tasks.eval_harness import evaluate
     from tasks.eval_harness.lm import MegatronLM
-    from tasks.zero_shot_rank_classification import build_model
+    from tasks.checkpoint_model import build_model
     args = evaluate.parse_eval_args(MODEL + ["--tasks", "unused", "--tokenizer-type",
                                              "HuggingFaceTokenizer", "--tokenizer-model",
                                              hf_tokenizer_dir])
@@ -220,6 +220,28 @@ def test_load_iteration_selects_the_checkpoint(tiny):
     model = evaluate.load_model(args)
     name, ref = next((n, p) for n, p in tiny["model"].named_parameters() if p.dim() == 2)
     assert torch.allclose(dict(model.named_parameters())[name], ref + 0.05)
+
+
+def test_checkpoint_of_another_layout_loads_with_its_recorded_flags(tiny, tmp_path):
+    """A TP 2 x PP 2 checkpoint (vocabulary padded for TP 2) evaluates with the full TP=1/PP=1
+    weights and, with --use-checkpoint-args, the model flags it recorded."""
+    from megatron.checkpoint_interop.model_args import model_args_from_args
+    from megatron.checkpoint_interop.write_checkpoint import write_checkpoint
+    from tasks.eval_harness import evaluate
+    tensors = {n: p.detach().clone() for n, p in tiny["model"].named_parameters()}
+    emb = tensors["embedding.word_embeddings.weight"]
+    tensors["embedding.word_embeddings.weight"] = torch.cat([emb, 0.1 * torch.randn(128, 64)])
+    record = model_args_from_args(tiny["args"])
+    record["padded_vocab_size"] = 512  # 258 tokens padded to a multiple of 128 x TP 2
+    write_checkpoint(str(tmp_path / "tp2pp2"), tensors, record, tp=2, pp=2, iteration=5)
+    args = evaluate.parse_eval_args(["--use-checkpoint-args", "--load", str(tmp_path / "tp2pp2"),
+                                     "--tasks", "unused"])
+    model = evaluate.load_model(args)
+    assert (args.num_layers, args.hidden_size, args.seq_length) == (2, 64, SEQ)
+    assert args.padded_vocab_size == 512
+    loaded = dict(model.named_parameters())
+    assert set(loaded) == set(tensors)
+    assert all(torch.equal(loaded[n], t) for n, t in tensors.items())
 
 
 # ------------------------------------------------------------------ simple_evaluate, end to end
@@ -283,7 +305,8 @@ def test_simple_evaluate_on_local_tasks_matches_hand_scores(tiny, tmp_path):
     ("missing-checkpoint", ["--load", "{tmp}/nope", "--tasks", "{mc}"],
      r"--load .*nope: no such checkpoint directory"),
     ("missing-iteration", ["--load", "{load}", "--load-iteration", "9", "--tasks", "{mc}"],
-     r"--load .*: iteration 9: .*iter_0000009.* does not exist"),
+     r"--load .*: iteration 9: .*iter_0000009 does not exist \(checkpoints there: "
+     r"iter_0000002, iter_0000003\)"),
     ("no-load", ["--tasks", "{mc}"], r"--load is required"),
     ("unknown-task-file", ["--load", "{load}", "--tasks", "{tmp}/nope.yaml"],
      r"--tasks .*nope\.yaml: no such task file"),
@@ -297,7 +320,8 @@ def test_simple_evaluate_on_local_tasks_matches_hand_scores(tiny, tmp_path):
     ("more-layers-than-checkpoint", ["--num-layers", "3", "--load", "{load}", "--tasks", "{mc}"],
      r"--load .*does not fit the model flags .*lacks \['decoder\.layers\.2\."),
     ("other-hidden-size", ["--hidden-size", "32", "--load", "{load}", "--tasks", "{mc}"],
-     r"--load .*does not fit the model flags \(--hidden-size, --num-attention-heads, \.\.\.\): "
+     r"--load .*does not fit the model flags \(--hidden-size, --num-attention-heads, "
+     r"--ffn-hidden-size, \.\.\.\): "
      r"\d+ weights differ in shape, e\.g\. embedding\.word_embeddings\.weight: checkpoint "
      r"\[384, 64\], model \[384, 32\]"),
 ]])

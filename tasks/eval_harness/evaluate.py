@@ -13,8 +13,9 @@ downloaded: ``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` are set, so a task re
 ``--include-default-tasks`` also offers lm-eval's own task library (its datasets must already be in
 the local Hugging Face cache).
 
-The model is built from the model flags and loaded from ``--load`` (the tasks'
-``build_model``: tensor- and pipeline-parallel size 1); any ``--tokenizer-type`` works. It is
+The model is built from the model flags (or ``--use-checkpoint-args``) and loaded from
+``--load``, a checkpoint of any parallel layout (tasks/checkpoint_model.py: the full TP=1/PP=1
+weights, one process); any ``--tokenizer-type`` works. It is
 scored by :class:`tasks.eval_harness.lm.MegatronLM` (``--seq-length`` tokens per forward,
 ``--prefix-lm`` for non-causal decoders) through ``lm_eval.simple_evaluate``, with lm-eval's
 default seeds. The results (lm-eval's dict, without per-sample logs) are printed as lm-eval's
@@ -154,14 +155,14 @@ def resolve_tasks(tasks: str, include_path: Sequence[str] = (), include_defaults
 
 
 def load_model(args):
-    """The model of the flags with the ``--load`` checkpoint's weights, in eval mode (TP 1,
-    PP 1). A missing or unfitting checkpoint is a ConfigError naming ``--load``."""
-    from tasks.zero_shot_rank_classification import build_model, model_states_path
+    """The model of the flags with the weights of the ``--load`` checkpoint (any layout), in
+    eval mode (tasks/checkpoint_model.py). A missing or unfitting checkpoint is a ConfigError
+    naming ``--load``."""
+    from tasks.checkpoint_model import build_model
 
     if not args.load:
         raise ConfigError("--load is required: the checkpoint directory (or model-states file) "
                           "to evaluate")
-    model_states_path(args.load, args.load_iteration)  # fail before building the model
     return build_model(args)
 
 

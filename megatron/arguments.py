@@ -185,6 +185,11 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
                    help="Load model weights only; reset iteration, optimizer and scheduler.")
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--universal-checkpoint", action="store_true",
+                   help="BigScience's flag: load --load through the layout-independent path "
+                        "(megatron/parallel/resharding.py) even on the layout it was saved with. "
+                        "A checkpoint of another TP/PP/DP size or ZeRO stage takes that path "
+                        "without the flag.")
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="Take the model and tokenizer flags from the model_args.json of the "
                         "checkpoint in --load; flags given that disagree with it are an error "

@@ -24,6 +24,7 @@ from megatron.atomic_io import atomic_path, atomic_write_text
 from megatron.errors import ConfigError
 from megatron.initialize import all_reduce_small
 from megatron.parallel.layout_record import check_same_model_split, current_layout, write_layout
+from megatron.parallel.param_index import read_param_index, write_param_index
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 1
@@ -121,6 +122,7 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState,
     directory = os.path.join(save_dir, tag)
     if _rank() == 0:
         write_layout(directory, current_layout())
+    write_param_index(engine, directory)  # what a resume on another layout reads
         if model_args is not None:
             from megatron.checkpoint_interop.model_args import write_model_args
 
@@ -150,9 +152,13 @@ def read_tracker(load_dir: str) -> Optional[int]:
 
 
 def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimizer: bool = True,
-                    load_rng: bool = True) -> Optional[TrainingState]:
+                    load_rng: bool = True, universal: bool = False) -> Optional[TrainingState]:
     """Load the latest complete checkpoint of ``load_dir`` into ``engine``.
 
+    A checkpoint written with another tensor-, pipeline- or data-parallel size or ZeRO stage (or
+    any checkpoint with ``universal``, ``--universal-checkpoint``) is resharded to this run's
+    layout from its ``param_index.json`` (megatron/parallel/resharding.py); otherwise DeepSpeed
+    loads its own files (and the per-rank RNG states are restored).
     Returns the saved :class:`TrainingState` (iteration 0 and no extra state with ``finetune``, which
     loads weights only), or None when ``load_dir`` holds no checkpoint yet.
     """
@@ -167,6 +173,16 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
     if not any(name.endswith("model_states.pt") for name in os.listdir(directory)):
         raise CheckpointError(f"--load {load_dir}: checkpoint {directory} is incomplete (no "
                               "*model_states.pt file)")
+    index = read_param_index(directory)
+    if index is None and universal:
+        raise CheckpointError(f"--universal-checkpoint: checkpoint {directory} has no "
+                              "param_index.json (written before checkpoints carried one); load it "
+                              "without --universal-checkpoint on the layout it was saved with")
+    if index is not None and (universal or _layout_changed(index, engine)):
+        state = _load_resharded(engine, load_dir, directory, index, finetune, load_optimizer)
+        if load_rng and not finetune and not _layout_changed(index, engine):
+            _load_rng(directory, load_dir)  # same ranks: their generator states still apply
+        return state
     check_same_model_split(directory, load_dir, current_layout())
     error = None
     try:
@@ -193,16 +209,63 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
                           consumed_samples=int(ours["consumed_samples"]),
                           extra=dict(ours.get("extra", {})))
     if load_rng:
-        rng_path = os.path.join(directory, f"rng_state_rank{_rank()}.pt")
-        error = None
-        if os.path.isfile(rng_path):
-            try:
-                set_rng_state(torch.load(rng_path, weights_only=False))
-            except Exception as e:
-                error = CheckpointError(f"--load {load_dir}: {rng_path} is corrupt ({_brief(e)}); "
-                                        "use --no-load-rng to skip it")
-        _raise_on_any_rank(error, load_dir)
+        _load_rng(directory, load_dir)
     return state
+
+
+def _load_rng(directory: str, load_dir: str) -> None:
+    """Restore this rank's generator states from ``directory`` (when the file is there)."""
+    rng_path = os.path.join(directory, f"rng_state_rank{_rank()}.pt")
+    error = None
+    if os.path.isfile(rng_path):
+        try:
+            set_rng_state(torch.load(rng_path, weights_only=False))
+        except Exception as e:
+            error = CheckpointError(f"--load {load_dir}: {rng_path} is corrupt ({_brief(e)}); "
+                                    "use --no-load-rng to skip it")
+    _raise_on_any_rank(error, load_dir)
+
+
+def _layout_changed(index: Dict[str, Any], engine) -> bool:
+    """True when the checkpoint described by ``index`` was written with another tensor-, pipeline-
+    or data-parallel size or ZeRO stage than ``engine``'s (DeepSpeed's loader needs the same)."""
+    layout = current_layout()
+    saved = (index["tensor_model_parallel_size"], index["pipeline_model_parallel_size"],
+             index["data_parallel_size"], index["zero_stage"])
+    return saved != (layout.tp, layout.pp, layout.dp, engine.zero_optimization_stage())
+
+
+def _load_resharded(engine, load_dir: str, directory: str, index: Dict[str, Any], finetune: bool,
+                    load_optimizer: bool) -> TrainingState:
+    """:func:`load_checkpoint` through megatron/parallel/resharding.py: weights, optimizer state
+    and training state. On another layout the RNG states (per rank of the old layout) are not
+    restored: the generators keep this run's --seed streams."""
+    from megatron.initialize import print_rank_0
+    from megatron.parallel.resharding import ReshardError, SavedCheckpoint, load_resharded
+
+    saved = SavedCheckpoint(directory, index)
+    error, ours = None, None
+    try:
+        load_resharded(engine, saved, load_dir, load_optimizer and not finetune, log=print_rank_0)
+        ours = saved.client_state(CLIENT_STATE_KEY)
+    except ReshardError as e:
+        error = CheckpointError(str(e))
+    except Exception as e:  # unreadable files: name the checkpoint
+        error = CheckpointError(f"--load {load_dir}: checkpoint {directory} is corrupt or "
+                                f"incompatible ({_brief(e)})")
+    finally:
+        saved.close()
+    _raise_on_any_rank(error, load_dir)
+    if finetune:
+        return TrainingState()
+    if ours is None:
+        raise CheckpointError(f"--load {load_dir}: {directory} has no training state (not written "
+                              "by this project); use --finetune to load its weights only")
+    engine.global_steps = int(ours["iteration"])
+    engine.global_samples = int(ours["consumed_samples"])
+    return TrainingState(iteration=int(ours["iteration"]),
+                         consumed_samples=int(ours["consumed_samples"]),
+                         extra=dict(ours.get("extra", {})))
 
 
 def _brief(e: Exception) -> str:

@@ -303,7 +303,8 @@ def _restore(engine, args, scheduler) -> TrainingState:
     if not args.load:
         return TrainingState()
     state = load_checkpoint(engine, args.load, finetune=args.finetune,
-                            load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng)
+                            load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
+                            universal=args.universal_checkpoint)
     if state is None:
         print_rank_0(f"no checkpoint in --load {args.load}; starting from scratch")
         return TrainingState()

@@ -213,6 +213,33 @@ def test_imported_model_scores_as_transformers_and_exports_back(tp1, tmp_path, f
     assert all(torch.equal(original[k], back[k]) for k in original)
 
 
+def test_hf_tokenizer_travels_with_export_and_import(tp1, tmp_path, hf_tokenizer_dir):
+    """A run with --tokenizer-type PretrainedFromHF exports its tokenizer files (transformers'
+    AutoTokenizer then encodes as ours does); importing that directory records the copied
+    tokenizer, which --use-checkpoint-args resolves inside the checkpoint."""
+    from transformers import AutoTokenizer
+
+    from megatron.tokenizer import build_tokenizer
+    from tools.checkpoint.convert_from_hf import convert as import_hf
+
+    args = our_args(FAMILIES["bloom"] + ["--tokenizer-type", "PretrainedFromHF",
+                                         "--tokenizer-name-or-path", hf_tokenizer_dir])
+    ours = build_tokenizer(args)
+    args.padded_vocab_size = VOCAB * 2  # 512 rows >= the tokenizer's 384
+    save_model(our_model(args), args, tmp_path / "ckpt")
+    summary = export(tmp_path / "ckpt", tmp_path / "hf")
+    assert "tokenizer.json" in summary["tokenizer_files"]
+    text = "def main():\n    return 42  # the answer"
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"))(text)["input_ids"] == ours.tokenize(text)
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "imported"))
+    got = our_args([], load=str(tmp_path / "imported"))
+    assert got.tokenizer_type == "PretrainedFromHF"
+    assert got.tokenizer_name_or_path == str(tmp_path / "imported" / "tokenizer")
+    got.padded_vocab_size = None
+    assert build_tokenizer(got).tokenize(text) == ours.tokenize(text)
+    assert got.pad_vocab_size_to == 512 and got.padded_vocab_size == 512  # the model's rows
+
+
 # ---------------------------------------------------------------------------- model flags
 def test_checkpoint_args_fill_model_flags_and_refuse_disagreeing_ones(tp1, tmp_path):
     args = our_args(FAMILIES["llama"])
@@ -259,15 +286,22 @@ def test_use_checkpoint_args_bad_inputs(tmp_path):
 
 # ---------------------------------------------------------------------------- bad inputs
 @pytest.mark.parametrize("flags, message", [
-    (SHAPE + ["--position-embedding-type", "rope", "--swiglu"], "--normalization LayerNorm: LlamaForCausalLM"),
-    (SHAPE + ["--position-embedding-type", "rope", "--normalization", "RMSNorm"], "no --swiglu"),
-    (SHAPE + ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
-              "--rotary-percent", "0.5"], "--rotary-percent 0.5"),
-    (SHAPE + ["--num-query-groups", "2"], "--num-query-groups 2: GPT2LMHeadModel"),
-    (SHAPE + ["--disable-bias-linear"], "--disable-bias-linear"),
-    (SHAPE + ["--position-embedding-type", "alibi", "--openai-gelu"], "no --embed-layernorm"),
-    (SHAPE + ["--position-embedding-type", "alibi", "--embed-layernorm"], "no --openai-gelu"),
-    (SHAPE + ["--position-embedding-type", "none"], "--position-embedding-type none"),
+    pytest.param(SHAPE + ["--position-embedding-type", "rope", "--swiglu"],
+                 "--normalization LayerNorm: LlamaForCausalLM", id="rope-with-layernorm"),
+    pytest.param(SHAPE + ["--position-embedding-type", "rope", "--normalization", "RMSNorm"],
+                 "no --swiglu", id="rope-without-swiglu"),
+    pytest.param(SHAPE + ["--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                          "--swiglu", "--rotary-percent", "0.5"], "--rotary-percent 0.5",
+                 id="partial-rotary"),
+    pytest.param(SHAPE + ["--num-query-groups", "2"], "--num-query-groups 2: GPT2LMHeadModel",
+                 id="gpt2-with-gqa"),
+    pytest.param(SHAPE + ["--disable-bias-linear"], "--disable-bias-linear", id="gpt2-without-bias"),
+    pytest.param(SHAPE + ["--position-embedding-type", "alibi", "--openai-gelu"],
+                 "no --embed-layernorm", id="alibi-without-embed-layernorm"),
+    pytest.param(SHAPE + ["--position-embedding-type", "alibi", "--embed-layernorm"],
+                 "no --openai-gelu", id="alibi-with-erf-gelu"),
+    pytest.param(SHAPE + ["--position-embedding-type", "none"], "--position-embedding-type none",
+                 id="no-positions"),
 ])
 def test_export_refuses_what_transformers_cannot_represent(tp1, tmp_path, flags, message):
     args = our_args(flags)
@@ -290,7 +324,14 @@ def test_export_bad_inputs(tp1, tmp_path):
     (tmp_path / "full" / "x").write_text("")
     with pytest.raises(ConfigError, match="--output .*full exists and is not empty"):
         export(tmp_path / "ckpt", tmp_path / "full")
-    os.remove(tmp_path / "ckpt" / "iter_0000000" / "model_args.json")
+    record_path = tmp_path / "ckpt" / "iter_0000000" / "model_args.json"
+    record = json.loads(record_path.read_text())
+    record["model"]["ffn_hidden_size"] = 300
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=r"linear_fc1.weight in .* is \[256, 64\], its model flags "
+                                          r"give \[300, 64\]"):
+        export(tmp_path / "ckpt", tmp_path / "hf2")
+    os.remove(record_path)
     with pytest.raises(ConfigError, match="has no model_args.json"):
         export(tmp_path / "ckpt", tmp_path / "hf")
     (tmp_path / "ckpt" / "iter_0000000" / "mp_rank_00_model_states.pt").write_bytes(b"junk")
@@ -320,3 +361,47 @@ def test_import_bad_inputs(tmp_path):
     os.remove(tmp_path / "gpt2" / "model.safetensors")
     with pytest.raises(ConfigError, match="no model.safetensors"):
         import_hf(str(tmp_path / "gpt2"), str(tmp_path / "b"))
+
+
+# ---------------------------------------------------------------------------- launch
+def test_finetune_starts_from_an_imported_checkpoint_without_model_flags(demo_data, tmp_path):
+    """convert_from_hf.py's checkpoint, loaded by pretrain_gpt.py (2 ranks) with --finetune
+    --use-checkpoint-args and no model flag: trains (finite loss), saves a checkpoint recording
+    the model flags, and (lr 0) that checkpoint exports back to the imported weights bit for bit."""
+    import subprocess
+    import sys
+
+    import transformers
+    from conftest import ROOT
+    from e2e_helpers import read_jsonl, run_deepspeed
+
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(vocab_size=384, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path / "hf"))
+    from tools.checkpoint.convert_from_hf import main as import_main
+
+    import_main(["--hf", str(tmp_path / "hf"), "--save", str(tmp_path / "imported")])
+    proc = run_deepspeed("pretrain_gpt.py", [
+        "--load", str(tmp_path / "imported"), "--finetune", "--use-checkpoint-args",
+        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--train-iters", "1", "--lr", "0", "--hidden-dropout", "0", "--attention-dropout", "0",
+        "--transformer-impl", "local", "--data-path", demo_data["web"], "--split", "98,1,1",
+        "--data-cache-path", str(tmp_path / "cache"), "--eval-iters", "0", "--log-interval", "1",
+        "--metrics-jsonl", str(tmp_path / "metrics.jsonl"), "--save", str(tmp_path / "out")])
+    assert "--finetune: loaded the model weights" in proc.stdout
+    loss = read_jsonl(tmp_path / "metrics.jsonl")[0]["lm_loss"]
+    assert 0 < loss < 10
+    saved = json.loads((tmp_path / "out" / "iter_0000001" / "model_args.json").read_text())
+    assert saved["model"]["num_query_groups"] == 2 and saved["model"]["swiglu"] is True
+    assert saved["padded_vocab_size"] == 384
+    tool = os.path.join(ROOT, "tools", "checkpoint", "convert_to_hf.py")
+    out = subprocess.run([sys.executable, tool, "--load",
+                          str(tmp_path / "out"), "--output", str(tmp_path / "back")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "LlamaForCausalLM, iteration 1" in out
+    original, back = read_safetensors(tmp_path / "hf"), read_safetensors(tmp_path / "back")
+    assert original.keys() == back.keys()
+    assert all(torch.equal(original[k], back[k]) for k in original)

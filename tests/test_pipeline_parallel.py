@@ -1,11 +1,13 @@
 """Pipeline parallelism end to end (DeepSpeed's pipe engine, GPTModelPipe) through the real
 deepspeed launcher on CPU ranks: the per-iteration losses of PP 2 and TP 2 x PP 2 (4 ranks, full
-recompute) equal the single-rank run's; TP 2 x PP 2 resumes exactly; a T0 prefix-LM finetune under
+recompute) equal the single-rank run's; TP 2 x PP 2 resumes exactly, and on DP 2 (ZeRO-1) and on
+PP 2 its checkpoint continues with the uninterrupted losses (resharded optimizer state); a T0 prefix-LM finetune under
 PP 2 x DP 2 equals its PP 1 run, per-dataset losses and every validation group included; the tied
 embedding's gradient is the sum over both stages."""
 import shutil
 
 import pytest
+import torch
 
 from e2e_helpers import read_jsonl, run_deepspeed
 from parallel_helpers import (LAYOUT_ITERS, assert_losses_match, layout_flags, run_layout,
@@ -93,6 +95,75 @@ def test_tp2_pp2_resume_continues_exactly(tp2_pp2_run, demo_data, tmp_path):
     resumed = train_records(tmp_path)
     assert [r["iteration"] for r in resumed] == list(range(SAVE_AT + 1, LAYOUT_ITERS + 1))
     assert [r["lm_loss"] for r in resumed] == losses[SAVE_AT:]  # exactly
+
+
+# ------------------------------------------------------------------ resume on another layout
+def _resume_on(tp2_pp2_run, demo_data, run_dir, num_ranks, layout, extra=()):
+    """Resume the TP 2 x PP 2 checkpoint of iteration SAVE_AT with ``layout`` flags; returns the
+    launcher's CompletedProcess and the resumed iterations' training records."""
+    ref_dir, _, _ = tp2_pp2_run
+    ckpt = run_dir / "ckpt"
+    ckpt.mkdir(parents=True)
+    tag = f"iter_{SAVE_AT:07d}"
+    shutil.copytree(ref_dir / "ckpt" / tag, ckpt / tag)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(f"{SAVE_AT}\n")
+    flags = layout_flags(demo_data, run_dir, [*layout, "--load", str(ckpt), *extra])
+    flags[flags.index("--data-cache-path") + 1] = str(ref_dir / "cache")
+    proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=num_ranks)
+    assert f"resumed from --load {ckpt} at iteration {SAVE_AT}" in proc.stdout
+    resumed = train_records(run_dir)
+    assert [r["iteration"] for r in resumed] == list(range(SAVE_AT + 1, LAYOUT_ITERS + 1))
+    return proc, resumed
+
+
+@pytest.fixture(scope="module")
+def dp2_resume(tp2_pp2_run, demo_data, tmp_path_factory):
+    """The TP 2 x PP 2 (ZeRO 0) checkpoint resumed on DP 2 (TP 1, PP 1, ZeRO-1), saving at the end."""
+    run_dir = tmp_path_factory.mktemp("dp2_resume")
+    proc, resumed = _resume_on(tp2_pp2_run, demo_data, run_dir, 2, [],
+                               ["--save", str(run_dir / "saved"), "--save-interval", str(SAVE_AT)])
+    return run_dir, proc, resumed
+
+
+def test_tp2_pp2_checkpoint_resumes_on_data_parallel_2(tp2_pp2_run, dp2_resume):
+    """Iterations 11-20 on DP 2 (ZeRO-1 partitions the resharded Adam state) give the
+    uninterrupted TP 2 x PP 2 run's losses: weights, moments, step, scheduler and data position
+    carried (without the moments the losses are ~2% off)."""
+    _, losses, _ = tp2_pp2_run
+    _, proc, resumed = dp2_resume
+    assert (f"(tensor-parallel 2, pipeline-parallel 2, data-parallel 1, ZeRO stage 0) to "
+            "tensor-parallel 1, pipeline-parallel 1, data-parallel 2, ZeRO stage 1") in proc.stdout
+    assert_losses_match([r["lm_loss"] for r in resumed], losses[SAVE_AT:])
+    assert [r["lr"] for r in resumed] == [r["lr"] for r in train_records(tp2_pp2_run[0])][SAVE_AT:]
+
+
+def test_tp2_pp2_checkpoint_resumes_on_pipeline_parallel_2(tp2_pp2_run, demo_data, tmp_path):
+    _, losses, _ = tp2_pp2_run
+    proc, resumed = _resume_on(tp2_pp2_run, demo_data, tmp_path, 2,
+                               ["--pipeline-model-parallel-size", "2"])
+    assert "to tensor-parallel 1, pipeline-parallel 2, data-parallel 1, ZeRO stage 0" in proc.stdout
+    assert_losses_match([r["lm_loss"] for r in resumed], losses[SAVE_AT:])
+
+
+def test_zero1_and_tp2_pp2_checkpoints_hold_the_same_state(tp2_pp2_run, dp2_resume):
+    """The iteration-20 checkpoints of the TP 2 x PP 2 run (pipe layer files, ZeRO 0) and of its
+    DP 2 resume (GPTModel, ZeRO-1 flat partitions), read back as TP 1 tensors: the same weights
+    and Adam moments (to float32 reduction-order noise) and the same step."""
+    from megatron.parallel.param_index import read_param_index
+    from megatron.parallel.resharding import SavedCheckpoint
+
+    tag = f"iter_{LAYOUT_ITERS:07d}"
+    dirs = [tp2_pp2_run[0] / "ckpt" / tag, dp2_resume[0] / "saved" / tag]
+    pipe, zero = (SavedCheckpoint(str(d), read_param_index(str(d))) for d in dirs)
+    assert (pipe.format, zero.format) == ("torch", "zero")
+    assert set(pipe.sources) == set(zero.sources)
+    assert pipe.optimizer_keys() == zero.optimizer_keys() == (["exp_avg", "exp_avg_sq"],
+                                                               float(LAYOUT_ITERS))
+    for name in sorted(pipe.sources):
+        for kind in ("weight", "exp_avg", "exp_avg_sq"):
+            a, b = pipe.full(name, kind), zero.full(name, kind)
+            torch.testing.assert_close(b, a, rtol=2e-3, atol=1e-3 * float(a.abs().max()) + 1e-12,
+                                       msg=f"{name} {kind}")
 
 
 # ------------------------------------------------------------------ T0 under PP 2

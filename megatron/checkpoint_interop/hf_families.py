@@ -291,6 +291,28 @@ def _flags_from_hf_config(config: dict, path: str) -> dict:
             "embed_layernorm": True, "position_embedding_type": "alibi"}
 
 
+def canonical_shapes(flags: dict, vocab_rows: int) -> Dict[str, Tuple[int, ...]]:
+    """Full (TP=1) shape of every canonical parameter of a model with ``flags`` and
+    ``vocab_rows`` embedding rows (megatron-core's local layer spec)."""
+    h, hd = flags["hidden_size"], flags["kv_channels"]
+    qkv = (flags["num_attention_heads"] + 2 * flags["num_query_groups"]) * hd
+    ffn = flags["ffn_hidden_size"]
+    rows = {"linear_qkv": (qkv, h), "linear_proj": (h, flags["num_attention_heads"] * hd),
+            "linear_fc1": (ffn * (2 if flags["swiglu"] else 1), h), "linear_fc2": (h, ffn)}
+    shapes = {}
+    for name in canonical_names(flags):
+        module, leaf = name.rsplit(".", 2)[-2:]
+        if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            shapes[name] = (vocab_rows, h)
+        elif name == "embedding.position_embeddings.weight":
+            shapes[name] = (flags["max_position_embeddings"], h)
+        elif module in rows:
+            shapes[name] = rows[module] if leaf == "weight" else (rows[module][0],)
+        else:  # norms
+            shapes[name] = (h,)
+    return shapes
+
+
 def canonical_names(flags: dict) -> List[str]:
     """The canonical ``GPTModel`` parameter names of a model with ``flags``."""
     bias = not flags["disable_bias_linear"]

@@ -1,10 +1,11 @@
-"""The parallel layout a checkpoint was written with, and the check that a resume uses the same
-tensor/pipeline split.
+"""The parallel layout a checkpoint was written with, and the check that a resume of a checkpoint
+without a parameter index uses the same tensor/pipeline split.
 
 Each checkpoint directory holds ``parallel_layout.json`` (tensor, pipeline and data-parallel sizes
 and the world size). DeepSpeed names model files by model-parallel rank (``mp_rank_XX``), each
-holding that rank's shards, so a checkpoint resumes only on the same tensor x pipeline split; the
-data-parallel size may change (ZeRO optimizer states then need ``--no-load-optim``).
+holding that rank's shards. Checkpoints with ``param_index.json`` resume on any layout
+(megatron/parallel/resharding.py); older ones only on their own tensor x pipeline split, which
+:func:`check_same_model_split` enforces.
 """
 import json
 import os
@@ -59,6 +60,6 @@ def check_same_model_split(directory: str, load_dir: str, layout: ParallelLayout
     if (saved_tp, saved_pp) != (layout.tp, layout.pp):
         raise CheckpointError(
             f"--load {load_dir}: checkpoint {directory} was saved with {described} and this "
-            f"run has {layout.describe()}; resuming on another tensor/pipeline-parallel split is not "
-            f"supported (use --tensor-model-parallel-size {saved_tp} "
-            f"--pipeline-model-parallel-size {saved_pp}, or convert the checkpoint)")
+            f"run has {layout.describe()}; it has no param_index.json (written before checkpoints "
+            f"carried one), so it resumes only on its own split (use --tensor-model-parallel-size "
+            f"{saved_tp} --pipeline-model-parallel-size {saved_pp})")

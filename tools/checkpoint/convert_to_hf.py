@@ -159,7 +159,8 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
     """Export the checkpoint (see the module docstring); returns a summary ``{"family",
     "iteration", "files", "tokenizer_files", "parameters", "bytes"}``."""
     from megatron.checkpoint_interop.full_state import FullStateReader
-    from megatron.checkpoint_interop.hf_families import canonical_names, check_exportable, hf_config, to_hf
+    from megatron.checkpoint_interop.hf_families import (canonical_names, canonical_shapes,
+                                                         check_exportable, hf_config, to_hf)
 
     max_bytes = parse_size(max_shard_size)
     if os.path.isdir(output) and os.listdir(output):
@@ -177,6 +178,7 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
             extra = sorted(set(reader.names) - set(expected))
             raise ConfigError(f"--load {load}: checkpoint {reader.directory} does not match its "
                               f"model flags (missing {missing[:4]}, unexpected {extra[:4]})")
+        shapes = canonical_shapes(flags, reader.model_args.get("padded_vocab_size") or 0)
         os.makedirs(output, exist_ok=True)
         writer = ShardWriter(output, max_bytes)
         vocab_rows, dtype, parameters = None, None, 0
@@ -184,6 +186,10 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
             tensor = reader.tensor(name)
             if name == "embedding.word_embeddings.weight":
                 vocab_rows, dtype = tensor.shape[0], tensor.dtype
+                shapes = canonical_shapes(flags, vocab_rows)  # the rows the run padded to
+            if tuple(tensor.shape) != shapes[name]:
+                raise ConfigError(f"--load {load}: {name} in {reader.directory} is "
+                                  f"{list(tensor.shape)}, its model flags give {list(shapes[name])}")
             parameters += tensor.numel()
             for hf_name, hf_tensor in to_hf(name, tensor, flags):
                 writer.add(hf_name, hf_tensor)

@@ -1,0 +1,150 @@
+"""The parameter index a checkpoint carries so that it can be resumed on another layout.
+
+``DIR/iter_N/param_index.json`` (written by rank 0 at every save, after gathering every rank's
+part) says, for each rank that wrote files, where each of its parameters lives on disk and what it
+is in layout-independent terms:
+
+- the parameter's *canonical name* (its name in the tensor-parallel 1, pipeline-parallel 1
+  ``GPTModel``, megatron/model/init.py), its local shape and its tensor-parallel split
+  (``tp_dim``: megatron-core's ``partition_dim``, or null for replicated parameters; ``tp_stride``:
+  ``partition_stride``, 2 for the SwiGLU ``linear_fc1`` whose rank holds ``[gate_r; up_r]``);
+- the file and key of its weight (``mp_rank_XX_model_states.pt`` ``module`` for ``GPTModel``,
+  DeepSpeed's ``layer_XX-model_YY-model_states.pt`` for a pipeline stage);
+- the optimizer's parameter groups in order (the index a ZeRO-0 torch optimizer's state uses) and
+  the file holding the optimizer state (the model-states file at ZeRO stage 0, this rank's
+  ``zero_pp_rank_D_mp_rank_XX_optim_states.pt`` at stages 1 and 2, whose ``param_slice_mappings``
+  locate each parameter in the flat partitions).
+
+megatron/parallel/resharding.py reads it back. Only metadata is written (no tensor is copied).
+"""
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from megatron.atomic_io import atomic_write_text
+
+INDEX_FILENAME = "param_index.json"
+INDEX_VERSION = 1
+TORCH_OPTIMIZER = "torch"  # optimizer_format: a plain torch optimizer (ZeRO stage 0, fp32)
+ZERO_OPTIMIZER = "zero"  # DeepSpeed's ZeRO stage 1/2 optimizer (flat fp32 partitions)
+
+
+def optimizer_format(engine) -> str:
+    """How ``engine`` stores its optimizer state: :data:`TORCH_OPTIMIZER`, :data:`ZERO_OPTIMIZER`
+    or the class name of anything else (fp16/bf16 wrappers at stage 0, ZeRO-3), which cannot be
+    resharded."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    optimizer = engine.optimizer
+    if isinstance(optimizer, DeepSpeedZeroOptimizer):
+        return ZERO_OPTIMIZER
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return TORCH_OPTIMIZER
+    return type(optimizer).__name__
+
+
+def canonical_namer(module):
+    """``local name -> canonical name`` for ``module`` (a ``GPTModelPipe`` maps its stage-local
+    names; ``GPTModel``'s names are canonical)."""
+    return getattr(module, "canonical_name", lambda name: name)
+
+
+def _weight_locations(engine, directory: str) -> Dict[str, List[str]]:
+    """``local name -> [file name, key...]`` of every parameter whose weight this rank writes."""
+    from deepspeed.pipe import PipelineModule
+
+    module = engine.module
+    if not isinstance(module, PipelineModule):
+        model_file = os.path.basename(engine._get_ckpt_name(os.path.dirname(directory),
+                                                            os.path.basename(directory)))
+        return {name: [model_file, "module", name] for name, _ in module.named_parameters()}
+    files = {}
+    for local_idx, layer in enumerate(module.forward_funcs):
+        if not hasattr(layer, "state_dict"):  # a tied layer's forward_fn: saved with its module
+            continue
+        path = os.path.basename(module.ckpt_layer_path(directory, local_idx))
+        files[id(layer)] = path
+    locations = {}
+    for name, _ in module.named_parameters():
+        head, _, rest = name.partition(".")
+        if head == "tied_modules":
+            key, _, rest = rest.partition(".")
+            layer = module.tied_modules[key]
+        else:
+            layer = module._modules[head]
+        if id(layer) in files:
+            locations[name] = [files[id(layer)], rest]
+    return locations
+
+
+def _groups(engine, names: Dict[int, str]) -> List[List[str]]:
+    optimizer = engine.optimizer
+    groups = getattr(optimizer, "bit16_groups", None)
+    if groups is None:
+        groups = [group["params"] for group in optimizer.param_groups]
+    return [[names[id(p)] for p in group] for group in groups]
+
+
+def rank_record(engine, directory: str) -> Dict[str, Any]:
+    """This rank's part of the index (see the module docstring) for the checkpoint being written
+    to ``directory``."""
+    from megatron.core import parallel_state
+
+    module = engine.module
+    canonical = canonical_namer(module)
+    names = {id(p): n for n, p in module.named_parameters()}
+    locations = _weight_locations(engine, directory)
+    params = {}
+    for name, p in module.named_parameters():
+        split = getattr(p, "tensor_model_parallel", False)
+        params[name] = {"canonical": canonical(name), "shape": list(p.shape),
+                        "tp_dim": int(p.partition_dim) if split else None,
+                        "tp_stride": int(getattr(p, "partition_stride", 1)) if split else 1,
+                        "weight": locations.get(name)}
+    tag_dir, tag = os.path.dirname(directory), os.path.basename(directory)
+    model_states_file = os.path.basename(engine._get_ckpt_name(tag_dir, tag))
+    optimizer_file = model_states_file
+    if optimizer_format(engine) == ZERO_OPTIMIZER:
+        optimizer_file = os.path.basename(engine._get_zero_ckpt_name(tag_dir, tag))
+    return {"tp": parallel_state.get_tensor_model_parallel_rank(),
+            "pp": parallel_state.get_pipeline_model_parallel_rank(),
+            "dp": parallel_state.get_data_parallel_rank(),
+            "model_states_file": model_states_file, "optimizer_file": optimizer_file,
+            "groups": _groups(engine, names), "params": params}
+
+
+def write_param_index(engine, directory: str) -> None:
+    """Gather every rank's :func:`rank_record` and write ``directory/param_index.json`` on rank 0
+    (all ranks must call this)."""
+    from megatron.core import parallel_state
+
+    record = rank_record(engine, directory)
+    records = [record]
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        records = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(records, record)
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return
+    for r in records:
+        if r["dp"] != 0:  # the same parameters as their data-parallel rank 0
+            del r["groups"], r["params"], r["model_states_file"]
+    ps = parallel_state
+    index = {"version": INDEX_VERSION,
+             "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+             "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+             "data_parallel_size": parallel_state.get_data_parallel_world_size(),
+             "zero_stage": int(engine.zero_optimization_stage()),
+             "optimizer_format": optimizer_format(engine),
+             "ranks": sorted(records, key=lambda r: (r["pp"], r["tp"], r["dp"]))}
+    atomic_write_text(os.path.join(directory, INDEX_FILENAME), json.dumps(index) + "\n")
+
+
+def read_param_index(directory: str) -> Optional[Dict[str, Any]]:
+    """The index of the checkpoint in ``directory``, or None for checkpoints written without one."""
+    path = os.path.join(directory, INDEX_FILENAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)

@@ -272,12 +272,25 @@ def _task_files(tmp_path):
 def test_simple_evaluate_on_local_tasks_matches_hand_scores(tiny, tmp_path):
     from tasks.eval_harness import evaluate
     mc, include = _task_files(tmp_path)
+    tok, model = tiny["tokenizer"], tiny["model"]
+    # generation: the answer of the first document is the greedy text (cut at "\n\n"), of the
+    # second not: exact_match 0.5 with the task's until and max_gen_toks
+    greedy = tok.detokenize(greedy_loop(model, tok, tok.tokenize("Cats say"), 6)).split("\n\n")[0]
+    gen_docs = [{"q": "Cats say", "answer": greedy}, {"q": "Ice is", "answer": greedy + "?"}]
+    (tmp_path / "gen.jsonl").write_text("".join(json.dumps(d) + "\n" for d in gen_docs))
+    (tmp_path / "include" / "tiny_gen.yaml").write_text(
+        "task: tiny_gen\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files: {{test: {tmp_path / 'gen.jsonl'}}}\n"
+        f"  cache_dir: {tmp_path / 'hf_cache'}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{q}}'\n"
+        "doc_to_target: '{{answer}}'\ngeneration_kwargs:\n  until: [\"\\n\\n\"]\n"
+        "  max_gen_toks: 6\n  do_sample: false\nmetric_list:\n  - metric: exact_match\n")
     out = tmp_path / "results" / "lm_eval.json"
-    evaluate.main(MODEL + ["--load", tiny["load"], "--tasks", f"{mc},tiny_ppl",
+    evaluate.main(MODEL + ["--load", tiny["load"], "--tasks", f"{mc},tiny_ppl,tiny_gen",
                            "--include-path", include, "--results-path", str(out),
                            "--bootstrap-iters", "0", "--eval-batch-size", "4"])
     results = json.loads(out.read_text())["results"]
-    tok, model = tiny["tokenizer"], tiny["model"]
+    assert results["tiny_gen"]["exact_match,none"] == 0.5
     # multiple choice: context = question, continuation = " " + choice (lm-eval's delimiter)
     correct = 0
     for d in MC_DOCS:
@@ -355,4 +368,5 @@ def test_entry_point_prints_one_error_line(tiny, tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         run_entry_point(lambda: evaluate.main(argv))
     assert e.value.code == 1
-    assert capsys.readouterr().err == f"error: --tasks {tmp_path / 'nope.yaml'}: no such task file\n"
+    expected = f"error: --tasks {tmp_path / 'nope.yaml'}: no such task file\n"
+    assert capsys.readouterr().err == expected

@@ -288,9 +288,17 @@ def test_simple_evaluate_on_local_tasks_matches_hand_scores(tiny, tmp_path):
     out = tmp_path / "results" / "lm_eval.json"
     evaluate.main(MODEL + ["--load", tiny["load"], "--tasks", f"{mc},tiny_ppl,tiny_gen",
                            "--include-path", include, "--results-path", str(out),
-                           "--bootstrap-iters", "0", "--eval-batch-size", "4"])
+                           "--bootstrap-iters", "0", "--eval-batch-size", "4", "--log-samples"])
     results = json.loads(out.read_text())["results"]
     assert results["tiny_gen"]["exact_match,none"] == 0.5
+    samples = [json.loads(line) for line in
+               (tmp_path / "results" / "lm_eval_samples_tiny_mc.jsonl").read_text().splitlines()]
+    assert [s["doc_id"] for s in samples] == list(range(len(MC_DOCS)))
+    for s in samples:  # per-document responses: each choice's log-likelihood
+        d = MC_DOCS[s["doc_id"]]
+        assert [float(r[0]) for r in s["filtered_resps"]] == pytest.approx(
+            [hand_score(model, tok.tokenize(d["question"]), tok.tokenize(" " + c))
+             for c in d["choices"]], abs=1e-5)
     # multiple choice: context = question, continuation = " " + choice (lm-eval's delimiter)
     correct = 0
     for d in MC_DOCS:
@@ -330,6 +338,9 @@ def test_simple_evaluate_on_local_tasks_matches_hand_scores(tiny, tmp_path):
      r"\(.*include\); known names: tiny_ppl"),
     ("missing-include-path", ["--load", "{load}", "--tasks", "{mc}", "--include-path",
                               "{tmp}/nodir"], r"--include-path .*nodir: no such directory"),
+    ("log-samples-without-results-path", ["--load", "{load}", "--tasks", "{mc}",
+                                          "--log-samples"],
+     r"--log-samples writes beside --results-path; give --results-path FILE"),
     ("more-layers-than-checkpoint", ["--num-layers", "3", "--load", "{load}", "--tasks", "{mc}"],
      r"--load .*does not fit the model flags .*lacks \['decoder\.layers\.2\."),
     ("other-hidden-size", ["--hidden-size", "32", "--load", "{load}", "--tasks", "{mc}"],

@@ -4,7 +4,7 @@
         --load CHECKPOINT_DIR [--load-iteration N] \
         --tasks my_tasks/copa_local.yaml,my_ppl_task [--include-path my_tasks] \
         [--num-fewshot K] [--limit N] [--eval-batch-size 16] [--max-gen-toks 256] \
-        [--prefix-lm] [--bootstrap-iters 100000] --results-path results.json
+        [--prefix-lm] [--bootstrap-iters 100000] --results-path results.json [--log-samples]
 
 ``--tasks`` is a comma-separated list of lm-eval task YAML files and names of tasks (or groups,
 or tags) defined by the YAML files under the ``--include-path`` directories. Nothing is
@@ -19,7 +19,8 @@ weights, one process); any ``--tokenizer-type`` works. It is
 scored by :class:`tasks.eval_harness.lm.MegatronLM` (``--seq-length`` tokens per forward,
 ``--prefix-lm`` for non-causal decoders) through ``lm_eval.simple_evaluate``, with lm-eval's
 default seeds. The results (lm-eval's dict, without per-sample logs) are printed as lm-eval's
-table and written to ``--results-path`` as JSON.
+table and written to ``--results-path`` as JSON; ``--log-samples`` also writes each task's
+per-document records (prompts, responses, metrics) beside it as ``RESULTS_samples_TASK.jsonl``.
 """
 import argparse
 import json
@@ -80,6 +81,10 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         "Hugging Face cache: nothing is downloaded).")
     g.add_argument("--results-path", "--results_path", dest="results_path", default=None,
                    help="Write lm-eval's results JSON here.")
+    g.add_argument("--log-samples", "--log_samples", dest="log_samples", action="store_true",
+                   help="Also write each task's per-document records (prompts, model responses, "
+                        "metrics) as JSON lines beside --results-path: "
+                        "RESULTS_samples_TASK.jsonl.")
     g.add_argument("--num-fewshot", type=_non_negative_int, default=None,
                    help="Few-shot examples per prompt (default: each task's own, else 0).")
     g.add_argument("--limit", type=_limit, default=None,
@@ -187,8 +192,17 @@ def evaluate(lm, task_manager, specs: List[str], num_fewshot: Optional[int] = No
                            log_samples=log_samples, batch_size=lm.batch_size)
 
 
-def write_results(results: Dict, path: str) -> None:
-    """Write ``results`` (without per-sample logs) as JSON, atomically."""
+def samples_path(results_path: str, task: str) -> str:
+    """Where ``--log-samples`` writes ``task``'s records: ``RESULTS_samples_TASK.jsonl`` beside
+    ``--results-path`` (its ``.json`` suffix dropped)."""
+    stem = results_path[:-len(".json")] if results_path.endswith(".json") else results_path
+    return f"{stem}_samples_{task}.jsonl"
+
+
+def write_results(results: Dict, path: str) -> List[str]:
+    """Write ``results`` (without per-sample logs) as JSON and, when ``results`` holds
+    ``samples``, each task's records as JSON lines (:func:`samples_path`), all atomically;
+    returns the files written."""
     from lm_eval.utils import handle_non_serializable
     from megatron.atomic_io import atomic_write_text
 
@@ -196,24 +210,33 @@ def write_results(results: Dict, path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     atomic_write_text(path, json.dumps(data, indent=2, default=handle_non_serializable) + "\n")
+    written = [path]
+    for task, records in (results.get("samples") or {}).items():
+        target = samples_path(path, task)
+        atomic_write_text(target, "".join(json.dumps(r, default=handle_non_serializable) + "\n"
+                                          for r in records))
+        written.append(target)
+    return written
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     """Parse the flags, check the tasks and the checkpoint, evaluate, print and write results."""
     args = parse_eval_args(argv)
+    if args.log_samples and not args.results_path:
+        raise ConfigError("--log-samples writes beside --results-path; give --results-path FILE")
     manager, specs = resolve_tasks(args.tasks, args.include_path, args.include_default_tasks)
     model = load_model(args)
     lm = build_lm(args, model)
     results = evaluate(lm, manager, specs, num_fewshot=args.num_fewshot, limit=args.limit,
-                       bootstrap_iters=args.bootstrap_iters)
+                       bootstrap_iters=args.bootstrap_iters, log_samples=args.log_samples)
     from lm_eval.utils import make_table
 
     print(make_table(results))
     if results.get("groups"):
         print(make_table(results, "groups"))
     if args.results_path:
-        write_results(results, args.results_path)
-        print(f"results written to {args.results_path}")
+        for path in write_results(results, args.results_path):
+            print(f"written: {path}")
     return results
 
 

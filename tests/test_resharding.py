@@ -161,3 +161,92 @@ def test_checkpoint_without_index_resumes_only_on_its_own_split(tmp_path):
         "pipeline-parallel 1, data-parallel 1 and this run has tensor-parallel 1, pipeline-parallel 1, data-parallel 1; "
         "it has no param_index.json (written before checkpoints carried one), so it resumes only "
         "on its own split (use --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1)")
+
+
+# ------------------------------------------------------------------ load_resharded in process
+def _module(shapes):
+    """A module whose parameters have the given dotted names and shapes, with megatron-core's
+    tensor-parallel attributes where ``tp_dim`` is set."""
+    root = torch.nn.Module()
+    for name, (shape, dim, stride) in shapes.items():
+        *path, leaf = name.split(".")
+        node = root
+        for part in path:
+            if not hasattr(node, part):
+                node.add_module(part, torch.nn.Module())
+            node = getattr(node, part)
+        param = torch.nn.Parameter(torch.zeros(shape))
+        if dim is not None:
+            param.tensor_model_parallel, param.partition_dim, param.partition_stride = True, dim, stride
+        node.register_parameter(leaf, param)
+    return root
+
+
+def _write_tp2_checkpoint(directory, full, step=5.0):
+    """A ZeRO-0 (torch AdamW) checkpoint of two tensor-parallel ranks holding the shards of the
+    ``full`` {name: (weight, exp_avg, exp_avg_sq, dim, stride)} tensors; returns its index."""
+    names = list(full)
+    ranks = []
+    for r in range(2):
+        shard = {n: [tp_shard(t, d, s, r, 2) if d is not None else t for t in full[n][:3]]
+                 for n, (*_, d, s) in full.items()}
+        model_file = f"mp_rank_{r:02d}_model_states.pt"
+        torch.save({"module": {n: v[0] for n, v in shard.items()},
+                    "optimizer": {"state": {i: {"step": torch.tensor(step), "exp_avg": shard[n][1],
+                                                "exp_avg_sq": shard[n][2]}
+                                            for i, n in enumerate(names)}, "param_groups": []},
+                    "megatron_training_state": {"iteration": 7}}, directory / model_file)
+        ranks.append({"tp": r, "pp": 0, "dp": 0, "model_states_file": model_file,
+                      "optimizer_file": model_file, "groups": [names],
+                      "params": {n: {"canonical": n, "shape": list(shard[n][0].shape),
+                                     "tp_dim": full[n][3], "tp_stride": full[n][4],
+                                     "weight": [model_file, "module", n]} for n in names}})
+    return {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+            "data_parallel_size": 1, "zero_stage": 0, "optimizer_format": "torch", "ranks": ranks}
+
+
+@pytest.fixture
+def tp1_parallel_state(dist_group):
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+
+
+@pytest.mark.parametrize("vocab_rows", [6, 8, 12])
+def test_load_resharded_tp2_checkpoint_into_tp1_model_and_adam(tmp_path, tp1_parallel_state,
+                                                                vocab_rows):
+    """Weights, Adam moments and step of a TP 2 checkpoint land merged in a TP 1 model and its
+    torch AdamW; the vocabulary (8 padded rows saved) is cut to 6 or grown to 12 with zeros."""
+    from types import SimpleNamespace
+
+    from megatron.parallel.resharding import load_resharded
+
+    torch.manual_seed(3)
+    full = {"embedding.word_embeddings.weight": (*torch.randn(3, 8, 4), 0, 1),
+            "decoder.layers.0.mlp.linear_fc1.weight": (*torch.randn(3, 8, 4), 0, 2),
+            "decoder.layers.0.mlp.linear_fc2.weight": (*torch.randn(3, 4, 4), 1, 1),
+            "decoder.final_layernorm.weight": (*torch.randn(3, 4), None, 1)}
+    index = _write_tp2_checkpoint(tmp_path, full)
+    shapes = {n: ((vocab_rows, 4) if "word" in n else tuple(v[0].shape), v[3], v[4])
+              for n, v in full.items()}
+    module = _module(shapes)
+    engine = SimpleNamespace(module=module, optimizer=torch.optim.AdamW(module.parameters()),
+                             zero_optimization_stage=lambda: 0)
+    saved = SavedCheckpoint(str(tmp_path), index)
+    lines = []
+    load_resharded(engine, saved, str(tmp_path), load_optimizer=True, log=lines.append)
+    assert saved.client_state("megatron_training_state") == {"iteration": 7}
+    assert lines == [f"resharded {tmp_path} (tensor-parallel 2, pipeline-parallel 1, data-parallel "
+                     "1, ZeRO stage 0) to tensor-parallel 1, pipeline-parallel 1, data-parallel 1, "
+                     "ZeRO stage 0"]
+    for name, p in module.named_parameters():
+        state = engine.optimizer.state[p]
+        assert float(state["step"]) == 5.0
+        for value, expected in zip((p.detach(), state["exp_avg"], state["exp_avg_sq"]), full[name]):
+            if "word" in name:
+                kept = min(vocab_rows, 8)
+                assert torch.equal(value[:kept], expected[:kept])
+                assert torch.equal(value[kept:], torch.zeros(vocab_rows - kept, 4))
+            else:
+                assert torch.equal(value, expected), name

@@ -39,18 +39,16 @@ def merge_tp_shards(shards: Sequence[torch.Tensor], dim: Optional[int],
     """The full tensor whose megatron-core tensor-parallel shards (rank order) are ``shards``: rank
     r holds chunks r, r + TP, ... (``stride`` of them, each 1/stride of its shard) of the full
     tensor along ``dim``; a replicated parameter (``dim`` None) is its first shard."""
-    if dim is None:
-        return shards[0]
-    if len(shards) == 1:
-        return shards[0]
-    pieces = [torch.chunk(shard, stride, dim=dim) for shard in shards]
-    return torch.cat([pieces[r][k] for k in range(stride) for r in range(len(shards))], dim=dim)
+    from megatron.checkpoint_interop.full_state import merge_shards
+
+    return shards[0] if dim is None else merge_shards(list(shards), dim, stride)
 
 
 def tp_shard(full: torch.Tensor, dim: Optional[int], stride: int, tp_rank: int,
              tp_size: int) -> torch.Tensor:
     """Rank ``tp_rank``'s shard of ``full`` out of ``tp_size``, as megatron-core splits it (the
-    inverse of :func:`merge_tp_shards`)."""
+    inverse of :func:`merge_tp_shards`; only this rank's shard is built, unlike
+    ``full_state.split_full``)."""
     if dim is None or tp_size == 1:
         return full
     chunks = torch.chunk(full, stride * tp_size, dim=dim)

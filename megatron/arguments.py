@@ -5,16 +5,105 @@ Flags keep Megatron-LM's (and the BigScience Megatron-DeepSpeed fork's) names an
 impossible combinations with an :class:`ArgumentError` that names the flags and values.
 """
 import argparse
-import json
+import math
 import os
 from typing import Callable, List, Optional
 
+from megatron import flag_compat
 from megatron.errors import ConfigError
 from megatron.tokenizer.flags import add_tokenizer_args
 
 
 class ArgumentError(ConfigError):
     """A bad flag value or flag combination; the message names the flags and the values."""
+
+
+def _value_alias(flag: str) -> Callable[[str], str]:
+    """argparse ``type=`` for ``flag``: another project's spelling of a value (listed in
+    megatron/flag_compat.py VALUE_ALIASES, e.g. ``rotary``) becomes the value it means
+    (``rope``), so ``choices`` are checked against the canonical values."""
+    def value(text: str) -> str:
+        return flag_compat.canonical_value(flag, text)
+
+    return value
+
+
+class _SwitchByValue(argparse.Action):
+    """An alias that takes a value and sets a switch (``--glu-activation swiglu`` = ``--swiglu``);
+    ``choices`` are the values it accepts."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True)
+
+
+# Aliases whose canonical value depends on other flags: parsed under their own name and resolved
+# in validate_args (--use-distributed-optimizer is ZeRO stage 1 unless a stage >= 1 is given).
+_ALIASES_RESOLVED_IN_VALIDATION = ("--use-distributed-optimizer",)
+
+
+def _add_compat_args(parser: argparse.ArgumentParser) -> None:
+    """Register every flag of megatron/flag_compat.py that ``parser`` does not define itself.
+    An alias writes its canonical flag's destination (so alias and canonical give equal args;
+    an alias of a flag the parser lacks, e.g. ``--prefixlm`` without ``--prefix-lm``, is not
+    registered); inert and refused flags are parsed under their own names, with their value,
+    and reported after parsing (refused: in the error; inert: in one start-up line)."""
+    g = parser.add_argument_group("flags of other launch scripts (docs/compatibility.md)")
+    actions = parser._option_string_actions
+    for c in flag_compat.COMPAT_FLAGS:
+        if c.flag in actions:
+            continue
+        help_text = f"{c.status}: {c.note}" + (f" Use {c.use_instead}." if c.use_instead else "")
+        if c.status != "alias" or c.flag in _ALIASES_RESOLVED_IN_VALIDATION:
+            if c.takes_value:
+                g.add_argument(c.flag, dest=c.dest, default=None, metavar="VALUE", help=help_text)
+            else:
+                g.add_argument(c.flag, dest=c.dest, action="store_true", help=help_text)
+            continue
+        canonical, _, value = c.use_instead.partition(" ")
+        target = actions.get(canonical)
+        if target is None:
+            continue
+        common = dict(dest=target.dest, default=argparse.SUPPRESS, help=f"alias of {c.use_instead}")
+        if value:  # a switch standing for FLAG VALUE
+            const = target.type(value) if callable(target.type) else value
+            g.add_argument(c.flag, action="store_const", const=const, **common)
+        elif c.accepted_values:  # a FLAG VALUE standing for a switch
+            g.add_argument(c.flag, action=_SwitchByValue, choices=c.accepted_values, **common)
+        elif target.nargs == 0:  # a switch standing for a switch
+            g.add_argument(c.flag, action="store_const", const=target.const, **common)
+        else:
+            g.add_argument(c.flag, type=target.type, choices=target.choices, nargs=target.nargs,
+                           metavar=target.metavar, **common)
+
+
+def _refused_flags(args) -> List[str]:
+    """One message per refused flag of megatron/flag_compat.py on the command line (a value in
+    its ``inert_values``, e.g. ``--ds-sequence-parallel-size 1``, is accepted)."""
+    problems = []
+    for c in flag_compat.COMPAT_FLAGS:
+        if c.status != "refused" or c.dest not in args.given_flags:
+            continue
+        value = getattr(args, c.dest)
+        if c.takes_value and value in c.inert_values:
+            continue
+        given = c.flag + (f" {value}" if c.takes_value else "")
+        problems.append(f"{given} is not supported: {c.note}"
+                        + (f" Use {c.use_instead} instead" if c.use_instead else " Drop the flag"))
+    return problems
+
+
+def _inert_flags(args) -> List[str]:
+    """The accepted-but-inert flags of megatron/flag_compat.py on the command line, as given
+    (``--data-impl mmap``), in command-line order."""
+    out = []
+    for dest, flag in args.given_flags.items():
+        c = flag_compat.compat_flag(flag)
+        if c is None or c.status == "alias":
+            continue
+        value = getattr(args, dest)
+        if c.status == "inert" or (c.takes_value and value in c.inert_values):
+            out.append(flag + (f" {value}" if c.takes_value else ""))
+    return out
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +120,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-length", type=int, default=None, help="Tokens per sample.")
     g.add_argument("--max-position-embeddings", type=int, default=None,
                    help="Largest position the model can embed (default --seq-length).")
-    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"],
+                   type=_value_alias("--normalization"),
+                   help="Norm layers (any case: rmsnorm, layernorm).")
     g.add_argument("--norm-epsilon", type=float, default=1e-5)
     g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP instead of GeLU.")
     g.add_argument("--openai-gelu", action="store_true",
@@ -39,9 +130,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         "instead of the exact erf form.")
     g.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "alibi", "none"],
-                   help="alibi: BLOOM's attention biases (no position embedding).")
-    g.add_argument("--rotary-percent", type=float, default=1.0)
-    g.add_argument("--rotary-base", type=int, default=10000)
+                   type=_value_alias("--position-embedding-type"),
+                   help="alibi: BLOOM's attention biases (no position embedding); BigScience's "
+                        "rotary and absolute mean rope and learned_absolute.")
+    g.add_argument("--rotary-percent", type=float, default=1.0,
+                   help="Fraction of each head's channels rotated (needs rope).")
+    g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base (needs rope).")
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
@@ -68,6 +162,11 @@ def _add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="Samples per optimizer step (default micro batch x data-parallel size).")
     g.add_argument("--rampup-batch-size", nargs=3, default=None, metavar=("START", "INCR", "SAMPLES"),
                    help="Grow the global batch from START by INCR over SAMPLES consumed samples.")
+    g.add_argument("--step-batch-size-schedule", default=None, metavar="'TOKENS:BATCH ...'",
+                   help="Megatron-LM's step-wise global batch: 'T0:B0 T1:B1 ...' switches to "
+                        "batch Bi once Ti tokens (Ti // --seq-length samples) are consumed; "
+                        "K/M/B/T suffixes (1e3..1e12); T0 must be 0; the last batch is the "
+                        "global batch size.")
     g.add_argument("--train-iters", type=int, default=None, help="Total optimizer steps.")
     g.add_argument("--train-samples", type=int, default=None, help="Total training samples.")
     g.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "adafactor"])
@@ -82,7 +181,21 @@ def _add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision.")
     g.add_argument("--fp16", action="store_true", help="float16 mixed precision (loss scaling).")
-    g.add_argument("--loss-scale", type=float, default=None, help="Static fp16 loss scale (default dynamic).")
+    g.add_argument("--loss-scale", type=float, default=None,
+                   help="Static fp16 loss scale (default dynamic); DeepSpeed fp16.loss_scale.")
+    g.add_argument("--initial-loss-scale", type=float, default=None,
+                   help="Initial dynamic fp16 loss scale, a power of 2 (DeepSpeed "
+                        "fp16.initial_scale_power = log2; default the JSON's, else DeepSpeed's "
+                        "2**16).")
+    g.add_argument("--min-loss-scale", type=float, default=None,
+                   help="Floor of the dynamic fp16 loss scale (DeepSpeed fp16.min_loss_scale; "
+                        "default the JSON's, else 1).")
+    g.add_argument("--loss-scale-window", type=int, default=None,
+                   help="Overflow-free iterations before the dynamic loss scale doubles "
+                        "(DeepSpeed fp16.loss_scale_window; default the JSON's, else 1000).")
+    g.add_argument("--hysteresis", type=int, default=None,
+                   help="Overflows tolerated before the dynamic loss scale halves (DeepSpeed "
+                        "fp16.hysteresis; default the JSON's, else 2).")
     g.add_argument("--log-interval", type=int, default=100, help="Iterations between log lines.")
     g.add_argument("--eval-interval", type=int, default=1000, help="Iterations between evaluations.")
     g.add_argument("--eval-iters", type=int, default=100,
@@ -201,6 +314,10 @@ def _add_logging_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--metrics-jsonl", default=None,
                    help="Append one JSON record per log interval and per evaluation.")
+    g.add_argument("--log-batch-size-to-tensorboard", action="store_true",
+                   help="TensorBoard scalar train/global_batch_size (samples per iteration).")
+    g.add_argument("--log-timers-to-tensorboard", action="store_true",
+                   help="TensorBoard scalar train/ms_per_iteration (wall time per iteration).")
 
 
 def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
@@ -240,7 +357,8 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
                    help="With full recompute, split each saved layer input over the "
                         "tensor-parallel group.")
     g.add_argument("--zero-stage", type=int, default=None, choices=[0, 1, 2, 3],
-                   help="DeepSpeed ZeRO stage (overrides the JSON config's).")
+                   help="DeepSpeed ZeRO stage (must agree with the --deepspeed_config JSON's "
+                        "zero_optimization.stage when both are given).")
     g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo"],
                    help="Default: nccl with CUDA, gloo otherwise.")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None,
@@ -255,6 +373,21 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._bad_values: List[str] = []
+        self._given: dict = {}
+
+    def _get_values(self, action, arg_strings):
+        if action.option_strings:  # the flag is on the command line
+            self._given[action.dest] = action.option_strings[0]
+        return super()._get_values(action, arg_strings)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, plus ``namespace.given_flags``: ``{dest: flag}`` for every flag on the
+        command line (as registered: an alias under its own name), in command-line order, so
+        validation can tell a value given from a default."""
+        self._given = {}
+        namespace, unknown = super().parse_known_args(args, namespace)
+        namespace.given_flags = dict(self._given)
+        return namespace, unknown
 
     def _get_value(self, action, arg_string):
         try:
@@ -272,13 +405,20 @@ class _Parser(argparse.ArgumentParser):
             self._bad_values.append(str(e))
 
     def parse_args(self, args=None, namespace=None):
-        self._bad_values = []
-        namespace, unknown = self.parse_known_args(args, namespace)
-        problems = ([f"unrecognized arguments: {' '.join(unknown)}"] if unknown else []) \
-            + self._bad_values
+        namespace, problems, _ = self.parse_collecting(args, namespace)
         if problems:
             self._fail(problems)
         return namespace
+
+    def parse_collecting(self, args=None, namespace=None):
+        """Parse without exiting on unknown flags, bad values or refused flags: returns
+        ``(namespace, problems, values_ok)``, ``values_ok`` False when a value did not convert
+        (its destination then holds None)."""
+        self._bad_values = []
+        namespace, unknown = self.parse_known_args(args, namespace)
+        problems = ([f"unrecognized arguments: {' '.join(unknown)}"] if unknown else []) \
+            + self._bad_values + _refused_flags(namespace)
+        return namespace, problems, not self._bad_values
 
     def error(self, message):
         """argparse's own errors (missing value, missing required flag), with the bad values
@@ -308,6 +448,7 @@ def get_parser(extra_args_provider: Optional[Callable] = None,
         import deepspeed
 
         parser = deepspeed.add_config_arguments(parser)
+    _add_compat_args(parser)
     return parser
 
 
@@ -321,14 +462,18 @@ def parse_args(argv: Optional[List[str]] = None, extra_args_provider: Optional[C
     from megatron.checkpoint_interop.model_args import apply_checkpoint_args
 
     parser = get_parser(extra_args_provider)
-    args = parser.parse_args(argv)
+    args, problems, values_ok = parser.parse_collecting(argv)
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    try:
-        apply_checkpoint_args(args, parser, sys.argv[1:] if argv is None else list(argv))
-        return validate_args(args, world_size, require_data)
-    except ArgumentError as e:
-        parser.error(str(e))
+    if values_ok:  # every value converted: validation adds its problems to the same one line
+        try:
+            apply_checkpoint_args(args, parser, sys.argv[1:] if argv is None else list(argv))
+            validate_args(args, world_size, require_data)
+        except ArgumentError as e:
+            problems.append(str(e))
+    if problems:
+        parser._fail(problems)
+    return args
 
 
 def _require(args, *names: str) -> None:
@@ -338,9 +483,60 @@ def _require(args, *names: str) -> None:
         raise ArgumentError(f"missing required flag(s): {flags}")
 
 
+def _load_deepspeed_json(args) -> None:
+    """``args.deepspeed_config_dict``: the ``--deepspeed_config`` JSON (None without the flag)."""
+    from megatron.deepspeed_config import load_deepspeed_json
+
+    args.deepspeed_config_dict = None
+    if args.deepspeed_config is not None:
+        try:
+            args.deepspeed_config_dict = load_deepspeed_json(args.deepspeed_config)
+        except ConfigError as e:
+            raise ArgumentError(str(e)) from None
+
+
+def _validate_step_batch_size_schedule(args, per_step: int) -> None:
+    """``--step-batch-size-schedule`` into ``args.batch_size_steps`` ``[[samples, batch], ...]``;
+    its last batch is the global batch size (megatron-core's calculator ignores
+    ``--global-batch-size`` here; a different one given is refused, not ignored)."""
+    from megatron.schedules.units import parse_step_batch_size_schedule
+
+    text = args.step_batch_size_schedule
+    if args.rampup_batch_size is not None:
+        raise ArgumentError(f"--step-batch-size-schedule '{text}' and --rampup-batch-size "
+                            f"{' '.join(str(x) for x in args.rampup_batch_size)} are mutually "
+                            "exclusive; give one batch schedule")
+    try:
+        steps = parse_step_batch_size_schedule(text, args.seq_length)
+    except ValueError as e:
+        raise ArgumentError(f"--step-batch-size-schedule '{text}': {e}") from None
+    bad = [str(b) for _, b in steps if b % per_step]
+    if bad:
+        raise ArgumentError(f"--step-batch-size-schedule '{text}': batch sizes {', '.join(bad)} "
+                            f"are not multiples of --micro-batch-size {args.micro_batch_size} x "
+                            f"data-parallel size {args.data_parallel_size} (= {per_step})")
+    final = steps[-1][1]
+    if args.global_batch_size is not None and args.global_batch_size != final:
+        raise ArgumentError(f"--global-batch-size {args.global_batch_size} disagrees with "
+                            f"--step-batch-size-schedule '{text}', whose last batch is {final}; "
+                            "drop --global-batch-size")
+    args.global_batch_size = final
+    args.batch_size_steps = [list(step) for step in steps]
+
+
 def _validate_batch(args, world_size: int) -> None:
+    from megatron.deepspeed_config import global_batch_from_json
+
     _validate_layout_sizes(args, world_size)
     per_step = args.micro_batch_size * args.data_parallel_size
+    args.batch_size_steps = None
+    if args.step_batch_size_schedule is not None:
+        _validate_step_batch_size_schedule(args, per_step)
+    if args.global_batch_size is None and args.deepspeed_config_dict:
+        args.global_batch_size = global_batch_from_json(args, args.deepspeed_config_dict)
+        if args.global_batch_size is not None:
+            args.startup_notes.append(f"--global-batch-size {args.global_batch_size} from "
+                                      f"--deepspeed_config {args.deepspeed_config}")
     if args.global_batch_size is None:
         args.global_batch_size = per_step
     if args.micro_batch_size <= 0 or args.global_batch_size <= 0:
@@ -431,11 +627,10 @@ def _validate_layout(args) -> None:
             raise ArgumentError(f"--num-layers {args.num_layers} is not divisible by "
                                 f"--pipeline-model-parallel-size {pp} (needed by "
                                 f"--pp-partition-method uniform)")
-        zero = args.zero_stage
-        if zero is None and args.deepspeed_config_dict:
-            zero = args.deepspeed_config_dict.get("zero_optimization", {}).get("stage")
+        zero = args.zero_stage  # the JSON's stage when no --zero-stage (_validate_deepspeed_config)
         if zero is not None and zero >= 2:
-            where = ("--zero-stage" if args.zero_stage is not None
+            from_flag = "zero_stage" in args.given_flags or not args.deepspeed_config_dict
+            where = ("--zero-stage" if from_flag
                      else f"--deepspeed_config {args.deepspeed_config} zero_optimization.stage")
             raise ArgumentError(f"{where} {zero} with --pipeline-model-parallel-size {pp}: "
                                 "DeepSpeed's pipe engine supports ZeRO stage 0 or 1 only")
@@ -458,7 +653,20 @@ def _resolve_transformer_impl(args) -> None:
                             "when Transformer Engine is absent)")
 
 
+def _validate_rotary(args) -> None:
+    """``--rotary-*`` flags (or their aliases) configure RoPE; without it they are an error."""
+    if args.position_embedding_type == "rope":
+        return
+    given = [f"{args.given_flags[d]} {getattr(args, d):g}" for d in ("rotary_percent", "rotary_base")
+             if d in args.given_flags]
+    if given:
+        raise ArgumentError(f"{', '.join(given)} configure rotary position embeddings, but "
+                            f"--position-embedding-type is {args.position_embedding_type}; add "
+                            "--position-embedding-type rope or drop them")
+
+
 def _validate_model(args) -> None:
+    _validate_rotary(args)
     if args.hidden_size % args.num_attention_heads:
         raise ArgumentError(f"--hidden-size {args.hidden_size} is not divisible by "
                             f"--num-attention-heads {args.num_attention_heads}")
@@ -518,7 +726,8 @@ def _validate_training(args) -> None:
     if args.save_interval is not None and args.save_interval <= 0:
         raise ArgumentError(f"--save-interval {args.save_interval} must be positive")
     if args.save_interval is not None and args.save is None:
-        raise ArgumentError(f"--save-interval {args.save_interval} needs --save DIR")
+        args.startup_notes.append(f"warning: --save-interval {args.save_interval} without --save: "
+                                  "no checkpoints will be saved")
 
 
 _FINITE_LR_FLAGS = ("lr", "min_lr", "lr_warmup_init", "lr_warmup_fraction", "weight_decay",
@@ -717,27 +926,80 @@ def _validate_tokenizer(args) -> None:
 
 
 def _validate_deepspeed_config(args) -> None:
-    if args.deepspeed_config is None:
-        args.deepspeed_config_dict = None
-        return
-    if not os.path.isfile(args.deepspeed_config):
-        raise ArgumentError(f"--deepspeed_config {args.deepspeed_config}: no such file")
-    with open(args.deepspeed_config) as f:
+    """Flags and ``--deepspeed_config`` agree (megatron/deepspeed_config.py
+    reconcile_with_flags; values only the JSON gives are taken into args and noted), then
+    ``--use-distributed-optimizer`` (ZeRO stage 1 unless a stage >= 1 is given) and the
+    precision flags against the device."""
+    from megatron.deepspeed_config import reconcile_with_flags
+
+    if args.deepspeed_config_dict is not None:
         try:
-            config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ArgumentError(f"--deepspeed_config {args.deepspeed_config}: not valid JSON ({e})") from None
-    expected = {"train_micro_batch_size_per_gpu": args.micro_batch_size,
-                "gradient_accumulation_steps": args.gradient_accumulation_steps}
-    if not args.rampup_batch_size:
-        expected["train_batch_size"] = args.global_batch_size
-    for key, value in expected.items():
-        if key in config and config[key] != value:
-            raise ArgumentError(
-                f"--deepspeed_config {args.deepspeed_config}: {key}={config[key]} disagrees with the "
-                f"flags (--micro-batch-size {args.micro_batch_size}, --global-batch-size "
-                f"{args.global_batch_size}, data-parallel size {args.data_parallel_size} give {value})")
-    args.deepspeed_config_dict = config
+            taken = reconcile_with_flags(args, args.deepspeed_config_dict,
+                                         batch_varies=bool(args.rampup_batch_size
+                                                           or args.batch_size_steps))
+        except ConfigError as e:
+            raise ArgumentError(str(e)) from None
+        if taken:
+            args.startup_notes.append(f"from --deepspeed_config {args.deepspeed_config}: "
+                                      + ", ".join(taken))
+    if args.use_distributed_optimizer:
+        if args.zero_stage is None:
+            args.zero_stage = 1
+        elif args.zero_stage == 0:
+            where = ("--zero-stage 0" if "zero_stage" in args.given_flags else
+                     f"--deepspeed_config {args.deepspeed_config} zero_optimization.stage=0")
+            raise ArgumentError(f"--use-distributed-optimizer (optimizer states sharded over the "
+                                f"data-parallel ranks: DeepSpeed ZeRO stage 1 here) contradicts "
+                                f"{where}; drop one")
+        args.startup_notes.append(
+            f"--use-distributed-optimizer: optimizer states sharded over the "
+            f"{args.data_parallel_size} data-parallel rank(s) by DeepSpeed ZeRO stage "
+            f"{args.zero_stage}")
+    if args.fp16 and args.bf16:
+        raise ArgumentError("--fp16 and --bf16 are mutually exclusive (one of them from "
+                            f"--deepspeed_config {args.deepspeed_config}); pick one")
+    _validate_precision_on_device(args)
+
+
+def _validate_precision_on_device(args) -> None:
+    """``--fp16``/``--bf16`` need the DeepSpeed accelerator to support the type (DeepSpeed's
+    engine refuses it otherwise with a traceback); fp16 loss-scale values."""
+    given = "fp16" if args.fp16 else "bf16" if args.bf16 else None
+    if given is not None:
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        supported = (accelerator.is_fp16_supported() if given == "fp16"
+                     else accelerator.is_bf16_supported())
+        if not supported:
+            flag = (f"--{given}" if given in args.given_flags else
+                    f"--deepspeed_config {args.deepspeed_config} {given}.enabled=true")
+            other = "--bf16" if given == "fp16" else "--fp16"
+            raise ArgumentError(f"{flag}: DeepSpeed's {accelerator.device_name()} accelerator has "
+                                f"no {given} support on this machine; use {other} or full "
+                                "precision (drop the flag)")
+    if args.initial_loss_scale is not None:
+        power = math.log2(args.initial_loss_scale) if args.initial_loss_scale > 0 else 0.5
+        if power != int(power):
+            raise ArgumentError(f"--initial-loss-scale {args.initial_loss_scale:g} must be a power "
+                                "of 2 (DeepSpeed takes fp16.initial_scale_power = log2 of it)")
+    if args.loss_scale is not None and not (math.isfinite(args.loss_scale) and args.loss_scale >= 0):
+        raise ArgumentError(f"--loss-scale {args.loss_scale:g} must be non-negative (0: dynamic)")
+    if args.min_loss_scale is not None and not (math.isfinite(args.min_loss_scale)
+                                                and args.min_loss_scale >= 1
+                                                and args.min_loss_scale == int(args.min_loss_scale)):
+        raise ArgumentError(f"--min-loss-scale {args.min_loss_scale:g} must be a positive whole "
+                            "number (DeepSpeed's fp16.min_loss_scale is an integer)")
+    for dest in ("loss_scale_window", "hysteresis"):
+        if getattr(args, dest) is not None and getattr(args, dest) < 1:
+            raise ArgumentError(f"--{dest.replace('_', '-')} {getattr(args, dest)} must be at least 1")
+    if not args.fp16:
+        given_scale = [args.given_flags[d] for d in ("loss_scale", "initial_loss_scale",
+                                                     "min_loss_scale", "loss_scale_window",
+                                                     "hysteresis") if d in args.given_flags]
+        if given_scale:
+            args.startup_notes.append(f"{', '.join(given_scale)}: no effect without --fp16 "
+                                      "(loss scaling is for float16 only)")
 
 
 def validate_args(args: argparse.Namespace, world_size: int = 1,
@@ -747,13 +1009,17 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
     _require(args, "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size")
     # Every check whose inputs are valid runs, so one error names all problems of a command line;
     # a check is skipped when one it builds on (derived values) failed.
-    checks = (("batch", (), lambda: _validate_batch(args, world_size)),
+    if not hasattr(args, "given_flags"):  # a namespace not from get_parser(): nothing "given"
+        args.given_flags = {}
+    args.startup_notes = []
+    checks = (("deepspeed json", (), lambda: _load_deepspeed_json(args)),
+              ("batch", ("deepspeed json",), lambda: _validate_batch(args, world_size)),
               ("model", (), lambda: _validate_model(args)),
               ("training", (), lambda: _validate_training(args)),
               ("lr", ("batch", "training"), lambda: _validate_lr_units(args)),
               ("data", (), lambda: _validate_data(args, require_data)),
               ("tokenizer", (), lambda: _validate_tokenizer(args)),
-              ("deepspeed", ("batch",), lambda: _validate_deepspeed_config(args)),
+              ("deepspeed", ("batch", "training"), lambda: _validate_deepspeed_config(args)),
               ("layout", ("batch", "model", "deepspeed"), lambda: _validate_layout(args)))
     failed, errors = set(), []
     for name, needs, check in checks:
@@ -767,4 +1033,8 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
             errors.append(str(e))
     if errors:
         raise ArgumentError("; ".join(errors))
+    inert = _inert_flags(args)
+    if inert:
+        args.startup_notes.append(f"accepted without effect here (docs/compatibility.md): "
+                                  f"{', '.join(inert)}")
     return args

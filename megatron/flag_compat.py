@@ -128,6 +128,8 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
     # -------------------------------------------------------------------------------- inert
     _inert("--tensorboard-queue-size", (BS, MLM, MS), True,
            "TensorBoard writer queue length; the writer here flushes on its own schedule."),
+    _inert("--log-validation-ppl-to-tensorboard", (BS, MLM, MS), False,
+           "Validation perplexity is always written to TensorBoard here ({split}/{group}/ppl)."),
     _inert("--log-optimizer-states-to-tensorboard", (MS,), False,
            "Optimizer state norms in TensorBoard (Microsoft); not logged here."),
     _inert("--data-impl", (BS, MS), True,

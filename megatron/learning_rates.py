@@ -51,6 +51,7 @@ PARAM_FLAGS = {
     "train_iters": "--train-iters/--train-samples (iterations)",
     "train_samples": "--train-iters/--train-samples (samples)",
     "global_batch_size": "--global-batch-size", "rampup_batch_size": "--rampup-batch-size",
+    "batch_size_steps": "--step-batch-size-schedule (samples, batch)",
     "seq_length": "--seq-length",
 }
 RUN_SHAPE_KEYS = ("train_iters", "train_samples", "global_batch_size", "rampup_batch_size",
@@ -143,6 +144,7 @@ def run_shape_from_args(args, batch_schedule: Optional[BatchSchedule] = None) ->
     return {"train_iters": int(iters), "train_samples": int(samples),
             "global_batch_size": int(bs.global_batch_size),
             "rampup_batch_size": [int(x) for x in bs.rampup] if bs.rampup else None,
+            "batch_size_steps": [list(step) for step in bs.steps] if bs.steps else None,
             "seq_length": int(bs.seq_length)}
 
 
@@ -150,7 +152,10 @@ def schedule_context_from_run_shape(shape: Dict[str, Any]) -> ScheduleContext:
     """The :class:`ScheduleContext` of a :func:`run_shape_from_args` dict (also a checkpoint's)."""
     bs = BatchSchedule(global_batch_size=int(shape["global_batch_size"]),
                        rampup=tuple(shape["rampup_batch_size"]) if shape["rampup_batch_size"] else None,
-                       seq_length=int(shape["seq_length"]))
+                       seq_length=int(shape["seq_length"]),
+                       # absent from checkpoints written before --step-batch-size-schedule
+                       steps=tuple(map(tuple, shape["batch_size_steps"]))
+                       if shape.get("batch_size_steps") else None)
     samples = float(shape["train_samples"])
     return ScheduleContext(bs, {"iterations": float(shape["train_iters"]), "samples": samples,
                                 "tokens": samples * bs.seq_length})

@@ -2,7 +2,19 @@
 import json
 import math
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+# Training-record keys written to TensorBoard only when asked, with the flag that asks (the
+# Megatron-LM/BigScience --log-*-to-tensorboard flags).
+TENSORBOARD_EXTRAS = {"global_batch_size": "log_batch_size_to_tensorboard",
+                      "ms_per_iteration": "log_timers_to_tensorboard"}
+
+
+def tensorboard_extras_from_args(args) -> Tuple[str, ...]:
+    """The :data:`TENSORBOARD_EXTRAS` keys whose flag is set: ``global_batch_size`` (samples per
+    iteration) for ``--log-batch-size-to-tensorboard``, ``ms_per_iteration`` (wall time) for
+    ``--log-timers-to-tensorboard``."""
+    return tuple(key for key, dest in TENSORBOARD_EXTRAS.items() if getattr(args, dest))
 
 
 class MetricsWriter:
@@ -11,8 +23,10 @@ class MetricsWriter:
     Only the rank that owns the writer (rank 0) writes; other ranks get a writer with no outputs.
     """
 
-    def __init__(self, jsonl_path: Optional[str], tensorboard_dir: Optional[str], enabled: bool):
+    def __init__(self, jsonl_path: Optional[str], tensorboard_dir: Optional[str], enabled: bool,
+                 tensorboard_extras: Sequence[str] = ()):
         self.enabled = enabled
+        self._tb_extras = tuple(tensorboard_extras)
         self._jsonl = None
         self._tb = None
         if not enabled:
@@ -31,7 +45,7 @@ class MetricsWriter:
         if self._tb is not None:
             step = record["iteration"]
             for key in ("lm_loss", "lr", "weight_decay", "grad_norm", "consumed_samples",
-                        "tokens_per_second"):
+                        "tokens_per_second") + self._tb_extras:
                 if record.get(key) is not None:
                     self._tb.add_scalar(f"train/{key}", record[key], step)
             for name, loss in (record.get("per_dataset_loss") or {}).items():

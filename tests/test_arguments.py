@@ -47,7 +47,6 @@ def test_swiglu_ffn_size_rounds_to_64():
     (["--rampup-batch-size", "3", "1", "100", "--global-batch-size", "8"], 1, ["multiples of"]),
     (["--lr-decay-samples", "100"], 1, ["--lr-decay-samples", "--train-iters"]),
     (["--lr-decay-style", "WSD"], 1, ["--lr-wsd-decay-iters"]),
-    (["--save-interval", "5"], 1, ["--save-interval 5", "--save"]),
     (["--eval-interval", "0"], 1, ["--eval-interval 0"]),
     (["--hidden-dropout", "1.5"], 1, ["--hidden-dropout 1.5"]),
     (["--tokenizer-type", "GPT2BPETokenizer"], 1, ["--vocab-file", "--merge-file"]),

@@ -119,8 +119,6 @@ FLAG_CASES = {
                            ["--eval-interval 0 must be positive"]),
     "eval-iters-negative": (BASE + DATA + ["--eval-iters", "-1"], 1,
                             ["--eval-iters -1 must be non-negative"]),
-    "save-interval-without-save": (BASE + DATA + ["--save-interval", "5"], 1,
-                                   ["--save-interval 5 needs --save"]),
     "samples-flag-with-iters": (BASE + DATA + ["--lr-decay-samples", "100"], 1,
                                 ["--lr-decay-samples 100 given with --train-iters 10"]),
     "iters-flag-with-samples": (_drop(BASE, "--train-iters") + DATA
@@ -205,7 +203,8 @@ def test_flag_deepspeed_config(tmp_path):
             f"--deepspeed_config {bad}: not valid JSON")
     disagree = tmp_path / "ds.json"
     disagree.write_text(json.dumps({"train_batch_size": 16}))
-    _raises(ArgumentError, lambda: _validate(BASE + DATA + ["--deepspeed_config", str(disagree)]),
+    _raises(ArgumentError, lambda: _validate(BASE + DATA + ["--global-batch-size", "2",
+                                                            "--deepspeed_config", str(disagree)]),
             "train_batch_size=16 disagrees with the flags", "--micro-batch-size 2",
             "--global-batch-size 2")
 

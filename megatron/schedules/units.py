@@ -2,12 +2,13 @@
 
 One iteration is one optimizer step over one global batch. With ``--rampup-batch-size START INCR
 SAMPLES`` the global batch grows from START by INCR every ``SAMPLES / ((GBS - START) / INCR)``
-consumed samples (megatron-core's ``RampupBatchsizeNumMicroBatchesCalculator`` rule), so the
-mapping between iterations and samples is not linear; everything that converts goes through
-:class:`BatchSchedule`.
+consumed samples (megatron-core's ``RampupBatchsizeNumMicroBatchesCalculator`` rule); with
+Megatron-LM's ``--step-batch-size-schedule 'T0:B0 T1:B1 ...'`` it is Bi from Ti tokens on. Either
+way the mapping between iterations and samples is not linear; everything that converts goes
+through :class:`BatchSchedule`.
 """
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,15 +31,31 @@ class BatchSchedule:
         global_batch_size: the final global batch size (samples per iteration).
         rampup: ``(start, increment, rampup_samples)`` or ``None`` for a constant batch.
         seq_length: tokens per sample, for token conversions.
+        steps: ``((threshold_samples, batch), ...)`` (first threshold 0, increasing; the last
+            batch is ``global_batch_size``): the batch is the one of the last threshold reached
+            by the consumed samples (Megatron-LM's step batch size schedule); ``None`` without.
     """
 
     global_batch_size: int
     rampup: Optional[Sequence[int]] = None
     seq_length: int = 1
+    steps: Optional[Tuple[Tuple[int, int], ...]] = None
+
+    def __post_init__(self):
+        if self.steps is not None:
+            steps = tuple((int(t), int(b)) for t, b in self.steps)
+            object.__setattr__(self, "steps", steps)
+            if self.rampup:
+                raise ValueError("a batch schedule has either a rampup or steps, not both")
+            if steps[0][0] != 0 or any(b[0] <= a[0] for a, b in zip(steps, steps[1:])):
+                raise ValueError(f"step thresholds must start at 0 and increase: {steps}")
+            if steps[-1][1] != self.global_batch_size:
+                raise ValueError(f"the last step's batch {steps[-1][1]} is not the global batch "
+                                 f"size {self.global_batch_size}")
 
     def batch_size_at_samples(self, consumed_samples: int) -> int:
         """Global batch size (samples) of the iteration that starts after ``consumed_samples``."""
-        if not self.rampup:
+        if not self.rampup and not self.steps:
             return self.global_batch_size
         return int(self.batch_sizes_at_samples(consumed_samples))
 
@@ -52,12 +69,24 @@ class BatchSchedule:
         """Consumed samples before iteration ``i`` for every iteration of the rampup phase, up to
         and including the first iteration whose batch is the full ``global_batch_size`` for good
         (after it, every iteration adds ``global_batch_size``). ``[0]`` without rampup."""
-        key = (self.global_batch_size, tuple(int(x) for x in self.rampup) if self.rampup else None)
+        key = (self.global_batch_size, tuple(int(x) for x in self.rampup) if self.rampup else None,
+               self.steps)
         table = _RAMP_TABLES.get(key)
         if table is not None:
             return table
         values = [0]
-        if self.rampup:
+        if self.steps:
+            # within step i (batch b until threshold t_{i+1}), iterations add b while the samples
+            # consumed before them are below t_{i+1}
+            pieces = [np.zeros(1, dtype=np.int64)]
+            consumed = 0
+            for (_, batch), (end, _) in zip(self.steps, self.steps[1:]):
+                if consumed < end:
+                    n = -(-(end - consumed) // batch)
+                    pieces.append(consumed + batch * np.arange(1, n + 1, dtype=np.int64))
+                    consumed += n * batch
+            values = np.concatenate(pieces)
+        elif self.rampup:
             ramp_samples = int(self.rampup[2])
             consumed = 0
             while consumed <= ramp_samples and ramp_samples > 0:
@@ -94,6 +123,10 @@ class BatchSchedule:
     def batch_sizes_at_samples(self, consumed_samples) -> np.ndarray:
         """Vectorised :meth:`batch_size_at_samples` (same arithmetic, int64)."""
         c = np.asarray(consumed_samples, dtype=np.float64)
+        if self.steps:
+            thresholds = np.array([t for t, _ in self.steps], dtype=np.float64)
+            batches = np.array([b for _, b in self.steps], dtype=np.int64)
+            return batches[np.searchsorted(thresholds, c, side="right") - 1]
         if not self.rampup:
             return np.full(c.shape, self.global_batch_size, dtype=np.int64)
         start, incr, ramp_samples = (int(x) for x in self.rampup)
@@ -183,9 +216,61 @@ def train_samples_from_args(args, batch_schedule: Optional[BatchSchedule] = None
 
 def batch_schedule_from_args(args) -> BatchSchedule:
     """The run's :class:`BatchSchedule` from ``--global-batch-size``, ``--rampup-batch-size``,
-    ``--seq-length``."""
+    ``--step-batch-size-schedule`` (as parsed by validate_args into ``args.batch_size_steps``)
+    and ``--seq-length``."""
+    steps = getattr(args, "batch_size_steps", None)  # absent on a namespace built by hand
     return BatchSchedule(
         global_batch_size=args.global_batch_size,
         rampup=tuple(int(x) for x in args.rampup_batch_size) if args.rampup_batch_size else None,
         seq_length=args.seq_length,
+        steps=tuple(tuple(step) for step in steps) if steps else None,
     )
+
+
+_SUFFIXES = {"K": 10 ** 3, "M": 10 ** 6, "B": 10 ** 9, "T": 10 ** 12}
+
+
+def _count_with_suffix(text: str) -> int:
+    """``"2.4B"`` -> 2400000000: Megatron-LM's number syntax (K/M/B/T, any case; the value
+    ``int(float(number) * multiplier)``)."""
+    text = text.strip().upper()
+    multiplier = _SUFFIXES.get(text[-1:], 1)
+    if multiplier != 1:
+        text = text[:-1]
+    return int(float(text) * multiplier)
+
+
+def parse_step_batch_size_schedule(text: str, seq_length: int) -> List[Tuple[int, int]]:
+    """Megatron-LM's ``--step-batch-size-schedule`` as ``[(threshold_samples, batch), ...]``.
+
+    ``text`` is ``"T0:B0 T1:B1 ..."`` (spaces or commas between entries): from ``Ti`` consumed
+    tokens on the global batch is ``Bi`` samples. Numbers take K/M/B/T suffixes (1e3 ... 1e12).
+    As megatron-core's ``StepBatchsizeNumMicroBatchesCalculator`` (Megatron-LM's training passes
+    ``--seq-length``, so thresholds are tokens): each threshold becomes ``Ti // seq_length``
+    samples, entries are sorted by threshold, the first must be 0, thresholds must strictly
+    increase (in samples) and batches be positive. ``ValueError`` names the entry otherwise."""
+    steps = []
+    for entry in text.replace(",", " ").split():
+        threshold, sep, batch = entry.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            tokens, size = _count_with_suffix(threshold), _count_with_suffix(batch)
+        except ValueError:
+            raise ValueError(f"entry {entry!r} is not TOKENS:BATCH (numbers, optionally with a "
+                             "K/M/B/T suffix)") from None
+        if size <= 0 or tokens < 0:
+            raise ValueError(f"entry {entry!r}: the batch must be positive and the threshold "
+                             "non-negative")
+        steps.append((tokens // seq_length, size, entry))
+    if not steps:
+        raise ValueError("no TOKENS:BATCH entries")
+    steps.sort(key=lambda step: step[0])
+    if steps[0][0] != 0:
+        raise ValueError(f"the first threshold must be 0 (got {steps[0][2]!r})")
+    for before, after in zip(steps, steps[1:]):
+        if after[0] <= before[0]:
+            raise ValueError(f"thresholds {before[2]!r} and {after[2]!r} fall on the same sample "
+                             f"({after[0]} at --seq-length {seq_length}); thresholds must "
+                             "increase")
+    return [(samples, size) for samples, size, _ in steps]

@@ -365,6 +365,43 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
                    help="Set by the deepspeed launcher.")
 
 
+def _add_run_control_args(parser: argparse.ArgumentParser) -> None:
+    """When training runs and stops (BigScience / Microsoft Megatron-DeepSpeed flags; see
+    megatron/run_control.py)."""
+    from megatron.run_control import parse_bool_value
+
+    g = parser.add_argument_group("run control (BigScience / Microsoft Megatron-DeepSpeed)")
+    g.add_argument("--train-tokens", type=int, default=None,
+                   help="Microsoft: stop after the first iteration whose consumed tokens (samples x "
+                        "--seq-length) reach this, or at --train-iters/--train-samples if earlier; "
+                        "schedules that run to the end of training end at the budget.")
+    g.add_argument("--kill-switch-path", "--kill-switch-file", dest="kill_switch_path",
+                   default=None, metavar="FILE",
+                   help="BigScience: when FILE exists, every rank saves a checkpoint after the same "
+                        "iteration and exits 0; present at start-up, the run exits at once.")
+    g.add_argument("--eval-only", dest="skip_train", nargs="?", const=True, default=False,
+                   type=parse_bool_value, metavar="BOOL",
+                   help="BigScience's form of --skip-train (also as --eval-only True): evaluate "
+                        "the loaded model on the validation and test sets, then exit.")
+    g.add_argument("--reset-progress", "--reset-iteration", dest="reset_progress",
+                   action="store_true",
+                   help="With --load: keep the model and optimizer state but start iteration, "
+                        "consumed samples and the LR/WD schedule at 0 (the schedule follows this "
+                        "run's flags from its start).")
+
+
+def _add_bloom_model_args(parser: argparse.ArgumentParser) -> None:
+    """BLOOM's architecture flags (BigScience Megatron-DeepSpeed)."""
+    g = parser.add_argument_group("BLOOM architecture")
+    g.add_argument("--embed-layernorm", action="store_true",
+                   help="LayerNorm right after the word embeddings (BLOOM's "
+                        "word_embeddings_layernorm).")
+    g.add_argument("--pad-vocab-size-to", type=int, default=None, metavar="N",
+                   help="Pad the vocabulary to exactly N embedding rows (N >= the tokenizer's "
+                        "vocabulary, divisible by --tensor-model-parallel-size) instead of "
+                        "rounding up to --make-vocab-size-divisible-by x TP.")
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``error: MESSAGE (see PROG --help)``, exit
     status 2, no usage block) and that reports every unknown flag and every bad value of one
@@ -440,7 +477,8 @@ def get_parser(extra_args_provider: Optional[Callable] = None,
         description="Megatron-DeepSpeed GPT training", allow_abbrev=False,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for add in (_add_model_args, _add_training_args, _add_lr_args, _add_data_args,
-                add_tokenizer_args, _add_checkpoint_args, _add_logging_args, _add_parallel_args):
+                add_tokenizer_args, _add_checkpoint_args, _add_logging_args, _add_parallel_args,
+                _add_run_control_args, _add_bloom_model_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser) or parser
@@ -1002,6 +1040,44 @@ def _validate_precision_on_device(args) -> None:
                                       "(loss scaling is for float16 only)")
 
 
+def _validate_run_control(args) -> None:
+    """``--train-tokens`` (shortens the run to the budget, megatron/run_control.py),
+    ``--reset-progress`` and ``--eval-only``/``--skip-train`` combinations."""
+    from megatron.run_control import apply_token_budget
+    from megatron.schedules.units import batch_schedule_from_args
+
+    if args.train_tokens is not None and args.train_tokens <= 0:
+        raise ArgumentError(f"--train-tokens {args.train_tokens} must be positive")
+    if args.reset_progress:
+        if args.load is None:
+            raise ArgumentError("--reset-progress needs --load DIR (it resets the counters of the "
+                                "checkpoint it loads)")
+        if args.finetune:
+            raise ArgumentError("--reset-progress and --finetune are mutually exclusive: both start "
+                                "at iteration 0, --reset-progress keeps the optimizer state, "
+                                "--finetune drops it; give one")
+        if args.use_checkpoint_opt_param_scheduler:
+            raise ArgumentError("--reset-progress restarts the LR/WD schedule from this run's flags; "
+                                "it contradicts --use-checkpoint-opt_param-scheduler")
+    if args.kill_switch_path is not None and not args.kill_switch_path.strip():
+        raise ArgumentError("--kill-switch-path '': give a file path")
+    args.train_tokens_note = apply_token_budget(args, batch_schedule_from_args(args))
+
+
+def _validate_bloom_model(args) -> None:
+    """``--pad-vocab-size-to``: positive and divisible by the tensor-parallel size (that it is at
+    least the tokenizer's vocabulary is checked when the tokenizer is built)."""
+    n, tp = args.pad_vocab_size_to, args.tensor_model_parallel_size
+    if n is None:
+        return
+    if n <= 0:
+        raise ArgumentError(f"--pad-vocab-size-to {n} must be positive")
+    if n % tp:
+        raise ArgumentError(f"--pad-vocab-size-to {n} is not divisible by "
+                            f"--tensor-model-parallel-size {tp} (each rank holds vocab / TP "
+                            "embedding rows)")
+
+
 def validate_args(args: argparse.Namespace, world_size: int = 1,
                   require_data: bool = True) -> argparse.Namespace:
     """Check flag combinations for ``world_size`` ranks and fill derived values in place.
@@ -1016,11 +1092,13 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("batch", ("deepspeed json",), lambda: _validate_batch(args, world_size)),
               ("model", (), lambda: _validate_model(args)),
               ("training", (), lambda: _validate_training(args)),
-              ("lr", ("batch", "training"), lambda: _validate_lr_units(args)),
+              ("run control", ("batch", "training"), lambda: _validate_run_control(args)),
+              ("lr", ("batch", "training", "run control"), lambda: _validate_lr_units(args)),
               ("data", (), lambda: _validate_data(args, require_data)),
               ("tokenizer", (), lambda: _validate_tokenizer(args)),
               ("deepspeed", ("batch", "training"), lambda: _validate_deepspeed_config(args)),
-              ("layout", ("batch", "model", "deepspeed"), lambda: _validate_layout(args)))
+              ("layout", ("batch", "model", "deepspeed"), lambda: _validate_layout(args)),
+              ("BLOOM model", ("batch",), lambda: _validate_bloom_model(args)))
     failed, errors = set(), []
     for name, needs, check in checks:
         if failed.intersection(needs):

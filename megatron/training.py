@@ -64,12 +64,14 @@ def _loader(dataset, consumed: int, args, total: Optional[int] = None) -> Iterat
 
 class ExitRequest:
     """Decides, identically on every rank, whether to stop after the current iteration:
-    ``--exit-signal-handler`` (SIGTERM/SIGINT received by any rank) or ``--exit-duration-in-mins``."""
+    ``--exit-signal-handler`` (SIGTERM/SIGINT received by any rank), ``--exit-duration-in-mins``
+    or ``--kill-switch-path`` (the file exists on any rank)."""
 
     def __init__(self, args):
         self.signal_received = False
         self.deadline = None
         self.reason = ""
+        self.kill_switch_path = args.kill_switch_path
         if args.exit_duration_in_mins is not None:
             self.deadline = time.time() + 60.0 * args.exit_duration_in_mins
         if args.exit_signal_handler:
@@ -77,23 +79,30 @@ class ExitRequest:
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-        self.enabled = args.exit_signal_handler or self.deadline is not None
+        self.enabled = (args.exit_signal_handler or self.deadline is not None
+                        or self.kill_switch_path is not None)
 
     def _on_signal(self, signum, frame):
         self.signal_received = True
 
     def should_exit(self) -> bool:
-        """True on every rank when any rank saw a signal or the time limit has passed."""
+        """True on every rank when any rank saw a signal, the time limit has passed or any rank
+        sees the kill-switch file."""
+        from megatron.run_control import kill_switch_found
+
         if not self.enabled:
             return False
         flags = all_reduce_small(
             torch.tensor([float(self.signal_received),
-                          float(self.deadline is not None and time.time() >= self.deadline)]),
+                          float(self.deadline is not None and time.time() >= self.deadline),
+                          float(kill_switch_found(self.kill_switch_path))]),
             torch.distributed.ReduceOp.MAX)
         if flags[0] > 0:
             self.reason = "exit signal received (--exit-signal-handler)"
         elif flags[1] > 0:
             self.reason = "time limit reached (--exit-duration-in-mins)"
+        elif flags[2] > 0:
+            self.reason = f"kill switch {self.kill_switch_path} found (--kill-switch-path)"
         return bool(flags.max() > 0)
 
 
@@ -319,6 +328,16 @@ def _restore(engine, args, scheduler) -> TrainingState:
                      f"--load {args.load}); iteration, consumed samples, optimizer state, "
                      "learning-rate/weight-decay scheduler and RNG start fresh (iteration 0)")
         return state
+    if args.reset_progress:
+        # The engine's own counters start over too, as after a fresh start; the optimizer state
+        # just loaded brought the checkpoint's learning rates into the param groups: set the
+        # fresh schedule's values at progress 0 again.
+        engine.global_steps, engine.global_samples = 0, 0
+        scheduler.step(0, iterations=0)
+        print_rank_0(f"--reset-progress: loaded the model and optimizer state of iteration "
+                     f"{state.iteration} of --load {args.load}; iteration, consumed samples and "
+                     "the learning-rate/weight-decay schedule (this run's flags) start at 0")
+        return TrainingState()
     if "opt_param_scheduler" in state.extra and not args.finetune:
         scheduler.load_state_dict(state.extra["opt_param_scheduler"])
     print_rank_0(f"resumed from --load {args.load} at iteration {state.iteration}, "
@@ -424,6 +443,22 @@ def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFuncti
     return False
 
 
+def _kill_switch_at_start(args) -> bool:
+    """True on every rank when any rank finds the ``--kill-switch-path`` file before the run
+    starts (BigScience: a queued job whose kill switch is set exits at once, building nothing)."""
+    from megatron.run_control import kill_switch_found
+
+    if args.kill_switch_path is None:
+        return False
+    found = all_reduce_small(torch.tensor([float(kill_switch_found(args.kill_switch_path))]),
+                             torch.distributed.ReduceOp.MAX)
+    if found.item() > 0:
+        print_rank_0(f"kill switch {args.kill_switch_path} found (--kill-switch-path) at start-up: "
+                     "exiting without training")
+        return True
+    return False
+
+
 def pretrain(args, datasets_provider: Callable, model_provider: Callable,
              forward_step: Callable = gpt_forward_step) -> TrainingState:
     """Set up distributed state, model, engine, scheduler and data, restore ``--load``, train to
@@ -434,6 +469,8 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     initialize_distributed(args)
     for note in args.startup_notes:  # flag compatibility and --deepspeed_config notes
         print_rank_0(note)
+    if _kill_switch_at_start(args):
+        return TrainingState()
     set_seeds(args.seed)
     batch_schedule = batch_schedule_from_args(args)
     args.train_iters = train_iterations_from_args(args, batch_schedule)
@@ -454,6 +491,11 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
         return state
     print_rank_0(f"training: {args.train_iters} iterations, global batch {args.global_batch_size}, "
                  f"micro batch {args.micro_batch_size} | {layout_line(args, engine)}")
+    if args.train_tokens_note:
+        print_rank_0(args.train_tokens_note)
+    if args.skip_train:
+        print_rank_0(f"--eval-only/--skip-train: evaluating the model of iteration "
+                     f"{state.iteration} on the validation and test sets, no training")
     steps = step_functions(engine, forward_step)
     start_iteration = state.iteration
     exited_early = False

@@ -9,6 +9,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.model.embedding_norm import add_embedding_layernorm
 from megatron.model.init import initialize_parameters
 from megatron.model.norms import sequence_parallel_capable
 from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI, model_position_embedding_type
@@ -129,5 +130,7 @@ def build_gpt_model(args) -> GPTModel:
         rotary_base=args.rotary_base,
     )
     use_device_rotary_embedding(model)  # --position-embedding-type rope without a GPU too
+    if args.embed_layernorm:  # BLOOM: LayerNorm on the word embeddings
+        add_embedding_layernorm(model.embedding, config)
     initialize_parameters(model.named_parameters(), config, args.seed)
     return model

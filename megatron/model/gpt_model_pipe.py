@@ -94,19 +94,24 @@ def stage_config(config: TransformerConfig) -> TransformerConfig:
 
 class EmbeddingPipe(torch.nn.Module):
     """First stage: token (+ learned position) embeddings and embedding dropout,
-    ``(tokens, position_ids, *attention) -> (hidden [s, b, h], *attention)``.
+    ``(tokens, position_ids, *attention) -> (hidden [s, b, h], *attention)``; with
+    ``embed_layernorm`` BLOOM's LayerNorm on the word embeddings (megatron/model/embedding_norm.py).
 
     The same module serves as the tied output layer on the last stage (:meth:`logits`): it holds a
     weightless megatron-core ``ColumnParallelLinear`` that projects with ``word_embeddings.weight``.
     """
 
     def __init__(self, config: TransformerConfig, vocab_size: int, max_sequence_length: int,
-                 position_embedding_type: str):
+                 position_embedding_type: str, embed_layernorm: bool = False):
         super().__init__()
         self.config = config
         self.embedding = LanguageModelEmbedding(
             config=config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
             position_embedding_type=position_embedding_type)
+        if embed_layernorm:
+            from megatron.model.embedding_norm import add_embedding_layernorm
+
+            add_embedding_layernorm(self.embedding, config)
         self.output_projection = tensor_parallel.ColumnParallelLinear(
             config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
             skip_bias_add=False, gather_output=False, skip_weight_param_allocation=True)
@@ -259,7 +264,7 @@ class GPTModelPipe(PipelineModule):
                  position_embedding_type: str = "learned_absolute", rotary_percent: float = 1.0,
                  rotary_base: int = 10000, share_embeddings_and_output_weights: bool = True,
                  partition_method: str = "type:transformer",
-                 activation_checkpoint_interval: int = 0):
+                 activation_checkpoint_interval: int = 0, embed_layernorm: bool = False):
         self.config = stage_config(config)
         self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
         self.num_transformer_layers = config.num_layers
@@ -267,7 +272,8 @@ class GPTModelPipe(PipelineModule):
                                  position_embedding_type=position_embedding_type,
                                  rotary_percent=rotary_percent, rotary_base=rotary_base,
                                  share_embeddings_and_output_weights=(
-                                     share_embeddings_and_output_weights))
+                                     share_embeddings_and_output_weights),
+                                 embed_layernorm=embed_layernorm)
         self.loss_function = PipeLMLoss()
         recompute = recompute_function(config.distribute_saved_activations)
         super().__init__(layers=specs, topology=topology, loss_fn=self.loss_function,
@@ -280,9 +286,11 @@ class GPTModelPipe(PipelineModule):
     def layer_specs(config: TransformerConfig, layer_spec: LayerSpecs, vocab_size: int,
                     max_sequence_length: int, *, position_embedding_type: str = "learned_absolute",
                     rotary_percent: float = 1.0, rotary_base: int = 10000,
-                    share_embeddings_and_output_weights: bool = True) -> list:
-        """The pipe's layers (DeepSpeed layer specs, nothing built): embedding, ``num_layers``
-        transformer layers, final norm, output layer (tied to the embedding unless untied).
+                    share_embeddings_and_output_weights: bool = True,
+                    embed_layernorm: bool = False) -> list:
+        """The pipe's layers (DeepSpeed layer specs, nothing built): embedding (with BLOOM's
+        LayerNorm if ``embed_layernorm``), ``num_layers`` transformer layers, final norm, output
+        layer (tied to the embedding unless untied).
         ``layer_spec`` is what ``GPTModel`` takes: one layer's spec, or the block's submodules
         (per-layer specs and the final norm)."""
         cfg = stage_config(config)
@@ -294,17 +302,20 @@ class GPTModelPipe(PipelineModule):
         if share_embeddings_and_output_weights:
             specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, *embedding_args,
                                        position_embedding_type=position_embedding_type,
+                                       embed_layernorm=embed_layernorm,
                                        tied_weight_attr=["word_embeddings.weight"]))
         else:
             specs.append(LayerSpec(EmbeddingPipe, *embedding_args,
-                                   position_embedding_type=position_embedding_type))
+                                   position_embedding_type=position_embedding_type,
+                                   embed_layernorm=embed_layernorm))
         for i in range(config.num_layers):
             specs.append(LayerSpec(TransformerLayerPipe, cfg, block.layer_specs[i], i + 1,
                                    position_embedding_type, rotary_percent, rotary_base))
         specs.append(LayerSpec(FinalNormPipe, cfg, block.layer_norm))
         if share_embeddings_and_output_weights:
             # On a last stage that holds no embedding, this builds the tied module without
-            # position embeddings; on a one-stage pipe it reuses the first spec's module.
+            # position embeddings or embedding LayerNorm (only the tied weight is used there); on
+            # a one-stage pipe it reuses the first spec's module.
             specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, *embedding_args,
                                        position_embedding_type="none",
                                        forward_fn=tied_output_forward,
@@ -420,7 +431,8 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
         rotary_base=args.rotary_base,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         partition_method=partition_method_from_args(args),
-        activation_checkpoint_interval=activation_checkpoint_interval_from_args(args))
+        activation_checkpoint_interval=activation_checkpoint_interval_from_args(args),
+        embed_layernorm=args.embed_layernorm)
     initialize_parameters(model.canonical_named_parameters(), config, args.seed)
     return model
 

@@ -169,3 +169,25 @@ def test_without_the_flag_there_is_no_norm(one_rank):
                       require_data=False)
     args.padded_vocab_size = VOCAB
     assert not any("word_embeddings.norm" in n for n, _ in build_gpt_model(args).named_parameters())
+
+
+@pytest.mark.parametrize("sequence_parallel, reduce_scatter, tagged", [
+    (False, False, False), (True, False, False), (True, True, True)])
+def test_norm_parameters_tagged_sequence_parallel_only_when_fed_a_sequence_slice(
+        sequence_parallel, reduce_scatter, tagged):
+    """Under --sequence-parallel without position embeddings megatron-core reduce-scatters the
+    word embeddings along the sequence, so the norm's gradients are partial sums over the
+    tensor-parallel group (tagged, summed by megatron/parallel/grads.py); with learned position
+    embeddings it sees the whole sequence (untagged: summing would count it TP times)."""
+    import types
+
+    from megatron.model.embedding_norm import add_embedding_layernorm
+
+    embedding = types.SimpleNamespace(word_embeddings=torch.nn.Embedding(8, 16),
+                                      reduce_scatter_embeddings=reduce_scatter)
+    config = types.SimpleNamespace(hidden_size=16, layernorm_epsilon=1e-5,
+                                   params_dtype=torch.float32, sequence_parallel=sequence_parallel)
+    norm = add_embedding_layernorm(embedding, config)
+    assert [getattr(p, "sequence_parallel") for p in norm.parameters()] == [tagged, tagged]
+    out = embedding.word_embeddings(torch.tensor([[1, 2]]))
+    torch.testing.assert_close(out.mean(-1), norm.bias.detach().mean().expand(1, 2))

@@ -200,3 +200,16 @@ def test_kill_switch_stops_every_rank_after_the_same_iteration(dist_group, tmp_p
     assert request.reason == f"kill switch {path} found (--kill-switch-path)"
     assert _kill_switch_at_start(args)
     assert not ExitRequest(_args("--train-iters", "10")).enabled
+
+
+def test_preview_schedule_shows_the_run_ending_at_the_token_budget():
+    """tools/preview_schedule.py parses the same flags: the preview ends at the budget and its LR
+    reaches --min-lr there."""
+    from tools import preview_schedule
+
+    args = preview_schedule.parse_preview_args(
+        BASE + ["--train-samples", "1600", "--train-tokens", str(100 * 8 * 64),
+                "--lr-decay-style", "linear", "--min-lr", "1e-4"])
+    arrays = preview_schedule.schedule_arrays(args)
+    assert list(arrays["iteration"]) == list(range(101))
+    assert arrays["lr"][100] == pytest.approx(1e-4)

@@ -22,8 +22,10 @@ rank, so the data-parallel size does not matter):
   layers, L+1 the final norm, L+2 the untied output layer (a tied output layer is the embedding).
 
 Files are opened with ``torch.load(mmap=True)``, so only the tensors asked for are read, one at a
-time (optimizer states in the same files are never touched) and peak memory stays near one copy of
-the weights plus the tensor being merged. The weights are the module's (the training dtype: bf16
+time (optimizer states in the same files are never touched); once a full tensor is built, the file
+pages of its shards are released (``madvise(MADV_DONTNEED)`` on the read-only mapping: they are
+re-read from the file if asked again), so peak memory stays near the largest tensor, not the whole
+checkpoint (:func:`shape` and :func:`dtype` read no data at all). The weights are the module's (the training dtype: bf16
 runs give bf16); ZeRO stage 3 checkpoints keep no module weights and are refused.
 
 Tensor-parallel shards are merged as megatron-core splits them (``partition_dim`` /
@@ -101,6 +103,38 @@ def split_full(full: torch.Tensor, dim: int, stride: int, tp_size: int) -> List[
     """Inverse of :func:`merge_shards`: the ``tp_size`` shards megatron-core gives each rank."""
     chunks = torch.split(full, full.shape[dim] // (stride * tp_size), dim=dim)
     return [torch.cat(chunks[r::tp_size], dim=dim).clone() for r in range(tp_size)]
+
+
+def _libc():
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        return libc
+    except (OSError, AttributeError):  # no libc madvise (not Linux): pages stay until unmapped
+        return None
+
+
+_LIBC = _libc()
+_MADV_DONTNEED = 4
+
+
+def release_file_pages(tensor: torch.Tensor) -> None:
+    """Drop the resident pages of a tensor loaded with ``torch.load(mmap=True)`` (a private,
+    never-written file mapping: the kernel re-reads them from the file on the next access), so
+    reading a checkpoint tensor by tensor does not accumulate the whole file in memory. Only for
+    memory-mapped tensors: on ordinary memory this would discard data."""
+    if _LIBC is None or tensor.numel() == 0:
+        return
+    import mmap
+
+    storage = tensor.untyped_storage()
+    start, size = storage.data_ptr(), storage.nbytes()
+    low = start // mmap.PAGESIZE * mmap.PAGESIZE
+    high = -(-(start + size) // mmap.PAGESIZE) * mmap.PAGESIZE
+    _LIBC.madvise(low, high - low, _MADV_DONTNEED)
 
 
 def _pipe_canonical(key: str, layer_index: int) -> Optional[str]:
@@ -230,12 +264,34 @@ class FullStateReader:
             raise CheckpointError(f"--load {self.load_dir}: {name} is in {len(places)} of the "
                                   f"{self.layout.tp} tensor-parallel files of {self.directory}")
         shards = [self._tensors_of(f)[k] for f, k in places]
+        partition = self._partition(name)
+        if partition is None or len(shards) == 1:
+            full = shards[0].clone()
+        else:
+            full = merge_shards(shards, *partition)
+        for shard in shards:
+            release_file_pages(shard)
+        return full
+
+    def _partition(self, name: str) -> Optional[Tuple[int, int]]:
         gated = name.endswith((".linear_fc1.weight", ".linear_fc1.bias")) \
             and self._fc1_stride(name) == 2
-        partition = tensor_parallel_partition(name, gated)
-        if partition is None or len(shards) == 1:
-            return shards[0].clone()
-        return merge_shards(shards, *partition)
+        return tensor_parallel_partition(name, gated) if self.layout.tp > 1 else None
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        """The full shape of ``name`` (from the shards' metadata; no data is read)."""
+        shards = [self._tensors_of(f)[k].shape for f, k in self._where[name]]
+        partition = self._partition(name)
+        if partition is None:
+            return tuple(shards[0])
+        full = list(shards[0])
+        full[partition[0]] = sum(s[partition[0]] for s in shards)
+        return tuple(full)
+
+    def dtype(self, name: str) -> torch.dtype:
+        """The dtype of ``name`` as stored."""
+        f, k = self._where[name][0]
+        return self._tensors_of(f)[k].dtype
 
     def _tensors_of(self, filename: str) -> dict:
         """The name -> tensor dict of a model file; pipe layer files stay open for one layer at a

@@ -12,16 +12,18 @@ follows the recorded model flags (``model_args.json``): learned absolute positio
 ``GPT2LMHeadModel``, RoPE -> ``LlamaForCausalLM``, ALiBi -> ``BloomForCausalLM``; flags the class
 cannot represent are refused naming the flag (megatron/checkpoint_interop/hf_families.py).
 
-Tensors are read one at a time from the memory-mapped checkpoint files and written shard by shard,
-so peak memory is about the weights once plus one shard (megatron/checkpoint_interop/full_state.py).
+Tensors are read one at a time from the memory-mapped checkpoint files (their pages released once
+used, megatron/checkpoint_interop/full_state.py) and streamed into the safetensors files, whose
+headers are planned from the shards' metadata first, so peak memory is about the largest tensor.
 Weights keep the checkpoint's dtype and its padded vocabulary rows (``vocab_size`` = padded size).
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
-from typing import Dict, List, Optional
+from typing import List, Optional, Tuple
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
@@ -70,50 +72,78 @@ def get_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class ShardWriter:
-    """Writes ``name -> tensor`` pairs into safetensors files of at most ``max_bytes`` each
-    (a tensor larger than that gets a file of its own) and the index transformers reads."""
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                       torch.float64: "F64"}
 
-    def __init__(self, output: str, max_bytes: int):
-        self.output, self.max_bytes = output, max_bytes
-        self.pending: Dict[str, torch.Tensor] = {}
-        self.pending_bytes = 0
-        self.files: List[List[str]] = []
-        self.total_bytes = 0
+TensorPlan = List[Tuple[str, Tuple[int, ...], torch.dtype]]
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        size = tensor.numel() * tensor.element_size()
-        if self.pending and self.pending_bytes + size > self.max_bytes:
-            self.flush()
-        self.pending[name] = tensor.contiguous()
-        self.pending_bytes += size
-        self.total_bytes += size
 
-    def flush(self) -> None:
-        from safetensors.torch import save_file
+class SafetensorsStreamWriter:
+    """Writes tensors announced in advance (``plan``: name, shape, dtype, in writing order) into
+    safetensors files of at most ``max_bytes`` each (a larger tensor gets a file of its own) and,
+    when there are several, transformers' ``model.safetensors.index.json``. Each file's header is
+    written first, then every tensor's bytes as :meth:`write` receives it, so only the tensor being
+    written is in memory."""
 
-        if not self.pending:
-            return
-        save_file(self.pending, os.path.join(self.output, f"part-{len(self.files):05d}.tmp"),
-                  metadata={"format": "pt"})
-        self.files.append(list(self.pending))
-        self.pending, self.pending_bytes = {}, 0
+    def __init__(self, output: str, plan: TensorPlan, max_bytes: int):
+        self.output, self.plan = output, plan
+        groups: List[TensorPlan] = []
+        size = 0
+        for entry in plan:
+            nbytes = math.prod(entry[1]) * entry[2].itemsize
+            if not groups or (size + nbytes > max_bytes and groups[-1]):
+                groups.append([])
+                size = 0
+            groups[-1].append(entry)
+            size += nbytes
+        count = len(groups)
+        self.names = (["model.safetensors"] if count == 1 else
+                      [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)])
+        self.groups, self.total_bytes = groups, 0
+        self.weight_map = {e[0]: self.names[k] for k, g in enumerate(groups) for e in g}
+        self.position, self.file, self.file_index, self.in_file = 0, None, -1, 0
+
+    def _open_next(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.file_index += 1
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape, dtype in self.groups[self.file_index]:
+            nbytes = math.prod(shape) * dtype.itemsize
+            header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+                            "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        self.file = open(os.path.join(self.output, self.names[self.file_index]), "wb")
+        self.file.write(len(text).to_bytes(8, "little") + text)
+        self.in_file = 0
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Write the next planned tensor (its name, shape and dtype must be the plan's)."""
+        expected = self.plan[self.position]
+        got = (name, tuple(tensor.shape), tensor.dtype)
+        if got != expected:
+            raise RuntimeError(f"tensor {got} written where the plan has {expected}")
+        if self.file is None or self.in_file == len(self.groups[self.file_index]):
+            self._open_next()
+        data = tensor.detach().contiguous().view(torch.uint8).reshape(-1).numpy()
+        self.file.write(memoryview(data))
+        self.total_bytes += data.nbytes
+        self.position += 1
+        self.in_file += 1
 
     def finish(self) -> List[str]:
-        """Rename the parts to transformers' names, write the index when sharded; returns the
-        weight file names."""
-        self.flush()
-        count = len(self.files)
-        names = (["model.safetensors"] if count == 1 else
-                 [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)])
-        for k, name in enumerate(names):
-            os.replace(os.path.join(self.output, f"part-{k:05d}.tmp"), os.path.join(self.output, name))
-        if count > 1:
-            index = {"metadata": {"total_size": self.total_bytes},
-                     "weight_map": {t: names[k] for k, tensors in enumerate(self.files) for t in tensors}}
+        """Close the last file, write the index when sharded; returns the weight file names."""
+        if self.position != len(self.plan):
+            raise RuntimeError(f"{len(self.plan) - self.position} planned tensors not written")
+        if self.file is not None:
+            self.file.close()
+        if len(self.names) > 1:
+            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": self.weight_map}
             with open(os.path.join(self.output, "model.safetensors.index.json"), "w") as f:
                 json.dump(index, f, indent=2, sort_keys=True)
-        return names
+        return self.names
 
 
 def tokenizer_source(tokenizer_flags: dict) -> Optional[List[str]]:
@@ -178,21 +208,27 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
             extra = sorted(set(reader.names) - set(expected))
             raise ConfigError(f"--load {load}: checkpoint {reader.directory} does not match its "
                               f"model flags (missing {missing[:4]}, unexpected {extra[:4]})")
-        shapes = canonical_shapes(flags, reader.model_args.get("padded_vocab_size") or 0)
+        # plan every transformers tensor from the shards' metadata (shapes checked against the
+        # recorded flags before anything is written), then stream them one at a time
+        vocab_rows = reader.shape("embedding.word_embeddings.weight")[0]
+        dtype = reader.dtype("embedding.word_embeddings.weight")
+        shapes = canonical_shapes(flags, vocab_rows)
+        plan: TensorPlan = []
+        for name in reader.names:
+            if reader.shape(name) != shapes[name]:
+                raise ConfigError(f"--load {load}: {name} in {reader.directory} is "
+                                  f"{list(reader.shape(name))}, its model flags give "
+                                  f"{list(shapes[name])}")
+            meta = torch.empty(shapes[name], dtype=reader.dtype(name), device="meta")
+            plan += [(n, tuple(t.shape), t.dtype) for n, t in to_hf(name, meta, flags)]
         os.makedirs(output, exist_ok=True)
-        writer = ShardWriter(output, max_bytes)
-        vocab_rows, dtype, parameters = None, None, 0
+        writer = SafetensorsStreamWriter(output, plan, max_bytes)
+        parameters = 0
         for name in reader.names:
             tensor = reader.tensor(name)
-            if name == "embedding.word_embeddings.weight":
-                vocab_rows, dtype = tensor.shape[0], tensor.dtype
-                shapes = canonical_shapes(flags, vocab_rows)  # the rows the run padded to
-            if tuple(tensor.shape) != shapes[name]:
-                raise ConfigError(f"--load {load}: {name} in {reader.directory} is "
-                                  f"{list(tensor.shape)}, its model flags give {list(shapes[name])}")
             parameters += tensor.numel()
             for hf_name, hf_tensor in to_hf(name, tensor, flags):
-                writer.add(hf_name, hf_tensor)
+                writer.write(hf_name, hf_tensor)
             del tensor
         files = writer.finish()
         summary_iteration = reader.iteration

@@ -68,10 +68,33 @@ def check_prefixes_exist(flag: str, paths: Optional[List[str]]) -> None:
             raise ConfigError(f"{flag}: {problem}")
 
 
+def check_split_has_documents(data_path: List[str], split: str) -> None:
+    """Raise a ConfigError naming ``--split`` and the prefix when a split with a non-zero share
+    selects no document of a ``--data-path`` prefix (megatron-core, which rounds each split's
+    document range as here, would loop forever sizing that empty split)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+
+    bounds = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    prefixes, _ = get_blend_from_list(data_path)
+    for prefix in prefixes:
+        with open(prefix + ".idx", "rb") as f:  # header checked by check_prefixes_exist
+            f.seek(18)
+            n = int.from_bytes(f.read(8), "little")  # sequences: what megatron-core splits
+        for name, bound in zip(("train", "valid", "test"), bounds):
+            if bound is not None and int(round(bound[1] * n)) <= int(round(bound[0] * n)):
+                raise ConfigError(
+                    f"--split {split}: the {name} split ({bound[0]:g} to {bound[1]:g} of the "
+                    f"documents) selects none of the {n} documents of --data-path prefix "
+                    f"{prefix!r}; give more documents or a larger {name} share (or share 0)")
+
+
 def build_train_valid_test_datasets(args, tokenizer) -> List[Optional[torch.utils.data.Dataset]]:
     """[train, valid, test] datasets (None where a split is empty) sized for the whole run."""
     for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
         check_prefixes_exist("--" + flag.replace("_", "-"), getattr(args, flag))
+    if args.data_path:
+        check_split_has_documents(args.data_path, args.split)
     sizes = list(train_valid_test_num_samples(args))
     builder = BlendedMegatronDatasetBuilder(
         GPTDataset, sizes, lambda: True, gpt_dataset_config(args, tokenizer))

@@ -18,7 +18,8 @@ Data structure (what ``docs/compatibility.md`` is generated from):
     ``use_instead``);
   - ``use_instead``: for an alias the canonical flag, with its value when the alias stands for a
     flag-and-value (``"--position-embedding-type rope"``); for a refused flag what to use instead
-    (``""`` when nothing here does it); ``""`` for an inert flag;
+    (``""`` when nothing here does it: the error then says to drop the flag); ``""`` for an inert
+    flag;
   - ``families``: which of :data:`FAMILIES` use it;
   - ``takes_value``: whether a value follows the flag on the command line (``False``: a switch);
   - ``accepted_values``: only for an alias that takes a value: the values it accepts (any other
@@ -158,6 +159,8 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
            "a flash kernel where the device has one)."),
     _inert("--use-flash-attn-v2", (MS,), False,
            "Flash attention 2; see --attention-backend."),
+    _inert("--use-flash-attn-triton", (MS,), False,
+           "Triton flash attention; see --attention-backend."),
     _inert("--sync-tp-duplicated-parameters", (BS,), False,
            "BigScience's periodic sync of tensor-parallel copies of norm weights; megatron-core "
            "keeps them identical (same gradients), so there is nothing to sync."),
@@ -178,8 +181,12 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
     _inert("--wandb-name", (MLM,), True,
            "Weights & Biases run name; wandb logging is not built here (use --tensorboard-dir or "
            "--metrics-jsonl)."),
-    _inert("--wandb-project", (MLM,), True,
+    _inert("--wandb-project", (MLM, MS), True,
            "Weights & Biases project; see --wandb-name."),
+    _inert("--wandb-exp-name", (MLM, MS), True,
+           "Weights & Biases experiment name; see --wandb-name."),
+    _inert("--wandb-save-dir", (MLM, MS), True,
+           "Weights & Biases local directory; see --wandb-name."),
     _inert("--use-mcore-models", (MLM,), False,
            "The models here are always megatron-core's."),
     _inert("--no-masked-softmax-fusion", (MLM, MS), False,
@@ -202,16 +209,18 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
     _refused("--ds-sequence-parallel-fpdt", "--recompute-granularity full (activation memory)",
              (MS,), False,
              "FPDT (Ulysses with chunked, offloaded attention) is not built here."),
-    _refused("--ds-sequence-parallel-fpdt-chunk-size", "nothing (FPDT is not built)", (MS,), True,
+    _refused("--ds-sequence-parallel-fpdt-chunk-size",
+             "--recompute-granularity full (activation memory)", (MS,), True,
              "FPDT chunk size; FPDT is not built here."),
-    _refused("--ds-sequence-parallel-fpdt-offloading", "nothing (FPDT is not built)", (MS,), False,
+    _refused("--ds-sequence-parallel-fpdt-offloading",
+             "--recompute-granularity full (activation memory)", (MS,), False,
              "FPDT CPU offloading; FPDT is not built here."),
     _refused("--context-parallel-size", "--sequence-parallel with --tensor-model-parallel-size N",
              (MLM,), True, "Megatron-LM context parallelism is not built here.",
              inert_values=("1",)),
-    _refused("--num-experts", "a dense model (drop the flag)", (MS, MLM), True,
+    _refused("--num-experts", "a dense MLP (drop the flag)", (MS, MLM), True,
              "Mixture-of-experts layers are not built here.", inert_values=("1",)),
-    _refused("--expert-model-parallel-size", "a dense model (drop the flag)", (MLM,), True,
+    _refused("--expert-model-parallel-size", "a dense MLP (drop the flag)", (MLM,), True,
              "Mixture-of-experts layers are not built here.", inert_values=("1",)),
     _refused("--virtual-pipeline-model-parallel-size", "--pipeline-model-parallel-size",
              (MLM,), True,
@@ -219,7 +228,7 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
              "one stage per rank."),
     _refused("--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-size",
              (MLM,), True, "Interleaved (virtual) pipeline stages are not built here."),
-    _refused("--random-ltd", "nothing (drop the flag)", (MS,), False,
+    _refused("--random-ltd", "training on whole sequences (drop the flag)", (MS,), False,
              "DeepSpeed random layerwise token dropping is not built here."),
     _refused("--data-efficiency-curriculum-learning", "--data-blend-config (schedules for "
              "dataset weights)", (MS,), False,

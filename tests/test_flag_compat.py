@@ -401,3 +401,52 @@ def test_step_schedule_shapes_the_lr_schedule_in_samples():
     assert context.batch_schedule.samples_at_iteration(10) == 2 * 10
     assert context.batch_schedule.batch_size_at_samples(20) == 4
     assert math.isclose(context.total["samples"], 20)
+
+
+def test_flag_values_reach_the_deepspeed_engine(ds_json, dist_group, monkeypatch):
+    """The built config drives a real DeepSpeed engine (one CPU rank): clipping from the flag the
+    JSON lacks, bf16 (which works on CPU), ZeRO stage 1 from --use-distributed-optimizer; a
+    training step runs."""
+    import deepspeed
+    import torch
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    path = ds_json({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10 ** 9})
+    args = parse(["--bf16", "--clip-grad", "0.5", "--use-distributed-optimizer",
+                  "--deepspeed_config", path])
+    model = torch.nn.Linear(8, 8)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                                      config=deepspeed_config_from_args(args, 2),
+                                      dist_init_required=False)
+    assert engine.gradient_clipping() == 0.5 and engine.bfloat16_enabled()
+    assert engine.zero_optimization_stage() == 1 and engine.train_batch_size() == 2
+    before = engine.module.weight.detach().float().clone()
+    loss = engine(torch.randn(2, 8, dtype=torch.bfloat16)).float().pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    assert not torch.equal(before, engine.module.weight.detach().float())
+
+
+def test_tensorboard_extras_follow_their_flags(tmp_path):
+    """--log-batch-size-to-tensorboard and --log-timers-to-tensorboard add the train/
+    global_batch_size and train/ms_per_iteration scalars; without them they are not written."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from megatron.metrics import MetricsWriter, tensorboard_extras_from_args
+
+    record = {"iteration": 1, "lm_loss": 2.0, "global_batch_size": 8, "ms_per_iteration": 12.5}
+    for name, flags in (("with", ["--log-batch-size-to-tensorboard", "--log-timers-to-tensorboard"]),
+                        ("without", [])):
+        writer = MetricsWriter(None, str(tmp_path / name), enabled=True,
+                               tensorboard_extras=tensorboard_extras_from_args(parse(flags)))
+        writer.train_record(record)
+        writer.close()
+    tags = {}
+    for name in ("with", "without"):
+        events = EventAccumulator(str(tmp_path / name))
+        events.Reload()
+        tags[name] = set(events.Tags()["scalars"])
+        if name == "with":
+            assert [e.value for e in events.Scalars("train/global_batch_size")] == [8.0]
+            assert [e.value for e in events.Scalars("train/ms_per_iteration")] == [12.5]
+    assert tags["with"] - tags["without"] == {"train/global_batch_size", "train/ms_per_iteration"}

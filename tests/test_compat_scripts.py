@@ -95,6 +95,12 @@ def test_every_flag_of_the_script_parses(name, compat_data, tmp_path, monkeypatc
     given = {f.split("=")[0] for f in flags[1:] if f.startswith("--")}
     not_in_original = given - set(source.flags) - ADDED_FLAGS
     assert not_in_original == set(), (source.key, sorted(not_in_original))
+    # the inert flags given are named in one start-up note
+    from megatron.flag_compat import compat_flag
+    inert = sorted(f for f in given if compat_flag(f) and compat_flag(f).status == "inert")
+    notes = [n for n in args.startup_notes if n.startswith("accepted without effect here")]
+    if inert:
+        assert len(notes) == 1 and all(f in notes[0] for f in inert), (inert, notes)
 
 
 def test_flag_set_must_be_known(compat_data, tmp_path):
@@ -103,6 +109,20 @@ def test_flag_set_must_be_known(compat_data, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "FLAG_SET=2025: expected 2024 or 2026" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["gpt3_2026", "ms_gpt"])
+def test_original_fp16_is_refused_on_cpu_in_one_line(name, compat_data, tmp_path, monkeypatch,
+                                                     capsys):
+    """PRECISION=fp16 restores the original's --fp16 (and, for Microsoft's, the JSON's fp16
+    section); DeepSpeed's CPU accelerator has no fp16, so it stops in one line pointing at --bf16."""
+    flags = script_flags(name, compat_data, str(tmp_path), PRECISION="fp16")
+    assert "--fp16" in flags and "--bf16" not in flags
+    with pytest.raises(SystemExit) as exit_info:
+        parse_in_process(flags, monkeypatch)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--fp16" in err and "--bf16" in err, err
 
 
 REFUSED = [  # extra flags given to the sequence-parallel script, and the flags among them

@@ -972,9 +972,7 @@ def _validate_deepspeed_config(args) -> None:
 
     if args.deepspeed_config_dict is not None:
         try:
-            taken = reconcile_with_flags(args, args.deepspeed_config_dict,
-                                         batch_varies=bool(args.rampup_batch_size
-                                                           or args.batch_size_steps))
+            taken = reconcile_with_flags(args, args.deepspeed_config_dict)
         except ConfigError as e:
             raise ArgumentError(str(e)) from None
         if taken:

@@ -102,21 +102,21 @@ def global_batch_from_json(args, config: Dict[str, Any]) -> Optional[int]:
     return None
 
 
-def reconcile_with_flags(args, config: Dict[str, Any], batch_varies: bool) -> List[str]:
+def reconcile_with_flags(args, config: Dict[str, Any]) -> List[str]:
     """Check ``config`` (the ``--deepspeed_config`` JSON) against the flags and take the values
     only the JSON gives into ``args``; returns ``KEY=VALUE (FLAG)`` for each taken value.
 
     Batch keys (``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``,
-    ``train_batch_size``) must equal what the flags give (the last two are not checked when
-    ``batch_varies``: rampup or step schedules set them per iteration). The keys of
+    ``train_batch_size``) must equal what the flags give; under a batch rampup or step schedule
+    the JSON holds the final global batch (as BigScience's configs do), and the engine is given
+    each iteration's batch (:func:`deepspeed_config_from_args`). The keys of
     :data:`FIELDS` must equal their flag when the flag is given. All disagreements are named in
     one :class:`ConfigError`."""
     path = args.deepspeed_config
     problems, taken = [], []
-    expected = {"train_micro_batch_size_per_gpu": args.micro_batch_size}
-    if not batch_varies:
-        expected["gradient_accumulation_steps"] = args.gradient_accumulation_steps
-        expected["train_batch_size"] = args.global_batch_size
+    expected = {"train_micro_batch_size_per_gpu": args.micro_batch_size,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                "train_batch_size": args.global_batch_size}
     for key, value in expected.items():
         found = json_value(config, key)
         if found is not None and not _same(found, value):

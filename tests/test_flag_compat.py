@@ -292,6 +292,16 @@ def test_flag_and_json_disagreements(ds_json, config, argv, fragments):
     assert "min_loss_scale" not in str(info.value)  # agreeing keys are not named
 
 
+def test_json_batch_under_a_rampup_is_the_final_batch(ds_json):
+    """BigScience's configs hold the final global batch with --rampup-batch-size."""
+    rampup = ["--rampup-batch-size", "2", "2", "40", "--global-batch-size", "8"]
+    args = parse(rampup + ["--deepspeed_config", ds_json({"train_batch_size": 8,
+                                                           "gradient_accumulation_steps": 4})])
+    assert deepspeed_config_from_args(args, 2)["train_batch_size"] == 2  # the engine's first batch
+    with pytest.raises(ArgumentError, match="train_batch_size=2 disagrees with the flags"):
+        parse(rampup + ["--deepspeed_config", ds_json({"train_batch_size": 2})])
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--initial-loss-scale", "1000"], "--initial-loss-scale 1000 must be a power of 2"),
     (["--loss-scale", "-1"], "--loss-scale -1 must be non-negative (0: dynamic)"),

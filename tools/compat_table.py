@@ -13,6 +13,7 @@ holds is which flags each public script uses (:data:`SOURCES`).
 """
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -167,7 +168,7 @@ def flag_status(flag: str, parser: argparse.ArgumentParser) -> Tuple[str, str, s
     action = parser._option_string_actions.get(flag)
     if action is None:
         return "missing", "", "not accepted yet"
-    note = (action.help or "").split(". ")[0].rstrip(".")
+    note = re.split(r"(?<!e\.g)(?<!i\.e)\.(?:\s|$)", action.help or "", maxsplit=1)[0]
     canonical = action.option_strings[0]
     if canonical != flag and canonical.replace("_", "-") != flag.replace("_", "-"):
         return "alias", canonical, note

@@ -80,10 +80,12 @@ def test_byte_level_round_trip_and_specials():
 def test_default_type_and_padded_vocab_size_attribute():
     args = argparse.Namespace(tokenizer_type=None, vocab_file=None, merge_file=None,
                               tokenizer_model=None, make_vocab_size_divisible_by=128,
-                              tensor_model_parallel_size=2)
+                              tensor_model_parallel_size=2, startup_notes=[])
     tok = build_tokenizer(args)
     assert isinstance(tok, ByteLevelTokenizer)
     assert args.padded_vocab_size == 512  # 258 rounded up to a multiple of 128 * 2
+    assert args.startup_notes == ["tokenizer: ByteLevelTokenizer, 258 tokens (eod 256, pad 257); "
+                                  "embedding rows 512 (254 dummy tokens of padding)"]
 
 
 @settings(max_examples=200, deadline=None)
@@ -124,6 +126,7 @@ def test_gpt2_bpe_from_vocab_and_merges(bpe_files):
     assert len(tok.tokenize(SENTENCES[0])) < len(SENTENCES[0].encode())
     assert tok.vocab_size == len(vocab)
     assert args.padded_vocab_size == padded_vocab_size(len(vocab), 128, 1)
+    assert not hasattr(args, "startup_notes")  # a namespace without notes gets none
     assert tok.inv_vocab[tok.eod] == "<|endoftext|>"
 
 
@@ -299,7 +302,7 @@ def test_sentencepiece_types_match_sentencepiece(sentencepiece_model, ttype):
     import sentencepiece as spm
     from megatron.core.tokenizers.text.models import GPTTokenizer
 
-    args = ns(tokenizer_type=ttype, tokenizer_model=sentencepiece_model)
+    args = ns(tokenizer_type=ttype, tokenizer_model=sentencepiece_model, startup_notes=[])
     tok = build_tokenizer(args)
     assert isinstance(tok, GPTTokenizer) and tok.name == ttype
     sp = spm.SentencePieceProcessor(model_file=sentencepiece_model)
@@ -308,6 +311,9 @@ def test_sentencepiece_types_match_sentencepiece(sentencepiece_model, ttype):
         sp.get_piece_size(), sp.eos_id(), sp.eos_id(), sp.bos_id(), sp.eos_id()) == (
         384, 2, 2, 1, 2)
     assert args.padded_vocab_size == 384
+    assert args.startup_notes == [
+        f"tokenizer: {ttype}, 384 tokens (eod 2, pad 2); embedding rows 384 (0 dummy tokens of "
+        "padding)"]
     for text in _demo_texts():
         ids = tok.tokenize(text)
         assert ids == sp.encode(text)

@@ -85,4 +85,15 @@ def build_tokenizer(args: argparse.Namespace):
     tp = getattr(args, "tensor_model_parallel_size", 1)
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, divisible_by, tp,
                                                getattr(args, "pad_vocab_size_to", None))
+    notes = getattr(args, "startup_notes", None)  # printed by the training loop at start-up
+    if isinstance(notes, list):
+        notes.append(tokenizer_summary(tokenizer, args.padded_vocab_size))
     return tokenizer
+
+
+def tokenizer_summary(tokenizer, padded: int) -> str:
+    """One start-up line: the tokenizer type, its vocabulary size and special ids, and the
+    ``padded`` number of embedding rows (as Megatron-LM's "padded vocab ... dummy tokens")."""
+    return (f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} tokens (eod {tokenizer.eod}, "
+            f"pad {tokenizer.pad}); embedding rows {padded} "
+            f"({padded - tokenizer.vocab_size} dummy tokens of padding)")

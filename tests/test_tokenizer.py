@@ -478,3 +478,21 @@ def test_no_tokenizer_flags_mean_byte_level():
                        "--lr", "1e-3", "--data-path", "x_text_document"], world_size=1)
     assert args.tokenizer_type == "ByteLevelTokenizer"
     assert isinstance(build_tokenizer(ns(tokenizer_type=None)), ByteLevelTokenizer)
+
+
+def test_file_flags_another_type_ignores_are_noted(hf_tokenizer_dir):
+    """Tokenizer file flags the chosen type does not read (a script written for another
+    tokenizer): accepted as Megatron-LM does, with one start-up warning naming them."""
+    args = ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=hf_tokenizer_dir,
+              vocab_file="gpt2-vocab.json", startup_notes=[])
+    build_tokenizer(args)
+    assert args.startup_notes[1] == ("warning: --vocab-file 'gpt2-vocab.json' not used by "
+                                     "--tokenizer-type PretrainedFromHF (it reads "
+                                     "--tokenizer-name-or-path)")
+    args = ns(tokenizer_type="ByteLevelTokenizer", tokenizer_model="tok.model", startup_notes=[])
+    build_tokenizer(args)
+    assert args.startup_notes[1] == ("warning: --tokenizer-model 'tok.model' not used by "
+                                     "--tokenizer-type ByteLevelTokenizer (it reads no files)")
+    args = ns(tokenizer_type="ByteLevelTokenizer", startup_notes=[])
+    build_tokenizer(args)
+    assert len(args.startup_notes) == 1

@@ -19,7 +19,7 @@ TOKENIZER_FILE_FLAGS = {
     "GPTSentencePieceTokenizer": ("--tokenizer-model",),
 }
 TOKENIZER_TYPES = tuple(TOKENIZER_FILE_FLAGS)
-_FILE_FLAG_ATTRS = {"--vocab-file": "vocab_file", "--merge-file": "merge_file",
+FILE_FLAG_ATTRS = {"--vocab-file": "vocab_file", "--merge-file": "merge_file",
                     "--tokenizer-model": "tokenizer_model",
                     "--tokenizer-name-or-path": "tokenizer_name_or_path"}
 
@@ -55,7 +55,7 @@ def check_tokenizer_args(args: argparse.Namespace) -> None:
     files needs its flags. Whether the files exist is checked when the tokenizer is built.
     Raises ConfigError naming the flags, their values and what is allowed.
     """
-    given = {flag: getattr(args, attr, None) for flag, attr in _FILE_FLAG_ATTRS.items()
+    given = {flag: getattr(args, attr, None) for flag, attr in FILE_FLAG_ATTRS.items()
              if getattr(args, attr, None)}
     ttype = getattr(args, "tokenizer_type", None)
     if ttype is None:

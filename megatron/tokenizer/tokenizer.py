@@ -9,11 +9,12 @@ list[int]`` (no special tokens added; ``--append-eod`` or the dataset adds ``eod
 """
 
 import argparse
+from typing import List
 
 from megatron.errors import ConfigError
 from megatron.tokenizer.byte_level import ByteLevelTokenizer
 from megatron.tokenizer.core_tokenizers import HuggingFaceTokenizer, SentencePieceTokenizer
-from megatron.tokenizer.flags import check_tokenizer_args
+from megatron.tokenizer.flags import FILE_FLAG_ATTRS, TOKENIZER_FILE_FLAGS, check_tokenizer_args
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
 
 __all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
@@ -88,7 +89,20 @@ def build_tokenizer(args: argparse.Namespace):
     notes = getattr(args, "startup_notes", None)  # printed by the training loop at start-up
     if isinstance(notes, list):
         notes.append(tokenizer_summary(tokenizer, args.padded_vocab_size))
+        unused = unused_tokenizer_flags(args)
+        if unused:
+            notes.append(f"warning: {' '.join(unused)} not used by --tokenizer-type "
+                         f"{args.tokenizer_type} (it reads "
+                         f"{' '.join(TOKENIZER_FILE_FLAGS[args.tokenizer_type] or ['no files'])})")
     return tokenizer
+
+
+def unused_tokenizer_flags(args: argparse.Namespace) -> List[str]:
+    """``FLAG 'VALUE'`` for each tokenizer file flag given that ``args.tokenizer_type`` ignores
+    (Megatron-LM ignores them too; scripts written for another tokenizer often carry them)."""
+    used = TOKENIZER_FILE_FLAGS[args.tokenizer_type] or ()
+    return [f"{flag} {getattr(args, attr)!r}" for flag, attr in FILE_FLAG_ATTRS.items()
+            if flag not in used and getattr(args, attr, None)]
 
 
 def tokenizer_summary(tokenizer, padded: int) -> str:

@@ -1059,6 +1059,9 @@ def _validate_run_control(args) -> None:
                                 "it contradicts --use-checkpoint-opt_param-scheduler")
     if args.kill_switch_path is not None and not args.kill_switch_path.strip():
         raise ArgumentError("--kill-switch-path '': give a file path")
+    if args.skip_train and args.eval_iters == 0:
+        raise ArgumentError("--eval-only/--skip-train with --eval-iters 0 evaluates nothing; give "
+                            "--eval-iters N (global batches per evaluation)")
     args.train_tokens_note = apply_token_budget(args, batch_schedule_from_args(args))
 
 

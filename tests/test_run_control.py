@@ -137,6 +137,9 @@ BAD = {
                                        "--tensor-model-parallel-size", "2"], 2,
                                       ["--pad-vocab-size-to 301 is not divisible by "
                                        "--tensor-model-parallel-size 2"]),
+    "eval-only-without-eval-iters": (["--train-iters", "10", "--eval-only", "--eval-iters", "0"], 1,
+                                     ["--eval-only/--skip-train with --eval-iters 0 evaluates "
+                                      "nothing"]),
     "pad-vocab-not-positive": (["--train-iters", "10", "--pad-vocab-size-to", "0"], 1,
                                ["--pad-vocab-size-to 0 must be positive"]),
 }

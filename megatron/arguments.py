@@ -1014,9 +1014,9 @@ def _validate_precision_on_device(args) -> None:
             raise ArgumentError(f"{flag}: DeepSpeed's {accelerator.device_name()} accelerator has "
                                 f"no {given} support on this machine; use {other} or full "
                                 "precision (drop the flag)")
-    if args.initial_loss_scale is not None:
-        power = math.log2(args.initial_loss_scale) if args.initial_loss_scale > 0 else 0.5
-        if power != int(power):
+    scale = args.initial_loss_scale
+    if scale is not None:
+        if not (math.isfinite(scale) and scale > 0 and math.log2(scale).is_integer()):
             raise ArgumentError(f"--initial-loss-scale {args.initial_loss_scale:g} must be a power "
                                 "of 2 (DeepSpeed takes fp16.initial_scale_power = log2 of it)")
     if args.loss_scale is not None and not (math.isfinite(args.loss_scale) and args.loss_scale >= 0):

@@ -135,9 +135,19 @@ def reconcile_with_flags(args, config: Dict[str, Any]) -> List[str]:
                 shown = flag if isinstance(ours, bool) else f"{flag} {ours:g}" \
                     if isinstance(ours, float) else f"{flag} {ours}"
                 problems.append(f"{field.key}={json.dumps(found)} disagrees with {shown}")
-        elif not _same(getattr(args, field.dest), field.from_json(found)):
-            setattr(args, field.dest, field.from_json(found))
-            taken.append(f"{field.key}={json.dumps(found)} ({field.flag})")
+        else:
+            try:
+                if isinstance(found, (list, dict, str)) or (field.from_json is bool
+                                                            and not isinstance(found, bool)):
+                    raise ValueError
+                value = field.from_json(found)
+            except (TypeError, ValueError, OverflowError):
+                problems.append(f"{field.key}={json.dumps(found)} is not a valid value (that of "
+                                f"{field.flag})")
+                continue
+            if not _same(getattr(args, field.dest), value):
+                setattr(args, field.dest, value)
+                taken.append(f"{field.key}={json.dumps(found)} ({field.flag})")
     if problems:
         raise ConfigError(f"--deepspeed_config {path}: {'; '.join(problems)}; give each value "
                           "once (as the flag or as the JSON key) or make them agree")

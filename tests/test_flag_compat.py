@@ -282,8 +282,11 @@ def test_json_values_without_flags_are_taken_and_stated(ds_json, fp16_device):
      ["fp16.initial_scale_power=16 disagrees with --initial-loss-scale 4096"]),
     ({"fp16": {"hysteresis": 2, "min_loss_scale": 1}}, ["--hysteresis", "4", "--min-loss-scale", "1"],
      ["fp16.hysteresis=2 disagrees with --hysteresis 4"]),
+    ({"gradient_clipping": "high", "bf16": {"enabled": "yes"}}, [],
+     ['gradient_clipping="high" is not a valid value (that of --clip-grad)',
+      'bf16.enabled="yes" is not a valid value (that of --bf16)']),
 ], ids=["zero-stage", "bf16-disabled", "both-precisions", "accumulation", "initial-scale",
-        "hysteresis"])
+        "hysteresis", "not-a-value"])
 def test_flag_and_json_disagreements(ds_json, config, argv, fragments):
     with pytest.raises(ArgumentError) as info:
         parse(argv + ["--deepspeed_config", ds_json(config)])
@@ -304,12 +307,13 @@ def test_json_batch_under_a_rampup_is_the_final_batch(ds_json):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--initial-loss-scale", "1000"], "--initial-loss-scale 1000 must be a power of 2"),
+    (["--initial-loss-scale", "inf"], "--initial-loss-scale inf must be a power of 2"),
     (["--loss-scale", "-1"], "--loss-scale -1 must be non-negative (0: dynamic)"),
     (["--min-loss-scale", "0"], "--min-loss-scale 0 must be a positive whole number"),
     (["--min-loss-scale", "0.5"], "--min-loss-scale 0.5 must be a positive whole number"),
     (["--loss-scale-window", "0"], "--loss-scale-window 0 must be at least 1"),
     (["--hysteresis", "0"], "--hysteresis 0 must be at least 1"),
-], ids=["initial-not-power-of-2", "negative-loss-scale", "min-zero", "min-fraction", "window-zero",
+], ids=["initial-not-power-of-2", "initial-inf", "negative-loss-scale", "min-zero", "min-fraction", "window-zero",
         "hysteresis-zero"])
 def test_bad_loss_scale_values(argv, fragment):
     with pytest.raises(ArgumentError, match=fragment.replace("(", r"\(").replace(")", r"\)")):

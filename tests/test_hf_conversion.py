@@ -365,9 +365,10 @@ def test_import_bad_inputs(tmp_path):
 
 # ---------------------------------------------------------------------------- launch
 def test_finetune_starts_from_an_imported_checkpoint_without_model_flags(demo_data, tmp_path):
-    """convert_from_hf.py's checkpoint, loaded by pretrain_gpt.py (2 ranks) with --finetune
-    --use-checkpoint-args and no model flag: trains (finite loss), saves a checkpoint recording
-    the model flags, and (lr 0) that checkpoint exports back to the imported weights bit for bit."""
+    """convert_from_hf.py's (TP 1) checkpoint, loaded by pretrain_gpt.py at TP 2 (resharded
+    through its param_index.json) with --finetune --use-checkpoint-args and no model flag: trains
+    (finite loss), saves a TP 2 checkpoint recording the model flags, and (lr 0) that checkpoint
+    exports back to the imported weights bit for bit."""
     import subprocess
     import sys
 
@@ -386,12 +387,14 @@ def test_finetune_starts_from_an_imported_checkpoint_without_model_flags(demo_da
     import_main(["--hf", str(tmp_path / "hf"), "--save", str(tmp_path / "imported")])
     proc = run_deepspeed("pretrain_gpt.py", [
         "--load", str(tmp_path / "imported"), "--finetune", "--use-checkpoint-args",
+        "--tensor-model-parallel-size", "2",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
         "--train-iters", "1", "--lr", "0", "--hidden-dropout", "0", "--attention-dropout", "0",
         "--transformer-impl", "local", "--data-path", demo_data["web"], "--split", "98,1,1",
         "--data-cache-path", str(tmp_path / "cache"), "--eval-iters", "0", "--log-interval", "1",
         "--metrics-jsonl", str(tmp_path / "metrics.jsonl"), "--save", str(tmp_path / "out")])
     assert "--finetune: loaded the model weights" in proc.stdout
+    assert "resharded " in proc.stdout and "tensor-parallel 1" in proc.stdout
     loss = read_jsonl(tmp_path / "metrics.jsonl")[0]["lm_loss"]
     assert 0 < loss < 10
     saved = json.loads((tmp_path / "out" / "iter_0000001" / "model_args.json").read_text())

@@ -7,16 +7,17 @@ files DeepSpeed's engines read (the inverse of megatron/checkpoint_interop/full_
 
 - PP=1: ``mp_rank_{t:02d}_model_states.pt`` per tensor-parallel rank t, ``["module"]`` the rank's
   ``GPTModel`` state dict (with megatron-core's empty ``_extra_state`` entries, so a strict load
-  accepts it);
+  accepts it), and ``param_index.json``, so ``--load`` reshards it to any layout;
 - PP>1: DeepSpeed's pipe files ``layer_{i:02d}-model_{t:02d}-model_states.pt`` (pipe layer i,
   megatron/model/gpt_model_pipe.py) and one ``mp_rank_{r:02d}_model_states.pt`` per
   model-parallel rank without module weights.
 
 Shards are cut as megatron-core cuts them (:func:`full_state.split_full`).
 """
+import json
 import os
 import re
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 import torch
 
@@ -65,6 +66,31 @@ def _pipe_layer(name: str, num_layers: int) -> Tuple[int, str]:
     raise KeyError(f"{name} is not a GPTModel parameter name")
 
 
+def _write_param_index(directory: str, shards: List[Dict[str, torch.Tensor]], gated: bool) -> None:
+    """``param_index.json`` (megatron/parallel/param_index.py) of a pipeline-less checkpoint, so
+    ``--load`` reshards it to any other layout (megatron/parallel/resharding.py); there is no
+    optimizer state (weights only, loaded with ``--finetune``)."""
+    from megatron.parallel.param_index import INDEX_FILENAME, INDEX_VERSION, TORCH_OPTIMIZER
+
+    ranks = []
+    for rank, state in enumerate(shards):
+        model_file = f"mp_rank_{rank:02d}_model_states.pt"
+        params = {}
+        for name, tensor in state.items():
+            partition = tensor_parallel_partition(name, gated)
+            params[name] = {"canonical": name, "shape": list(tensor.shape),
+                            "tp_dim": partition[0] if partition else None,
+                            "tp_stride": partition[1] if partition else 1,
+                            "weight": [model_file, "module", name]}
+        ranks.append({"tp": rank, "pp": 0, "dp": 0, "model_states_file": model_file,
+                      "optimizer_file": model_file, "groups": [list(state)], "params": params})
+    index = {"version": INDEX_VERSION, "tensor_model_parallel_size": len(shards),
+             "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "zero_stage": 0,
+             "optimizer_format": TORCH_OPTIMIZER, "ranks": ranks}
+    with open(os.path.join(directory, INDEX_FILENAME), "w") as f:
+        json.dump(index, f)
+
+
 def write_checkpoint(save_dir: str, tensors: Dict[str, torch.Tensor], model_args: dict,
                      tp: int = 1, pp: int = 1, iteration: int = 0) -> str:
     """Write ``tensors`` (full canonical ``GPTModel`` parameters) as the checkpoint of
@@ -108,6 +134,8 @@ def write_checkpoint(save_dir: str, tensors: Dict[str, torch.Tensor], model_args
         for rank in range(tp * pp):
             torch.save(_engine_fields(None, 1, tp * pp),
                        os.path.join(directory, f"mp_rank_{rank:02d}_model_states.pt"))
+    if pp == 1:
+        _write_param_index(directory, shards, gated)
     write_layout(directory, ParallelLayout(tp=tp, pp=pp, dp=1, world=tp * pp))
     write_model_args(directory, model_args)
     atomic_write_text(os.path.join(save_dir, TRACKER_FILENAME), f"{iteration}\n")

@@ -6,7 +6,8 @@
 
 reads ``HF_DIR/config.json`` and its safetensors weights (``model.safetensors`` or an index of
 shards; ``pytorch_model.bin`` too) of a GPT-2, Llama or BLOOM model and writes ``DIR/iter_0000000/``
-for the layout T x P (default 1 x 1) with ``model_args.json``, so that
+for the layout T x P (default 1 x 1) with ``model_args.json`` (and, for P = 1,
+``param_index.json``: the finetuning run may then use any layout), so that
 
     deepspeed pretrain_gpt.py --load DIR --finetune --use-checkpoint-args [data and training flags]
 

@@ -213,6 +213,29 @@ def test_imported_model_scores_as_transformers_and_exports_back(tp1, tmp_path, f
     assert all(torch.equal(original[k], back[k]) for k in original)
 
 
+def test_import_reads_hub_style_gpt2_weights_from_pytorch_model_bin(tp1, tmp_path):
+    """GPT-2 checkpoints on the Hub name tensors without the ``transformer.`` prefix, carry the
+    attention-mask buffers, and some only have ``pytorch_model.bin``: imported all the same."""
+    from safetensors.torch import load_file
+
+    from megatron.checkpoint_interop.full_state import load_full_state_dict
+    from tools.checkpoint.convert_from_hf import convert as import_hf
+
+    hf = random_hf_model("gpt2", tmp_path / "hf")
+    state = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    hub = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in state.items()}
+    hub["h.0.attn.bias"] = torch.tril(torch.ones(1, 1, 32, 32))  # the old causal-mask buffer
+    os.remove(tmp_path / "hf" / "model.safetensors")
+    torch.save(hub, tmp_path / "hf" / "pytorch_model.bin")
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"))
+    args = our_args([], load=str(tmp_path / "ckpt"))
+    model = our_model(args)
+    model.load_state_dict(load_full_state_dict(str(tmp_path / "ckpt"))[0], strict=False)
+    x = tokens()
+    with torch.no_grad():
+        assert (our_logits(model, x) - hf(x).logits).abs().max().item() < 1e-4
+
+
 def test_hf_tokenizer_travels_with_export_and_import(tp1, tmp_path, hf_tokenizer_dir):
     """A run with --tokenizer-type PretrainedFromHF exports its tokenizer files (transformers'
     AutoTokenizer then encodes as ours does); importing that directory records the copied
@@ -333,6 +356,12 @@ def test_export_bad_inputs(tp1, tmp_path):
         export(tmp_path / "ckpt", tmp_path / "hf2")
     os.remove(record_path)
     with pytest.raises(ConfigError, match="has no model_args.json"):
+        export(tmp_path / "ckpt", tmp_path / "hf")
+    states = tmp_path / "ckpt" / "iter_0000000" / "mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=False)
+    saved["ds_config"] = {"zero_optimization": {"stage": 3}}
+    torch.save(saved, states)
+    with pytest.raises(ConfigError, match="written with ZeRO stage 3, which keeps no module weights"):
         export(tmp_path / "ckpt", tmp_path / "hf")
     (tmp_path / "ckpt" / "iter_0000000" / "mp_rank_00_model_states.pt").write_bytes(b"junk")
     with pytest.raises(ConfigError, match="mp_rank_00_model_states.pt is corrupt"):

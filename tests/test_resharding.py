@@ -3,6 +3,8 @@ tensor-parallel merge and split invert megatron-core's (strided SwiGLU fc1 inclu
 of a TP 2 shard pair put together equal the TP 1 moments; padded vocabulary rows; a checkpoint of
 another model is refused naming the parameter. The end-to-end resumes (TP 2 x PP 2 -> DP 2 and
 PP 2) are in tests/test_pipeline_parallel.py."""
+import json
+
 import pytest
 import torch
 
@@ -182,26 +184,27 @@ def _module(shapes):
     return root
 
 
-def _write_tp2_checkpoint(directory, full, step=5.0):
-    """A ZeRO-0 (torch AdamW) checkpoint of two tensor-parallel ranks holding the shards of the
+def _write_tp2_checkpoint(directory, full, step=5.0, tp=2):
+    """A ZeRO-0 (torch AdamW) checkpoint of ``tp`` tensor-parallel ranks holding the shards of the
     ``full`` {name: (weight, exp_avg, exp_avg_sq, dim, stride)} tensors; returns its index."""
     names = list(full)
     ranks = []
-    for r in range(2):
-        shard = {n: [tp_shard(t, d, s, r, 2) if d is not None else t for t in full[n][:3]]
+    for r in range(tp):
+        shard = {n: [tp_shard(t, d, s, r, tp) if d is not None else t for t in full[n][:3]]
                  for n, (*_, d, s) in full.items()}
         model_file = f"mp_rank_{r:02d}_model_states.pt"
         torch.save({"module": {n: v[0] for n, v in shard.items()},
                     "optimizer": {"state": {i: {"step": torch.tensor(step), "exp_avg": shard[n][1],
                                                 "exp_avg_sq": shard[n][2]}
                                             for i, n in enumerate(names)}, "param_groups": []},
-                    "megatron_training_state": {"iteration": 7}}, directory / model_file)
+                    "megatron_training_state": {"iteration": 7, "consumed_samples": 56}},
+                   directory / model_file)
         ranks.append({"tp": r, "pp": 0, "dp": 0, "model_states_file": model_file,
                       "optimizer_file": model_file, "groups": [names],
                       "params": {n: {"canonical": n, "shape": list(shard[n][0].shape),
                                      "tp_dim": full[n][3], "tp_stride": full[n][4],
                                      "weight": [model_file, "module", n]} for n in names}})
-    return {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+    return {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1,
             "data_parallel_size": 1, "zero_stage": 0, "optimizer_format": "torch", "ranks": ranks}
 
 
@@ -236,7 +239,7 @@ def test_load_resharded_tp2_checkpoint_into_tp1_model_and_adam(tmp_path, tp1_par
     saved = SavedCheckpoint(str(tmp_path), index)
     lines = []
     load_resharded(engine, saved, str(tmp_path), load_optimizer=True, log=lines.append)
-    assert saved.client_state("megatron_training_state") == {"iteration": 7}
+    assert saved.client_state("megatron_training_state")["iteration"] == 7
     assert lines == [f"resharded {tmp_path} (tensor-parallel 2, pipeline-parallel 1, data-parallel "
                      "1, ZeRO stage 0) to tensor-parallel 1, pipeline-parallel 1, data-parallel 1, "
                      "ZeRO stage 0"]
@@ -250,3 +253,32 @@ def test_load_resharded_tp2_checkpoint_into_tp1_model_and_adam(tmp_path, tp1_par
                 assert torch.equal(value[kept:], torch.zeros(vocab_rows - kept, 4))
             else:
                 assert torch.equal(value, expected), name
+
+
+def test_universal_checkpoint_loads_a_same_layout_checkpoint_through_resharding(
+        tmp_path, tp1_parallel_state):
+    """--universal-checkpoint on the layout the checkpoint was written with: the resharding path
+    (not DeepSpeed's loader, which this stand-in engine lacks) restores weights and state."""
+    from types import SimpleNamespace
+
+    from megatron.arguments import get_parser
+    from megatron.checkpointing import load_checkpoint
+
+    assert get_parser().parse_args(["--universal-checkpoint"]).universal_checkpoint
+    assert not get_parser().parse_args([]).universal_checkpoint
+    full = {"decoder.layers.0.mlp.linear_fc1.weight": (*torch.randn(3, 8, 4), 0, 2)}
+    directory = tmp_path / "iter_0000007"
+    directory.mkdir()
+    index = _write_tp2_checkpoint(directory, full, tp=1)
+    (directory / "param_index.json").write_text(json.dumps(index))
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("7\n")
+    module = _module({n: (tuple(v[0].shape), v[3], v[4]) for n, v in full.items()})
+    engine = SimpleNamespace(module=module, optimizer=torch.optim.AdamW(module.parameters()),
+                             zero_optimization_stage=lambda: 0)
+    state = load_checkpoint(engine, str(tmp_path), universal=True, load_rng=False)
+    assert (state.iteration, state.consumed_samples) == (7, 56)
+    assert (engine.global_steps, engine.global_samples) == (7, 56)
+    p = next(module.parameters())
+    assert torch.equal(p.detach(), full["decoder.layers.0.mlp.linear_fc1.weight"][0])
+    assert torch.equal(engine.optimizer.state[p]["exp_avg"],
+                       full["decoder.layers.0.mlp.linear_fc1.weight"][1])

@@ -17,11 +17,11 @@ token row is kept) and new padding rows start at zero, weights and moments alike
 """
 import math
 import os
-from collections import defaultdict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from megatron.errors import ConfigError
 from megatron.parallel.param_index import (TORCH_OPTIMIZER, ZERO_OPTIMIZER, canonical_namer,
                                            optimizer_format)
 
@@ -29,7 +29,7 @@ VOCAB_PARAMETERS = ("embedding.word_embeddings.weight", "output_layer.weight")
 WEIGHT = "weight"  # the kind of the fp32 master value, beside the optimizer-state keys
 
 
-class ReshardError(ValueError):
+class ReshardError(ConfigError):
     """The checkpoint cannot be resumed on this layout / model (the message says why)."""
 
 
@@ -184,7 +184,8 @@ class SavedCheckpoint:
         return next(n for n, p in names.items() if p["canonical"] == canonical)
 
     def optimizer_keys(self) -> Tuple[List[str], Optional[float]]:
-        """(the names of the optimizer states shaped like their parameter, the optimizer step)."""
+        """(the names of the optimizer states shaped like their parameter, the optimizer step);
+        ([], None) when the checkpoint holds no optimizer state."""
         first = self._ranks[(0, 0, 0)]
         if self.format == ZERO_OPTIMIZER:
             osd = self._load(first["optimizer_file"])["optimizer_state_dict"]
@@ -192,9 +193,9 @@ class SavedCheckpoint:
             entry = _base_state(osd, 0)
             keys = [k for k, v in entry.items() if torch.is_tensor(v) and v.dim() == 1
                     and v.numel() >= flat.numel()]
-        else:
-            state = self._load(first["optimizer_file"])["optimizer"]["state"]
-            entry = next(iter(state.values()), {})
+        else:  # a checkpoint written without optimizer (a Hugging Face import) has none
+            optimizer = self._load(first["optimizer_file"]).get("optimizer") or {}
+            entry = next(iter(optimizer.get("state", {}).values()), {})
             keys = [k for k, v in entry.items() if torch.is_tensor(v) and v.dim() > 0]
         step = entry.get("step")
         return keys, (float(step) if step is not None else None)
@@ -238,10 +239,11 @@ def _local_value(saved: SavedCheckpoint, name: str, p: torch.Tensor, kind: str, 
     return tp_shard(full, dim, getattr(p, "partition_stride", 1), tp_rank, tp_size)
 
 
-def _set_zero_state(optimizer, values: Dict[int, Dict[str, torch.Tensor]], keys: List[str],
-                    step: Optional[float]) -> None:
-    """Write full per-parameter values into this rank's fragments of DeepSpeed's ZeRO-1/2 flat
-    fp32 partitions and their optimizer state."""
+def _zero_targets(optimizer, keys: List[str], step: Optional[float]) -> Dict[int, Tuple[Any, ...]]:
+    """``id(param) -> (hp fragment address, lp fragment address, flat fp32 partition, its state)``
+    for this rank's fragments of DeepSpeed's ZeRO-1/2 flat partitions, creating the states
+    ``keys`` (zeros) and the step when the optimizer has not stepped yet."""
+    targets = {}
     for group_index, group in enumerate(optimizer.bit16_groups):
         flat = optimizer.single_partition_of_fp32_groups[group_index]
         state = optimizer.optimizer.state[flat]
@@ -252,14 +254,17 @@ def _set_zero_state(optimizer, values: Dict[int, Dict[str, torch.Tensor]], keys:
             state["step"] = torch.tensor(step, dtype=torch.float32)
         for p in group:
             mapping = getattr(p, "_hp_mapping", None)
-            if mapping is None:
-                continue
-            hp, lp = mapping.hp_fragment_address, mapping.lp_fragment_address
-            for kind, value in values[id(p)].items():
-                target = flat if kind == WEIGHT else state[kind]
-                part = value.reshape(-1).narrow(0, lp.start, lp.numel)
-                target.narrow(0, hp.start, hp.numel).copy_(part)
-    optimizer._hp_optimizer_states_linked = False
+            if mapping is not None:
+                targets[id(p)] = (mapping.hp_fragment_address, mapping.lp_fragment_address,
+                                  flat, state)
+    optimizer._hp_optimizer_states_linked = False  # relink the fragments to these states
+    return targets
+
+
+def _write_zero_fragment(target: Tuple[Any, ...], kind: str, value: torch.Tensor) -> None:
+    hp, lp, flat, state = target
+    part = value.reshape(-1).narrow(0, lp.start, lp.numel)
+    (flat if kind == WEIGHT else state[kind]).narrow(0, hp.start, hp.numel).copy_(part)
 
 
 def load_resharded(engine, saved: SavedCheckpoint, load_dir: str, load_optimizer: bool,
@@ -287,22 +292,20 @@ def load_resharded(engine, saved: SavedCheckpoint, load_dir: str, load_optimizer
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
     check_same_model(saved, named, tp_size, load_dir, model_names)
     keys, step = saved.optimizer_keys() if load_optimizer else ([], None)
-    values: Dict[int, Dict[str, torch.Tensor]] = defaultdict(dict)
+    zero = _zero_targets(engine.optimizer, keys, step) if fmt == ZERO_OPTIMIZER else None
     with torch.no_grad():
-        for name, p in named:
-            for kind in [WEIGHT, *keys]:
-                values[id(p)][kind] = _local_value(saved, name, p, kind, tp_rank, tp_size)
-            p.copy_(values[id(p)][WEIGHT].to(p.dtype))
-            if fmt == TORCH_OPTIMIZER:
-                del values[id(p)][WEIGHT]  # the module's weight is the master
-        if load_optimizer and fmt == TORCH_OPTIMIZER:
-            for _, p in named:
-                state = engine.optimizer.state[p]
-                state.update({k: v.clone() for k, v in values[id(p)].items()})
-                if step is not None:
-                    state["step"] = torch.tensor(step, dtype=torch.float32)
-        elif fmt == ZERO_OPTIMIZER:
-            _set_zero_state(engine.optimizer, values, keys, step)
+        for name, p in named:  # one parameter at a time: memory beyond the run's own state is
+            for kind in [WEIGHT, *keys]:  # one full tensor and one shard
+                value = _local_value(saved, name, p, kind, tp_rank, tp_size)
+                if kind == WEIGHT:
+                    p.copy_(value.to(p.dtype))
+                if zero is not None:  # a parameter outside this rank's partition has no fragment
+                    if id(p) in zero:
+                        _write_zero_fragment(zero[id(p)], kind, value)
+                elif kind != WEIGHT:  # ZeRO 0: the module's weight is the master
+                    engine.optimizer.state[p][kind] = value.clone()  # not a view of the file
+            if fmt == TORCH_OPTIMIZER and step is not None:
+                engine.optimizer.state[p]["step"] = torch.tensor(step, dtype=torch.float32)
     log(f"resharded {saved.directory} (tensor-parallel {saved.tp_size}, pipeline-parallel "
         f"{saved.index['pipeline_model_parallel_size']}, data-parallel {saved.dp_size}, ZeRO stage "
         f"{saved.index['zero_stage']}) to tensor-parallel {tp_size}, pipeline-parallel "

@@ -159,6 +159,30 @@ def test_tp2_pp2_checkpoint_exports_the_tp1_files(tp1, tmp_path):
     assert (hf_logits(tmp_path / "hf2", x) - our_logits(model, x)).abs().max().item() < 1e-4
 
 
+def test_transformer_engine_names_read_as_the_local_specs(tp1, tmp_path):
+    """A checkpoint of Transformer Engine's layer spec (norms fused into linear_qkv/linear_fc1 as
+    ``layer_norm_weight``, extra state holding tensors) reads under the local spec's names."""
+    from megatron.checkpoint_interop.full_state import load_full_state_dict
+
+    args = our_args(FAMILIES["llama"])
+    model = our_model(args)
+    save_model(model, args, tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / "iter_0000000" / "mp_rank_00_model_states.pt"
+    saved = torch.load(path, weights_only=False)
+    te = {}
+    for key, value in saved["module"].items():
+        key = key.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight")
+        key = key.replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")
+        te[key] = torch.zeros(3) if key.endswith("_extra_state") else value  # TE's fp8 metadata
+    assert "decoder.layers.1.mlp.linear_fc1.layer_norm_weight" in te
+    saved["module"] = te
+    torch.save(saved, path)
+    state, _ = load_full_state_dict(str(tmp_path / "ckpt"))
+    ours = dict(model.named_parameters())
+    assert state.keys() == ours.keys()
+    assert all(torch.equal(state[n], ours[n].detach()) for n in ours)
+
+
 # ---------------------------------------------------------------------------- import
 def random_hf_model(family, directory):
     """A transformers model of ``family`` from a random tiny config, saved in ``directory``."""

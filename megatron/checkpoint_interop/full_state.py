@@ -137,13 +137,35 @@ def release_file_pages(tensor: torch.Tensor) -> None:
     _LIBC.madvise(low, high - low, _MADV_DONTNEED)
 
 
+# Transformer Engine's layer spec fuses the norms into the following linear layer; these are the
+# local spec's (canonical) names of those norm parameters.
+_TE_NORM_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+                  "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+                  "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+                  "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+
+
+def canonical_weight_name(name: str) -> Optional[str]:
+    """The canonical (local layer spec) name of a ``GPTModel`` state-dict key, or None for keys
+    that are not weights (megatron-core's and Transformer Engine's ``_extra_state``). Transformer
+    Engine's fused norm weights (``linear_qkv.layer_norm_weight``) get the local spec's names
+    (``input_layernorm.weight``), so a checkpoint reads the same whichever implementation trained
+    it."""
+    if name.endswith("_extra_state"):
+        return None
+    m = re.match(r"(decoder\.layers\.\d+\.)(.*)$", name)
+    if m and m.group(2) in _TE_NORM_NAMES:
+        return m.group(1) + _TE_NORM_NAMES[m.group(2)]
+    return name
+
+
 def _pipe_canonical(key: str, layer_index: int) -> Optional[str]:
     """Canonical name of ``key`` in pipe layer file ``layer_index`` (None: not a weight of the
     GPTModel, e.g. the tied output projection's empty extra state)."""
     if key.endswith("._extra_state") or key.startswith("output_projection."):
         return None
     if key.startswith("layer."):
-        return f"decoder.layers.{layer_index - 1}.{key[len('layer.'):]}"
+        return canonical_weight_name(f"decoder.layers.{layer_index - 1}.{key[len('layer.'):]}")
     if key.startswith("final_layernorm."):
         return f"decoder.{key}"
     if key.startswith(("embedding.", "output_layer.")):
@@ -230,8 +252,9 @@ class FullStateReader:
                 raise CheckpointError(f"--load {self.load_dir}: {filename} in {self.directory} "
                                       "holds no module state")
             for key, value in module.items():
-                if torch.is_tensor(value):
-                    self._where.setdefault(key, []).append((filename, key))
+                name = canonical_weight_name(key)
+                if name is not None and torch.is_tensor(value):
+                    self._where.setdefault(name, []).append((filename, key))
 
     def _index_pipe(self, layer_files: Dict[Tuple[int, int], str], tp: int) -> None:
         from megatron.checkpointing import CheckpointError

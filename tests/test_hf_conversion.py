@@ -306,10 +306,26 @@ def test_checkpoint_args_fill_model_flags_and_refuse_disagreeing_ones(tp1, tmp_p
     for flags, named in ((["--hidden-size", "128"], "--hidden-size 128 (command line) vs "
                           "--hidden-size 64 (checkpoint)"),
                          (["--normalization", "LayerNorm"], "--normalization LayerNorm"),
-                         (["--num-query-groups", "4"], "--num-query-groups 2 (checkpoint)")):
+                         (["--num-query-groups", "4"], "--num-query-groups 2 (checkpoint)"),
+                         # an alias (Microsoft's script name) counts as the flag it stands for
+                         (["--num-key-value-heads", "4"], "--num-query-groups 4 (command line) vs "
+                          "--num-query-groups 2 (checkpoint)")):
         ns = parser.parse_args(BASE + flags + load)
         with pytest.raises(ArgumentError, match=named.replace("(", r"\(").replace(")", r"\)")):
             apply_checkpoint_args(ns, parser, BASE + flags + load)
+
+
+def test_finetune_t0_takes_the_checkpoint_model_flags(tp1, tmp_path):
+    """finetune_t0.py parses through the same hook: no model flag needed with --use-checkpoint-args."""
+    import finetune_t0
+
+    args = our_args(FAMILIES["bloom"])
+    save_model(our_model(args), args, tmp_path / "ckpt")
+    t0 = finetune_t0.parse_t0_args(BASE + [
+        "--load", str(tmp_path / "ckpt"), "--finetune", "--use-checkpoint-args", "--prefix-lm",
+        "--train-weighted-split-paths", "TRAIN: 1 0:1 data/p3"])
+    assert (t0.position_embedding_type, t0.embed_layernorm, t0.openai_gelu) == ("alibi", True, True)
+    assert (t0.num_layers, t0.hidden_size, t0.ffn_hidden_size) == (2, 64, 256) and t0.prefix_lm
 
 
 def test_use_checkpoint_args_bad_inputs(tmp_path):

@@ -236,8 +236,9 @@ def test_tiny_tokenizers_tool(hf_tokenizer_dir, sentencepiece_model, tmp_path):
     again = make_tiny_tokenizers(str(tmp_path / "again"))
     with open(sentencepiece_model, "rb") as a, open(again["sentencepiece"], "rb") as b:
         assert a.read() == b.read()
-    with open(f"{hf_tokenizer_dir}/tokenizer.json") as a, open(f"{again['hf']}/tokenizer.json") as b:
-        assert a.read() == b.read()
+    with open(f"{hf_tokenizer_dir}/tokenizer.json") as a:
+        with open(f"{again['hf']}/tokenizer.json") as b:
+            assert a.read() == b.read()
     with pytest.raises(SystemExit):
         main(["--output-dir", str(tmp_path / "bad"), "--vocab-size", "100"])
 

@@ -1,4 +1,4 @@
-"""Train two tiny tokenizers on the project's own demo text (nothing is downloaded), for tests and demos.
+"""Train two tiny tokenizers on the project's own demo text (nothing downloaded) for tests, demos.
 
     python tools/make_tiny_tokenizers.py [--output-dir data/tiny_tokenizers] [--vocab-size 384]
 
@@ -6,12 +6,14 @@ Writes into the output directory:
   hf/                      a Hugging Face tokenizer directory: a byte-level BPE trained with the
                            ``tokenizers`` library, saved by ``transformers.PreTrainedTokenizerFast
                            .save_pretrained`` (tokenizer.json, tokenizer_config.json, ...). Special
-                           tokens as BLOOM's: ``<unk>`` 0, ``<s>`` 1 (bos), ``</s>`` 2 (eos), ``<pad>`` 3.
-                           Use with ``--tokenizer-type PretrainedFromHF --tokenizer-name-or-path DIR``.
+                           tokens as BLOOM's: ``<unk>`` 0, ``<s>`` 1 (bos), ``</s>`` 2 (eos),
+                           ``<pad>`` 3. Use with ``--tokenizer-type PretrainedFromHF
+                           --tokenizer-name-or-path DIR``.
   spm/tokenizer.model      a sentencepiece BPE model trained by sentencepiece's own trainer, ids and
                            options as Llama's: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, no pad id (-1),
                            byte fallback, no normalization (decode(encode(text)) == text).
-                           Use with ``--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model FILE``.
+                           Use with ``--tokenizer-type GPTSentencePieceTokenizer
+                           --tokenizer-model FILE``.
 
 Same arguments, same files (single-threaded training over a deterministic corpus). Takes seconds.
 """
@@ -51,7 +53,8 @@ def _lines(docs: List[str]) -> Iterator[str]:
                 yield line
 
 
-def make_hf_tokenizer(output_dir: str, docs: List[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
+def make_hf_tokenizer(output_dir: str, docs: List[str],
+                      vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
     """Train a byte-level BPE of ``vocab_size`` tokens (special tokens included) on ``docs`` and
     save it as a transformers tokenizer directory ``output_dir``; returns ``output_dir``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -120,8 +123,9 @@ def main(argv=None) -> int:
         parser.error(f"--vocab-size must be at least 300 (256 byte tokens and the special "
                      f"tokens), got {args.vocab_size}")
     paths = make_tiny_tokenizers(args.output_dir, args.vocab_size)
-    print(f"wrote {paths['hf']} (--tokenizer-type PretrainedFromHF --tokenizer-name-or-path) and "
-          f"{paths['sentencepiece']} (--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model)")
+    print(f"wrote {paths['hf']} (--tokenizer-type PretrainedFromHF --tokenizer-name-or-path) "
+          f"and {paths['sentencepiece']} (--tokenizer-type GPTSentencePieceTokenizer "
+          "--tokenizer-model)")
     return 0
 
 

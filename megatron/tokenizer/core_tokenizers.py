@@ -12,9 +12,10 @@ local path only. They change what megatron-core leaves undefined or unusable for
   loss, so which id pads changes no result.
 
 Token ids are megatron-core's (and the libraries'): ``tokenize`` adds no special tokens
-(``--append-eod`` adds ``eod``). BigScience's ``PretrainedFromHF`` calls ``tokenizer.encode(text)``, which is the same
-for BLOOM's tokenizer (its post-processor adds nothing); for a tokenizer whose post-processor adds
-BOS/EOS the project's ids omit them, as Megatron-LM's ``HuggingFaceTokenizer`` does.
+(``--append-eod`` adds ``eod``). BigScience's ``PretrainedFromHF`` calls
+``tokenizer.encode(text)``, which is the same for BLOOM's tokenizer (its post-processor adds
+nothing); for a tokenizer whose post-processor adds BOS/EOS the project's ids omit them, as
+Megatron-LM's ``HuggingFaceTokenizer`` does.
 """
 import json
 import os

@@ -1,4 +1,4 @@
-"""``build_tokenizer(args)``: the tokenizer named by ``--tokenizer-type``, and the padded vocabulary.
+"""``build_tokenizer(args)``: the tokenizer named by ``--tokenizer-type``; the padded vocabulary.
 
 Hugging Face and sentencepiece tokenizers are megatron-core's (``megatron.core.tokenizers``, see
 ``core_tokenizers.py``); the byte-level default and GPT-2 BPE files are the project's own
@@ -22,8 +22,8 @@ __all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
 
 
 def padded_vocab_size(
-    raw_vocab_size: int, make_vocab_size_divisible_by: int = 128, tensor_model_parallel_size: int = 1,
-    pad_vocab_size_to=None,
+    raw_vocab_size: int, make_vocab_size_divisible_by: int = 128,
+    tensor_model_parallel_size: int = 1, pad_vocab_size_to=None,
 ) -> int:
     """Vocabulary size (number of embedding rows) padded up to the next multiple of
     ``make_vocab_size_divisible_by * tensor_model_parallel_size``, as Megatron-LM's

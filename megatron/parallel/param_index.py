@@ -81,7 +81,9 @@ def _weight_locations(engine, directory: str) -> Dict[str, List[str]]:
 
 def _groups(engine, names: Dict[int, str]) -> List[List[str]]:
     optimizer = engine.optimizer
-    groups = getattr(optimizer, "bit16_groups", None)
+    # ZeRO 1/2 keep the model's parameters in bit16_groups, DeepSpeed's BF16_Optimizer (bf16 at
+    # ZeRO 0) in bf16_groups; both have fp32 copies, not model parameters, in param_groups
+    groups = getattr(optimizer, "bit16_groups", None) or getattr(optimizer, "bf16_groups", None)
     if groups is None:
         groups = [group["params"] for group in optimizer.param_groups]
     return [[names[id(p)] for p in group] for group in groups]

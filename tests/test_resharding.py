@@ -133,6 +133,11 @@ def test_universal_checkpoint_needs_the_param_index(tmp_path):
 class BF16_Optimizer:  # noqa: N801 (DeepSpeed's class name is what the message shows)
     """Stands for DeepSpeed's bf16 wrapper, whose state is not in a reshardable form."""
 
+    refreshed = 0
+
+    def refresh_fp32_params(self):
+        self.refreshed += 1
+
 
 def test_unreshardable_optimizer_is_refused_naming_it():
     from types import SimpleNamespace
@@ -282,3 +287,21 @@ def test_universal_checkpoint_loads_a_same_layout_checkpoint_through_resharding(
     assert torch.equal(p.detach(), full["decoder.layers.0.mlp.linear_fc1.weight"][0])
     assert torch.equal(engine.optimizer.state[p]["exp_avg"],
                        full["decoder.layers.0.mlp.linear_fc1.weight"][1])
+
+
+def test_weights_only_into_a_bf16_wrapper_refreshes_its_fp32_masters(tmp_path, tp1_parallel_state):
+    """--no-load-optim into DeepSpeed's fp16/bf16 wrapper: the weights load and the wrapper's fp32
+    master copies are refreshed from them (else its next step would restore the initial weights)."""
+    from types import SimpleNamespace
+
+    from megatron.parallel.resharding import load_resharded
+
+    full = {"decoder.final_layernorm.weight": (*torch.randn(3, 4), None, 1)}
+    index = _write_tp2_checkpoint(tmp_path, full)
+    module = _module({"decoder.final_layernorm.weight": ((4,), None, 1)})
+    engine = SimpleNamespace(module=module, optimizer=BF16_Optimizer(),
+                             zero_optimization_stage=lambda: 0)
+    load_resharded(engine, SavedCheckpoint(str(tmp_path), index), str(tmp_path),
+                   load_optimizer=False, log=lambda line: None)
+    assert torch.equal(next(module.parameters()).detach(), full["decoder.final_layernorm.weight"][0])
+    assert engine.optimizer.refreshed == 1

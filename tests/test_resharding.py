@@ -303,5 +303,6 @@ def test_weights_only_into_a_bf16_wrapper_refreshes_its_fp32_masters(tmp_path, t
                              zero_optimization_stage=lambda: 0)
     load_resharded(engine, SavedCheckpoint(str(tmp_path), index), str(tmp_path),
                    load_optimizer=False, log=lambda line: None)
-    assert torch.equal(next(module.parameters()).detach(), full["decoder.final_layernorm.weight"][0])
+    weight = full["decoder.final_layernorm.weight"][0]
+    assert torch.equal(next(module.parameters()).detach(), weight)
     assert engine.optimizer.refreshed == 1

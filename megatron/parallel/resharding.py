@@ -306,8 +306,8 @@ def load_resharded(engine, saved: SavedCheckpoint, load_dir: str, load_optimizer
                     engine.optimizer.state[p][kind] = value.clone()  # not a view of the file
             if fmt == TORCH_OPTIMIZER and step is not None:
                 engine.optimizer.state[p]["step"] = torch.tensor(step, dtype=torch.float32)
-    if fmt not in (TORCH_OPTIMIZER, ZERO_OPTIMIZER):  # DeepSpeed's fp16/bf16 wrappers, weights only:
-        engine.optimizer.refresh_fp32_params()  # their fp32 masters from the weights just loaded
+    if fmt not in (TORCH_OPTIMIZER, ZERO_OPTIMIZER):  # fp16/bf16 wrappers, weights only:
+        engine.optimizer.refresh_fp32_params()  # their fp32 masters from the loaded weights
     log(f"resharded {saved.directory} (tensor-parallel {saved.tp_size}, pipeline-parallel "
         f"{saved.index['pipeline_model_parallel_size']}, data-parallel {saved.dp_size}, ZeRO stage "
         f"{saved.index['zero_stage']}) to tensor-parallel {tp_size}, pipeline-parallel "

@@ -165,7 +165,8 @@ def test_checkpoint_without_index_resumes_only_on_its_own_split(tmp_path):
         check_same_model_split(str(tmp_path), "/ckpt", ParallelLayout(tp=1, pp=1, dp=1, world=1))
     assert str(e.value) == (
         f"--load /ckpt: checkpoint {tmp_path} was saved with tensor-parallel 2, "
-        "pipeline-parallel 1, data-parallel 1 and this run has tensor-parallel 1, pipeline-parallel 1, data-parallel 1; "
+        "pipeline-parallel 1, data-parallel 1 and this run has tensor-parallel 1, "
+        "pipeline-parallel 1, data-parallel 1; "
         "it has no param_index.json (written before checkpoints carried one), so it resumes only "
         "on its own split (use --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1)")
 
@@ -184,7 +185,8 @@ def _module(shapes):
             node = getattr(node, part)
         param = torch.nn.Parameter(torch.zeros(shape))
         if dim is not None:
-            param.tensor_model_parallel, param.partition_dim, param.partition_stride = True, dim, stride
+            param.tensor_model_parallel = True
+            param.partition_dim, param.partition_stride = dim, stride
         node.register_parameter(leaf, param)
     return root
 

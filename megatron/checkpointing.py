@@ -122,11 +122,11 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState,
     directory = os.path.join(save_dir, tag)
     if _rank() == 0:
         write_layout(directory, current_layout())
-    write_param_index(engine, directory)  # what a resume on another layout reads
         if model_args is not None:
             from megatron.checkpoint_interop.model_args import write_model_args
 
             write_model_args(directory, model_args)
+    write_param_index(engine, directory)  # what a resume on another layout reads
     _atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
     if os.environ.get(FAULT_INJECT_ENV, "") == f"kill_during_save:{state.iteration}":
         os.kill(os.getpid(), signal.SIGKILL)  # test hook, see the module docstring

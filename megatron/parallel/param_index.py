@@ -81,9 +81,12 @@ def _weight_locations(engine, directory: str) -> Dict[str, List[str]]:
 
 def _groups(engine, names: Dict[int, str]) -> List[List[str]]:
     optimizer = engine.optimizer
-    # ZeRO 1/2 keep the model's parameters in bit16_groups, DeepSpeed's BF16_Optimizer (bf16 at
-    # ZeRO 0) in bf16_groups; both have fp32 copies, not model parameters, in param_groups
-    groups = getattr(optimizer, "bit16_groups", None) or getattr(optimizer, "bf16_groups", None)
+    # DeepSpeed's wrappers keep the model's parameters in bit16_groups (ZeRO 1/2), bf16_groups
+    # (BF16_Optimizer: bf16 at ZeRO 0 with a pipeline) or fp16_groups (FP16_Optimizer and
+    # FP16_UnfusedOptimizer: fp16, or bf16 at ZeRO 0 without a pipeline), and fp32 copies, not
+    # model parameters, in param_groups
+    groups = next((getattr(optimizer, a) for a in ("bit16_groups", "bf16_groups", "fp16_groups")
+                   if getattr(optimizer, a, None) is not None), None)
     if groups is None:
         groups = [group["params"] for group in optimizer.param_groups]
     return [[names[id(p)] for p in group] for group in groups]

@@ -29,24 +29,15 @@ EMBEDDING = "embedding.word_embeddings.weight"
 def checkpoint_iteration_dir(load: str, iteration: Optional[int] = None) -> str:
     """``DIR/iter_NNNNNNN`` of ``--load DIR`` (the tracker's iteration unless ``iteration``), or
     ``load`` itself when it is a file. A missing directory, tracker or iteration is a
-    ``CheckpointError`` naming ``--load``, the iteration and the path."""
-    from megatron.checkpointing import CheckpointError, checkpoint_tag, read_tracker
+    ``CheckpointError`` naming ``--load``, ``--load-iteration`` and the path."""
+    from megatron.checkpoint_interop.full_state import resolve_checkpoint
+    from megatron.checkpointing import CheckpointError
 
     if os.path.isfile(load):
         return load
     if not os.path.isdir(load):
         raise CheckpointError(f"--load {load}: no such checkpoint directory or file")
-    if iteration is None:
-        iteration = read_tracker(load)
-        if iteration is None:
-            raise CheckpointError(f"--load {load}: no latest_checkpointed_iteration.txt (give "
-                                  "--load-iteration N for a directory without one)")
-    directory = os.path.join(load, checkpoint_tag(iteration))
-    if not os.path.isdir(directory):
-        have = sorted(d for d in os.listdir(load) if d.startswith("iter_"))
-        raise CheckpointError(f"--load {load}: iteration {iteration}: {directory} does not exist "
-                              f"(checkpoints there: {', '.join(have) or 'none'})")
-    return directory
+    return resolve_checkpoint(load, iteration, iteration_flag="--load-iteration")[0]
 
 
 class CheckpointWeights:

@@ -326,7 +326,7 @@ def test_simple_evaluate_on_local_tasks_matches_hand_scores(tiny, tmp_path):
     ("missing-checkpoint", ["--load", "{tmp}/nope", "--tasks", "{mc}"],
      r"--load .*nope: no such checkpoint directory"),
     ("missing-iteration", ["--load", "{load}", "--load-iteration", "9", "--tasks", "{mc}"],
-     r"--load .*: iteration 9: .*iter_0000009 does not exist \(checkpoints there: "
+     r"--load-iteration 9: .*iter_0000009 does not exist \(--load .* has "
      r"iter_0000002, iter_0000003\)"),
     ("no-load", ["--tasks", "{mc}"], r"--load is required"),
     ("unknown-task-file", ["--load", "{load}", "--tasks", "{tmp}/nope.yaml"],

@@ -54,9 +54,11 @@ _ROW_SPLIT_SUFFIXES = (".linear_qkv.weight", ".linear_qkv.bias", ".linear_fc1.we
 _COLUMN_SPLIT_SUFFIXES = (".linear_proj.weight", ".linear_fc2.weight")
 
 
-def resolve_checkpoint(load_dir: str, iteration: Optional[int] = None) -> Tuple[str, int]:
+def resolve_checkpoint(load_dir: str, iteration: Optional[int] = None,
+                       iteration_flag: str = "--iteration") -> Tuple[str, int]:
     """``(DIR/iter_NNNNNNN, iteration)``: ``iteration`` or, by default, the tracker's latest one.
-    Raises :class:`megatron.checkpointing.CheckpointError` naming ``--load``/``--iteration``."""
+    Raises :class:`megatron.checkpointing.CheckpointError` naming ``--load`` and
+    ``iteration_flag`` (the calling tool's flag for the iteration)."""
     from megatron.checkpointing import CheckpointError, TRACKER_FILENAME, checkpoint_tag, read_tracker
 
     if not os.path.isdir(load_dir):
@@ -65,11 +67,11 @@ def resolve_checkpoint(load_dir: str, iteration: Optional[int] = None) -> Tuple[
         iteration = read_tracker(load_dir)
         if iteration is None:
             raise CheckpointError(f"--load {load_dir}: no {TRACKER_FILENAME} (no complete "
-                                  "checkpoint); give --iteration N to read iter_N")
+                                  f"checkpoint); give {iteration_flag} N to read iter_N")
     directory = os.path.join(load_dir, checkpoint_tag(iteration))
     if not os.path.isdir(directory):
         have = sorted(d for d in os.listdir(load_dir) if d.startswith("iter_"))
-        raise CheckpointError(f"--iteration {iteration}: {directory} does not exist (--load "
+        raise CheckpointError(f"{iteration_flag} {iteration}: {directory} does not exist (--load "
                               f"{load_dir} has {', '.join(have) or 'no checkpoints'})")
     return directory, iteration
 

@@ -334,7 +334,8 @@ def _restore(engine, args, scheduler) -> TrainingState:
         # fresh schedule's values at progress 0 again.
         engine.global_steps, engine.global_samples = 0, 0
         scheduler.step(0, iterations=0)
-        print_rank_0(f"--reset-progress: loaded the model and optimizer state of iteration "
+        loaded = "the model" if args.no_load_optim else "the model and optimizer state"
+        print_rank_0(f"--reset-progress: loaded {loaded} of iteration "
                      f"{state.iteration} of --load {args.load}; iteration, consumed samples and "
                      "the learning-rate/weight-decay schedule (this run's flags) start at 0")
         return TrainingState()

@@ -87,7 +87,8 @@ def test_gpt_model_uses_sdpa_and_segments_change_output():
     args = argparse.Namespace(
         num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=64,
         kv_channels=8, hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02,
-        normalization="LayerNorm", norm_epsilon=1e-5, swiglu=False, disable_bias_linear=False,
+        normalization="LayerNorm", norm_epsilon=1e-5, swiglu=False, openai_gelu=False, embed_layernorm=False,
+        disable_bias_linear=False,
         tensor_model_parallel_size=1, use_cpu_initialization=True, bf16=False, fp16=False,
         transformer_impl="local", padded_vocab_size=128, max_position_embeddings=16,
         untie_embeddings_and_output_weights=False, position_embedding_type="learned_absolute",

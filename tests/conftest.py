@@ -30,6 +30,19 @@ def dist_group():
     yield
 
 
+@pytest.fixture(scope="module")
+def one_rank_model_parallel(dist_group):
+    """DeepSpeed's communication wrapped around the 1-process gloo group and megatron-core's
+    model-parallel state of size 1 (what GPTModel and GPTModelPipe need outside the launcher)."""
+    import deepspeed
+    from megatron.core import parallel_state
+    os.environ.setdefault("LOCAL_RANK", "0")
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)  # wraps the 1-rank gloo group
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    yield
+
+
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory):
     """A small copy of the embedded demo corpus: {"web"|"code"|"math": .bin/.idx prefix}."""

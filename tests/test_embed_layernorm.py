@@ -21,15 +21,8 @@ def model_args(*extra):
 
 
 @pytest.fixture(scope="module")
-def one_rank(dist_group):
-    import os
-
-    import deepspeed
-    from megatron.core import parallel_state
-    os.environ.setdefault("LOCAL_RANK", "0")
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+def one_rank(one_rank_model_parallel):
+    """The 1-rank DeepSpeed and model-parallel state (tests/conftest.py)."""
     yield
 
 

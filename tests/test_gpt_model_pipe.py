@@ -19,15 +19,8 @@ def model_args(*extra, vocab=260):
 
 
 @pytest.fixture(scope="module")
-def one_stage(dist_group):
-    import os
-
-    import deepspeed
-    from megatron.core import parallel_state
-    os.environ.setdefault("LOCAL_RANK", "0")
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)  # wraps the 1-rank gloo group
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+def one_stage(one_rank_model_parallel):
+    """The 1-rank DeepSpeed and model-parallel state (tests/conftest.py)."""
     yield
 
 

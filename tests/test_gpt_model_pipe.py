@@ -113,6 +113,38 @@ def test_one_stage_pipe_equals_gpt_model(one_stage, with_mask, untie):
     assert pipe.loss_function.pop_records() == []
 
 
+def test_stage_layers_share_one_attention_structure_per_micro_batch(one_stage, monkeypatch):
+    """The transformer layers of a stage get the same AttentionStructure object for one micro batch
+    (so a backend's mask is built once per micro batch, as in GPTModel), a new one for the next
+    micro batch, and a new one when the tensors were changed in place."""
+    import megatron.model.gpt_model_pipe as gmp
+
+    args = model_args()
+    _, pipe = build_pair(args)
+    built, seen = [], []
+    real_build = gmp.attention_structure_from_pipe
+    monkeypatch.setattr(gmp, "attention_structure_from_pipe",
+                        lambda attention: built.append(1) or real_build(attention))
+    layers = [f for f in pipe.forward_funcs if isinstance(f, gmp.TransformerLayerPipe)]
+    for layer in layers:
+        layer.register_forward_hook(lambda m, i, o: seen.append(m.stage_attention._structure))
+    assert len({id(layer.stage_attention) for layer in layers}) == 1
+    first = batch(args, with_mask=True, seed=0)
+    pipe_forward(pipe, first)
+    assert len(built) == 1 and len(seen) == 4 and all(s is seen[0] for s in seen)
+    pipe_forward(pipe, batch(args, with_mask=True, seed=1))
+    assert len(built) == 2 and seen[4] is not seen[0]
+    # Same tensors, changed in place: not the stale structure.
+    segment_ids = torch.ones(2, 16, dtype=torch.int32)
+    stage_attention = layers[0].stage_attention
+    structure = stage_attention.get((segment_ids,))
+    assert stage_attention.get((segment_ids,)) is structure
+    segment_ids[:, 8:] = 2
+    rebuilt = stage_attention.get((segment_ids,))
+    assert rebuilt is not structure and rebuilt.segment_ids[0, 8] == 2
+    assert stage_attention.get(()) is None
+
+
 def test_tied_embedding_gradient_is_the_sum_of_both_uses(one_stage):
     """On one stage the embedding module serves the input and the output layer; its weight's gradient
     is what GPTModel's shared weight gets, and the sum of the input-only and output-only parts."""

@@ -20,8 +20,10 @@ What flows between stages (DeepSpeed sends tuples of tensors):
 
 ``attention`` is the batch's compact attention structure (megatron/model/masks.py): its optional
 ``segment_ids`` ``[b, s]`` as int32 and ``is_prefix`` ``[b, s]`` as uint8 (DeepSpeed's p2p sends no
-bool tensors under nccl), told apart by dtype; none for plain causal attention. Each transformer
-layer rebuilds the ``AttentionStructure`` its core attention takes from them.
+bool tensors under nccl), told apart by dtype; none for plain causal attention. The transformer
+layers of a stage share one :class:`StageAttentionStructure`, which builds the ``AttentionStructure``
+their core attention takes once per micro batch (so the mask a backend builds from it is built once
+per micro batch and stage, as in ``GPTModel``, not once per layer).
 """
 import contextlib
 import dataclasses
@@ -92,6 +94,32 @@ def stage_config(config: TransformerConfig) -> TransformerConfig:
     return dataclasses.replace(config, **changes)
 
 
+class StageAttentionStructure:
+    """The ``AttentionStructure`` of the micro batch a stage's layers are running, shared by them.
+
+    :meth:`get` returns the structure built for the last attention tensors it saw while they are
+    the same tensor objects, unmodified (same ``_version``); anything else (the next micro batch,
+    the detached copies a recomputed chunk runs on) builds a new one. It holds only the last micro
+    batch's tensors and the forms backends cached on its structure."""
+
+    def __init__(self):
+        self._key: Optional[Tuple[Tuple[torch.Tensor, int], ...]] = None
+        self._structure = None
+
+    def get(self, attention: Sequence[torch.Tensor]):
+        """The structure of ``attention`` (:func:`attention_structure_from_pipe`), built once."""
+        if not attention:
+            return None
+        key = tuple((t, t._version) for t in attention)
+        cached = self._key
+        if (cached is not None and len(cached) == len(key)
+                and all(a is b and va == vb for (a, va), (b, vb) in zip(cached, key))):
+            return self._structure
+        self._structure = attention_structure_from_pipe(attention)
+        self._key = key
+        return self._structure
+
+
 class EmbeddingPipe(torch.nn.Module):
     """First stage: token (+ learned position) embeddings and embedding dropout,
     ``(tokens, position_ids, *attention) -> (hidden [s, b, h], *attention)``; with
@@ -144,10 +172,14 @@ class TransformerLayerPipe(torch.nn.Module):
     does."""
 
     def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec, layer_number: int,
-                 position_embedding_type: str, rotary_percent: float, rotary_base: int):
+                 position_embedding_type: str, rotary_percent: float, rotary_base: int,
+                 stage_attention: Optional[StageAttentionStructure] = None):
         super().__init__()
         self.config = config
         self.layer_number = layer_number
+        # Shared by the stage's layers (GPTModelPipe passes one); a layer built alone gets its own.
+        self.stage_attention = stage_attention if stage_attention is not None else (
+            StageAttentionStructure())
         self.layer = build_module(layer_spec, config=config, layer_number=layer_number)
         self.rotary_pos_emb = None
         if position_embedding_type == "rope":
@@ -170,7 +202,7 @@ class TransformerLayerPipe(torch.nn.Module):
                else contextlib.nullcontext())
         with rng:
             output, _ = self.layer(hidden_states=hidden, attention_mask=None, rotary_pos_emb=rotary,
-                                   packed_seq_params=attention_structure_from_pipe(attention))
+                                   packed_seq_params=self.stage_attention.get(attention))
         return _pack(output, attention)
 
 
@@ -299,6 +331,7 @@ class GPTModelPipe(PipelineModule):
             raise ValueError(f"{len(block.layer_specs)} layer specs for {config.num_layers} layers")
         embedding_args = (cfg, vocab_size, max_sequence_length)
         specs = []
+        stage_attention = StageAttentionStructure()  # only this rank's stage's layers are built
         if share_embeddings_and_output_weights:
             specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, *embedding_args,
                                        position_embedding_type=position_embedding_type,
@@ -310,7 +343,8 @@ class GPTModelPipe(PipelineModule):
                                    embed_layernorm=embed_layernorm))
         for i in range(config.num_layers):
             specs.append(LayerSpec(TransformerLayerPipe, cfg, block.layer_specs[i], i + 1,
-                                   position_embedding_type, rotary_percent, rotary_base))
+                                   position_embedding_type, rotary_percent, rotary_base,
+                                   stage_attention=stage_attention))
         specs.append(LayerSpec(FinalNormPipe, cfg, block.layer_norm))
         if share_embeddings_and_output_weights:
             # On a last stage that holds no embedding, this builds the tied module without

@@ -1,0 +1,18 @@
+"""A faster interpreter exit for the entry points.
+
+At exit CPython clears every module and runs its cycle collector over what is left: with torch,
+megatron-core and DeepSpeed imported that is a few million objects and about 1.5 s per process, paid
+by every rank of every launch (and, on a 2-core machine, mostly in series).
+:func:`skip_shutdown_collection` collects the garbage the run made (so objects in reference cycles
+are still finalised: files flushed, temporary directories removed) and then moves every live object
+to the permanent generation (``gc.freeze``), which the shutdown collection skips. ``atexit`` handlers
+and ``weakref.finalize`` callbacks still run; memory is returned to the OS as the process ends.
+"""
+import gc
+
+
+def skip_shutdown_collection() -> None:
+    """Collect garbage now, then exempt every live object from the collections the interpreter runs
+    while shutting down (call it once the process has nothing left to do but exit)."""
+    gc.collect()
+    gc.freeze()

@@ -73,14 +73,20 @@ def sentencepiece_model(tiny_tokenizers):
 
 
 @pytest.fixture(scope="session")
-def single_rank_layout_records(demo_data, tmp_path_factory):
-    """Training records (``--metrics-jsonl``) of the layout-comparison model
-    (tests/parallel_helpers.py) on one rank: the reference every parallel layout must reproduce;
-    run once per session."""
-    from parallel_helpers import run_layout, train_records
+def single_rank_layout_dir(demo_data, tmp_path_factory):
+    """The run directory (``metrics.jsonl``) of the layout-comparison model (tests/parallel_helpers.py)
+    trained on one rank: the reference every parallel layout must reproduce; run once per session."""
+    from parallel_helpers import run_layout
     run_dir = tmp_path_factory.mktemp("layout_reference")
     run_layout(demo_data, run_dir, num_ranks=1)
-    return train_records(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def single_rank_layout_records(single_rank_layout_dir):
+    """Training records (``--metrics-jsonl``) of the single-rank layout reference run."""
+    from parallel_helpers import train_records
+    return train_records(single_rank_layout_dir)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
 """Run one parallel layout of a tiny GPT (SwiGLU, so the strided fc1 split is covered) through the real deepspeed launcher and return its
 per-iteration losses, so layouts can be compared with the single-rank run.
 
-All layouts use the same data (the session's ``demo_data``), seed, model and global batch, dropout
-0, and ``--make-vocab-size-divisible-by 130``: the byte-level vocabulary (258) then pads to 260 rows
+All layouts use the same data (a curriculum over the session's ``demo_data``: ``web`` at weight 1,
+``code`` from weight 1 falling to 0.2 by iteration 10, with two named validation groups evaluated at
+iterations 10 and 20, so per-dataset losses and validation groups are compared under every layout
+too), seed, model and global batch, dropout 0, and ``--make-vocab-size-divisible-by 130``: the byte-level vocabulary (258) then pads to 260 rows
 under TP 1 and TP 2 alike (Megatron pads to a multiple of divisor x TP, so other divisors give TP-
 dependent vocabularies, i.e. different models).
 """
@@ -14,9 +16,25 @@ LAYOUT_ITERS = 20
 GLOBAL_BATCH = 8
 
 
+BLEND = """\
+train:
+  blend:
+    - {{path: {web}, weight: 1}}
+    - path: {code}
+      weight: {{type: linear, unit: iterations, points: {{0: 1, 10: 0.2}}}}
+valid:
+  - {{name: web, path: {web}, split: '0.98:1'}}
+  - {{name: code, path: {code}, split: '0.98:1'}}
+"""
+EVAL_INTERVAL = 10
+
+
 def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAYOUT_ITERS) -> List[str]:
     """pretrain_gpt.py flags of the layout-comparison model (4 layers, so PP 2 and 4 split it);
-    ``extra`` adds the layout flags."""
+    ``extra`` adds the layout flags. Writes the curriculum's blend file into ``run_dir``."""
+    blend = run_dir / "blend.yaml"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    blend.write_text(BLEND.format(web=demo_data["web"], code=demo_data["code"]))
     return [
         "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", str(GLOBAL_BATCH),
@@ -24,8 +42,8 @@ def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAY
         "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--clip-grad", "1.0",
         "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local", "--swiglu",
         "--make-vocab-size-divisible-by", "130",
-        "--data-path", demo_data["web"], "--split", "98,1,1",
-        "--data-cache-path", str(run_dir / "cache"), "--eval-iters", "0",
+        "--data-blend-config", str(blend), "--data-cache-path", str(run_dir / "cache"),
+        "--eval-interval", str(EVAL_INTERVAL), "--eval-iters", "1",
         "--log-interval", "1", "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "11",
         *extra]
 
@@ -44,6 +62,29 @@ def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
 def train_records(run_dir) -> List[dict]:
     """The training records of the run in ``run_dir`` (its ``metrics.jsonl``)."""
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "split" not in r]
+
+
+def valid_records(run_dir) -> List[dict]:
+    """The validation records (``split`` valid, one per group and evaluation) of ``run_dir``."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
+
+
+def assert_curriculum_records_match(run_dir, reference_dir, rel: float = 1e-4) -> None:
+    """Per-dataset training losses and every validation group's loss of the run in ``run_dir``
+    equal the reference run's (in ``reference_dir``) within ``rel``."""
+    got, ref = train_records(run_dir), train_records(reference_dir)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert set(g["per_dataset_loss"]) == set(r["per_dataset_loss"]) == {"web", "code"}, g
+        for name, value in r["per_dataset_loss"].items():
+            assert abs(g["per_dataset_loss"][name] - value) <= rel * abs(value), (g, r)
+    got_valid = [(v["iteration"], v["group"], v["lm_loss"]) for v in valid_records(run_dir)]
+    ref_valid = [(v["iteration"], v["group"], v["lm_loss"]) for v in valid_records(reference_dir)]
+    assert [(it, group) for it, group, _ in ref_valid] == [
+        (it, group) for it in range(EVAL_INTERVAL, len(ref) + 1, EVAL_INTERVAL)
+        for group in ("web", "code")]
+    assert [(it, group) for it, group, _ in got_valid] == [(it, group) for it, group, _ in ref_valid]
+    assert_losses_match([loss for *_, loss in got_valid], [loss for *_, loss in ref_valid], rel)
 
 
 def assert_losses_match(got: Sequence[float], reference: Sequence[float], rel: float = 1e-4) -> None:

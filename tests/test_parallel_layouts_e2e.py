@@ -6,7 +6,8 @@ import shutil
 import pytest
 
 from e2e_helpers import read_jsonl, run_deepspeed
-from parallel_helpers import LAYOUT_ITERS, assert_losses_match, layout_flags, run_layout, train_records
+from parallel_helpers import (LAYOUT_ITERS, assert_curriculum_records_match, assert_losses_match,
+                              layout_flags, run_layout, train_records)
 
 TP2 = ["--tensor-model-parallel-size", "2"]
 TP2_RECOMPUTE = ["--checkpoint-activations", "--distribute-saved-activations"]
@@ -22,12 +23,13 @@ def _assert_grad_norms_match(run_dir, reference_records):
 
 
 def test_data_parallel_2_matches_single_rank(demo_data, tmp_path, single_rank_layout_losses,
-                                              single_rank_layout_records):
+                                              single_rank_layout_records, single_rank_layout_dir):
     losses, proc = run_layout(demo_data, tmp_path, num_ranks=2)
     assert ("tensor-parallel 1, pipeline-parallel 1, data-parallel 2, ZeRO stage 1, "
             "micro-batches per iteration 2") in proc.stdout
     assert_losses_match(losses, single_rank_layout_losses)
     _assert_grad_norms_match(tmp_path, single_rank_layout_records)
+    assert_curriculum_records_match(tmp_path, single_rank_layout_dir)
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +43,15 @@ def tp2_run(demo_data, tmp_path_factory):
 
 
 def test_tensor_parallel_2_with_recompute_matches_single_rank(tp2_run, single_rank_layout_losses,
-                                                              single_rank_layout_records):
+                                                              single_rank_layout_records,
+                                                              single_rank_layout_dir):
     run_dir, losses, proc = tp2_run
     assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 1, ZeRO stage 0, "
             "micro-batches per iteration 4, recompute full (uniform, 1 layer, saved inputs split "
             "over tensor-parallel ranks)") in proc.stdout
     assert_losses_match(losses, single_rank_layout_losses)
     _assert_grad_norms_match(run_dir, single_rank_layout_records)  # ZeRO 0: our own TP-aware norm
+    assert_curriculum_records_match(run_dir, single_rank_layout_dir)
     # one model file per tensor-parallel rank, and the layout recorded
     names = sorted(p.name for p in (run_dir / "ckpt" / f"iter_{SAVE_AT:07d}").iterdir())
     assert "mp_rank_00_model_states.pt" in names and "mp_rank_01_model_states.pt" in names
@@ -55,7 +59,8 @@ def test_tensor_parallel_2_with_recompute_matches_single_rank(tp2_run, single_ra
 
 
 def test_tp2_dp2_sequence_parallel_full_recompute_zero1_matches_single_rank(
-        demo_data, tmp_path, single_rank_layout_losses, single_rank_layout_records):
+        demo_data, tmp_path, single_rank_layout_losses, single_rank_layout_records,
+        single_rank_layout_dir):
     """4 ranks: TP 2 x DP 2 with --sequence-parallel, full recompute and ZeRO-1 (optimizer states
     partitioned within each data-parallel group, gradients averaged over it only)."""
     losses, proc = run_layout(demo_data, tmp_path, num_ranks=4, extra=TP2 + [
@@ -66,6 +71,7 @@ def test_tp2_dp2_sequence_parallel_full_recompute_zero1_matches_single_rank(
             ) in proc.stdout
     assert_losses_match(losses, single_rank_layout_losses)
     _assert_grad_norms_match(tmp_path, single_rank_layout_records)  # ZeRO-1: DeepSpeed's norm
+    assert_curriculum_records_match(tmp_path, single_rank_layout_dir)
 
 
 def _checkpoint_at(src, iteration, dst):

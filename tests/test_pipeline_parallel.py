@@ -1,20 +1,22 @@
 """Pipeline parallelism end to end (DeepSpeed's pipe engine, GPTModelPipe) through the real
 deepspeed launcher on CPU ranks: the per-iteration losses of PP 2 and TP 2 x PP 2 (4 ranks, full
-recompute) equal the single-rank run's; TP 2 x PP 2 resumes exactly, and on DP 2 (ZeRO-1) and on
-PP 2 its checkpoint continues with the uninterrupted losses (resharded optimizer state); a T0 prefix-LM finetune under
-PP 2 x DP 2 equals its PP 1 run, per-dataset losses and every validation group included; the tied
-embedding's gradient is the sum over both stages."""
+recompute, sequence parallelism) equal the single-rank run's; TP 2 x PP 2 resumes exactly, and on
+DP 2 (ZeRO-1) and on PP 2 its checkpoint continues with the uninterrupted losses (resharded
+optimizer state); a T0 prefix-LM finetune under PP 2 x DP 2 equals its PP 1 run, per-dataset losses
+and every validation group included; the tied embedding's gradient is the sum over both stages.
+The layout model trains on a curriculum blend with two validation groups (tests/parallel_helpers.py),
+so every layout is also compared on per-dataset and validation-group losses."""
 import shutil
 
 import pytest
 import torch
 
 from e2e_helpers import read_jsonl, run_deepspeed
-from parallel_helpers import (LAYOUT_ITERS, assert_losses_match, layout_flags, run_layout,
-                              train_records)
+from parallel_helpers import (LAYOUT_ITERS, assert_curriculum_records_match, assert_losses_match,
+                              layout_flags, run_layout, train_records)
 
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-           "--checkpoint-activations"]
+           "--checkpoint-activations", "--sequence-parallel"]
 SAVE_AT = 10
 
 
@@ -27,32 +29,24 @@ def assert_grad_norms_match(run_dir, reference_records):
 
 
 def test_pp2_equals_single_rank(demo_data, tmp_path, single_rank_layout_losses,
-                                single_rank_layout_records):
+                                single_rank_layout_records, single_rank_layout_dir):
+    """The layout model's curriculum (tests/parallel_helpers.py): losses, gradient norms,
+    per-dataset losses (from the last stage) and both validation groups equal the PP 1 run's."""
     losses, proc = run_layout(demo_data, tmp_path / "pp2", 2, ["--pipeline-model-parallel-size", "2"])
     assert_losses_match(losses, single_rank_layout_losses)
     assert_grad_norms_match(tmp_path / "pp2", single_rank_layout_records)  # ZeRO 0: our clipping
+    assert_curriculum_records_match(tmp_path / "pp2", single_rank_layout_dir)
     assert "tensor-parallel 1, pipeline-parallel 2, data-parallel 1" in proc.stdout
     # DeepSpeed's partition printout: embedding + 2 transformer layers | 2 layers + norm + head
     assert "stage=0 layers=3" in proc.stdout and "stage=1 layers=4" in proc.stdout
 
 
-def test_tp2_pp2_sequence_parallel_equals_single_rank(demo_data, tmp_path, single_rank_layout_losses,
-                                                      single_rank_layout_records):
-    """Sequence parallelism inside the stages: the activations travel whole between stages (each
-    tensor-parallel rank holds its own slice of the sequence) and the norms are sequence-parallel
-    ones, as in GPTModel."""
-    losses, proc = run_layout(demo_data, tmp_path / "tp2_pp2_sp", 4,
-                              ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
-                               "2", "--sequence-parallel"])
-    assert_losses_match(losses, single_rank_layout_losses)
-    assert_grad_norms_match(tmp_path / "tp2_pp2_sp", single_rank_layout_records)
-    assert "pipeline-parallel 2, data-parallel 1, ZeRO stage 0, micro-batches per iteration 4, " \
-           "sequence-parallel" in proc.stdout
-
-
 @pytest.fixture(scope="module")
 def tp2_pp2_run(demo_data, tmp_path_factory):
-    """TP 2 x PP 2 with --checkpoint-activations, saving at iteration SAVE_AT and at the end."""
+    """TP 2 x PP 2 with --checkpoint-activations and --sequence-parallel, saving at iteration SAVE_AT
+    and at the end. Under sequence parallelism the activations travel whole between stages (each
+    tensor-parallel rank holds its own slice of the sequence) and the norms are sequence-parallel
+    ones, as in GPTModel."""
     run_dir = tmp_path_factory.mktemp("tp2_pp2")
     extra = TP2_PP2 + ["--save", str(run_dir / "ckpt"), "--save-interval", str(SAVE_AT)]
     losses, proc = run_layout(demo_data, run_dir, 4, extra)
@@ -60,12 +54,14 @@ def tp2_pp2_run(demo_data, tmp_path_factory):
 
 
 def test_tp2_pp2_with_recompute_equals_single_rank(tp2_pp2_run, single_rank_layout_losses,
-                                                   single_rank_layout_records):
+                                                   single_rank_layout_records,
+                                                   single_rank_layout_dir):
     run_dir, losses, proc = tp2_pp2_run
     assert_losses_match(losses, single_rank_layout_losses)
     assert ("tensor-parallel 2, pipeline-parallel 2, data-parallel 1, ZeRO stage 0, micro-batches "
-            "per iteration 4, recompute full (uniform, 1 layer)") in proc.stdout
+            "per iteration 4, sequence-parallel, recompute full (uniform, 1 layer)") in proc.stdout
     assert_grad_norms_match(run_dir, single_rank_layout_records)
+    assert_curriculum_records_match(run_dir, single_rank_layout_dir)
 
 
 def test_tp2_pp2_checkpoint_has_layer_files_per_stage_and_shard(tp2_pp2_run):
@@ -236,40 +232,3 @@ def test_tied_embedding_gradient_is_the_sum_over_both_stages(tmp_path):
         assert record["stage_sum_vs_reference"] <= 1e-6 * record["reference_norm"], record
         assert record["step_vs_reference"] <= 1e-6 * record["reference_norm"], record
     assert records[0]["stage_norm"] != pytest.approx(records[1]["stage_norm"])
-
-
-# ------------------------------------------------------------------ curriculum blend under PP 2
-def test_curriculum_blend_under_pp2_equals_pp1(demo_data, tmp_path):
-    """A --data-blend-config curriculum (a weight schedule) with two named validation groups:
-    PP 2 gives the PP 1 losses, per-dataset losses and validation-group losses."""
-    blend = tmp_path / "blend.yaml"
-    blend.write_text(
-        "train:\n  blend:\n"
-        f"    - {{path: {demo_data['web']}, weight: 1}}\n"
-        f"    - path: {demo_data['code']}\n"
-        "      weight: {type: linear, unit: iterations, points: {0: 1, 10: 0.2}}\n"
-        "valid:\n"
-        f"  - {{name: web, path: {demo_data['web']}, split: '0.98:1'}}\n"
-        f"  - {{name: code, path: {demo_data['code']}, split: '0.98:1'}}\n")
-    runs = {}
-    for name, ranks, extra in (("pp1", 1, []), ("pp2", 2, ["--pipeline-model-parallel-size", "2"])):
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        flags = layout_flags(demo_data, run_dir, extra, iters=10)
-        at = flags.index("--data-path")
-        del flags[at:at + 4]  # --data-path P --split S
-        flags[flags.index("--eval-iters") + 1] = "1"
-        flags += ["--data-blend-config", str(blend), "--eval-interval", "5"]
-        run_deepspeed("pretrain_gpt.py", flags, num_ranks=ranks)
-        runs[name] = read_jsonl(run_dir / "metrics.jsonl")
-    train = {k: [r for r in v if "split" not in r] for k, v in runs.items()}
-    assert_losses_match([r["lm_loss"] for r in train["pp2"]], [r["lm_loss"] for r in train["pp1"]])
-    for got, ref in zip(train["pp2"], train["pp1"]):
-        assert set(got["per_dataset_loss"]) == set(ref["per_dataset_loss"]) == {"web", "code"}
-        assert got["per_dataset_loss"] == pytest.approx(ref["per_dataset_loss"], rel=1e-4)
-    evals = {k: [(r["iteration"], r["group"], r["lm_loss"]) for r in v if r.get("split") == "valid"]
-             for k, v in runs.items()}
-    assert [(it, g) for it, g, _ in evals["pp2"]] == [(5, "web"), (5, "code"), (10, "web"),
-                                                      (10, "code")]
-    assert [loss for *_, loss in evals["pp2"]] == pytest.approx([loss for *_, loss in evals["pp1"]],
-                                                                rel=1e-4)

@@ -13,18 +13,26 @@ def deepspeed_launcher() -> str:
     return os.path.join(os.path.dirname(sys.executable), "deepspeed")
 
 
+PORT_TAKEN = "is already in use by another process"  # megatron's one-line busy-port error
+
+
 def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: int = 600,
                   env: Dict[str, str] = None, check: bool = True,
                   master_port: int = None) -> subprocess.CompletedProcess:
     """Launch ``script`` with ``num_ranks`` CPU ranks (gloo) on ``master_port`` (default: a free
-    one); with ``check``, raise with the log when it fails."""
-    cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port",
-           str(master_port or free_port()),
-           os.path.join(ROOT, script)] + flags
+    one; should another process take it before the launcher binds it, as tests running in parallel
+    may, the launch is repeated once on another); with ``check``, raise with the log when it
+    fails."""
     run_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     run_env.update(env or {})
-    proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=timeout)
+    for attempt in range(1 if master_port else 2):
+        cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port",
+               str(master_port or free_port()), os.path.join(ROOT, script)] + flags
+        proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode == 0 or PORT_TAKEN not in proc.stderr:
+            break
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
                              f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")

@@ -81,13 +81,19 @@ def _check_launches(log: str, expected: int) -> None:
 
 
 def _fresh_extensions_dir(tmp_path) -> str:
-    """A TORCH_EXTENSIONS_DIR where no op is built yet. The object files of this venv's builds are
-    copied (their libraries are not), so torch only relinks: the notice and the build order are
-    those of a first build, at a fraction of its cost."""
+    """A TORCH_EXTENSIONS_DIR where no op is built yet. The object files of this venv's finished
+    builds are copied (their libraries are not), so torch only relinks: the notice and the build
+    order are those of a first build, at a fraction of its cost. An op still being built (by a
+    test running meanwhile) is not copied; the script then builds it from scratch."""
     built = os.path.join(VENV, "torch_extensions")
     fresh = tmp_path / "torch_extensions"
-    if os.path.isdir(built):
-        shutil.copytree(built, fresh, ignore=shutil.ignore_patterns("*.so", "lock"))
+    fresh.mkdir()
+    for op_dir in glob.glob(os.path.join(built, "**", "*.so"), recursive=True):
+        source = os.path.dirname(op_dir)
+        if os.path.exists(os.path.join(source, "lock")):
+            continue  # a build in progress
+        shutil.copytree(source, fresh / os.path.relpath(source, built),
+                        ignore=shutil.ignore_patterns("*.so", "lock"))
     return str(fresh)
 
 

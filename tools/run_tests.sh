@@ -1,5 +1,12 @@
 #!/usr/bin/env bash
-# Set up .venv (if needed) and run the whole test suite. Extra arguments go to pytest.
+# Set up .venv (if needed) and run the whole test suite. Extra arguments go to pytest (after the
+# defaults, so they win: -n 0 runs in one process).
+#
+# TEST_WORKERS (default 2) pytest-xdist workers take whole test files (--dist loadfile: a file's
+# module fixtures, such as one training run several tests read, run once), the slowest files first
+# (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). Half of a launch's wall
+# time is the deepspeed launcher starting and stopping on one core, so two workers fill a 2-core
+# machine.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/cpu_env.sh"  # .venv, DS_ACCELERATOR=cpu, TORCH_EXTENSIONS_DIR
-exec "$PY" -m pytest -q "$@"
+exec "$PY" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -112,6 +112,10 @@ def _assert_one_clear_error(proc, expected, ranks=1):
     ("missing_model_states",
      lambda c: (c / "iter_0000002" / "mp_rank_00_model_states.pt").unlink(),
      "is incomplete (no *model_states.pt file)"),
+    ("truncated_model_states",
+     lambda c: (c / "iter_0000002" / "mp_rank_00_model_states.pt").write_bytes(
+         (c / "iter_0000002" / "mp_rank_00_model_states.pt").read_bytes()[:1000]),
+     "/iter_0000002 is corrupt or incompatible"),
 ])
 def test_unusable_checkpoint_gives_one_error_line(case, breaker, expected, killed_during_save,
                                                   demo_data, tmp_path):

@@ -16,20 +16,7 @@ from megatron.tokenizer.byte_level import ByteLevelTokenizer
 from megatron.tokenizer.flags import FILE_FLAG_ATTRS, TOKENIZER_FILE_FLAGS, check_tokenizer_args
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
 
-# megatron-core's Hugging Face / sentencepiece tokenizers import transformers (about a second of
-# start-up per rank): imported when a run asks for them, not by every run.
-_CORE_TOKENIZERS = ("HuggingFaceTokenizer", "SentencePieceTokenizer")
-
-__all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
-           "SentencePieceTokenizer", "build_tokenizer", "padded_vocab_size"]
-
-
-def __getattr__(name):
-    if name in _CORE_TOKENIZERS:
-        from megatron.tokenizer import core_tokenizers
-
-        return getattr(core_tokenizers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "build_tokenizer", "padded_vocab_size"]
 
 
 def padded_vocab_size(
@@ -68,6 +55,8 @@ def _build(args: argparse.Namespace):
         return ByteLevelTokenizer()
     if ttype == "GPT2BPETokenizer":
         return GPT2BPETokenizer(args.vocab_file, args.merge_file)
+    # megatron-core's Hugging Face / sentencepiece tokenizers import transformers (about a second
+    # of start-up per rank): imported only by the runs that use them.
     from megatron.tokenizer.core_tokenizers import HuggingFaceTokenizer, SentencePieceTokenizer
 
     if ttype == "HuggingFaceTokenizer":

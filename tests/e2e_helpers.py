@@ -39,6 +39,17 @@ def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: in
     return proc
 
 
+def run_single_process(script: str, flags: List[str], cwd=ROOT, timeout: int = 300
+                       ) -> subprocess.CompletedProcess:
+    """Run ``script`` as a plain 1-process job (rank 0 of 1, gloo on a free port), without the
+    launcher's start-up: cheaper, for runs that stop at start-up or need no second rank."""
+    env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", DS_ACCELERATOR="cpu",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, os.path.join(ROOT, script)] + flags, cwd=str(cwd),
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def read_jsonl(path) -> List[dict]:
     """All records of a ``--metrics-jsonl`` file."""
     with open(path) as f:

@@ -1,12 +1,13 @@
-"""Run one parallel layout of a tiny GPT (SwiGLU, so the strided fc1 split is covered) through the real deepspeed launcher and return its
-per-iteration losses, so layouts can be compared with the single-rank run.
+"""Run one parallel layout of a tiny GPT (SwiGLU, so the strided fc1 split is covered) through the
+real deepspeed launcher and return its per-iteration losses, so layouts can be compared with the
+single-rank run.
 
 All layouts use the same data (a curriculum over the session's ``demo_data``: ``web`` at weight 1,
 ``code`` from weight 1 falling to 0.2 by iteration 10, with two named validation groups evaluated at
 iterations 10 and 20, so per-dataset losses and validation groups are compared under every layout
-too), seed, model and global batch, dropout 0, and ``--make-vocab-size-divisible-by 130``: the byte-level vocabulary (258) then pads to 260 rows
-under TP 1 and TP 2 alike (Megatron pads to a multiple of divisor x TP, so other divisors give TP-
-dependent vocabularies, i.e. different models).
+too), seed, model and global batch, dropout 0, and ``--make-vocab-size-divisible-by 130``: the
+byte-level vocabulary (258) then pads to 260 rows under TP 1 and TP 2 alike (Megatron pads to a
+multiple of divisor x TP, so other divisors give TP-dependent vocabularies, i.e. different models).
 """
 from typing import List, Sequence
 

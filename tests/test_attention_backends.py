@@ -541,14 +541,9 @@ def pretrain_flags(demo_data, run_dir, extra=()):
 
 def test_explicit_flex_on_cpu_stops_the_run_with_one_line(demo_data, tmp_path):
     """One process, no launcher (the launcher's one-line errors: tests/test_error_reporting.py)."""
-    import os
-    import subprocess
-    from conftest import ROOT, free_port
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))  # not this test process's own group's port
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "pretrain_gpt.py"), *pretrain_flags(
-        demo_data, tmp_path, ["--attention-backend", "flex"])], cwd=ROOT, capture_output=True,
-        text=True, timeout=600, env=env)
+    from e2e_helpers import run_single_process
+    proc = run_single_process("pretrain_gpt.py", pretrain_flags(demo_data, tmp_path, [
+        "--attention-backend", "flex"]))
     assert proc.returncode != 0
     assert ("error: --attention-backend flex: torch's FlexAttention has no backward pass on CPU"
             in proc.stderr + proc.stdout)

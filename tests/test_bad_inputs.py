@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, free_port
+from conftest import ROOT
 from megatron.arguments import ArgumentError, get_parser, parse_args, validate_args
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from megatron.data.blend_config import load_blend_config, parse_blend_config
@@ -731,11 +731,8 @@ def test_lr_schedule_differs_from_checkpoint():
 
 # ============================================================== the user-facing form (2 runs)
 def _run_pretrain(flags, tmp_path):
-    env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", DS_ACCELERATOR="cpu",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false")
-    return subprocess.run([sys.executable, os.path.join(ROOT, "pretrain_gpt.py")] + flags,
-                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    from e2e_helpers import run_single_process
+    return run_single_process("pretrain_gpt.py", flags, cwd=tmp_path)
 
 
 def _assert_one_error_line(proc, fragments):

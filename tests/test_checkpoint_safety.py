@@ -6,15 +6,11 @@ The kill is injected deterministically with the test hook of megatron/checkpoint
 ``MEGATRON_FAULT_INJECT=kill_during_save:ITER`` makes every rank SIGKILL itself after the files of
 checkpoint ITER are written and before the tracker is updated.
 """
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, free_port
-from e2e_helpers import read_jsonl, run_deepspeed
+from e2e_helpers import read_jsonl, run_deepspeed, run_single_process
 
 TRACKER = "latest_checkpointed_iteration.txt"
 TRAIN_ITERS = 6
@@ -83,13 +79,7 @@ def _broken_copy(killed_during_save, tmp_path, breaker):
 
 def _run_single_process(demo_data, run_dir, ckpt):
     """pretrain_gpt.py as a plain 1-process run (cheaper than the launcher)."""
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(key, None)
-    cmd = [sys.executable, os.path.join(ROOT, "pretrain_gpt.py")] + flags(
-        demo_data, run_dir, ["--load", str(ckpt)])
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return run_single_process("pretrain_gpt.py", flags(demo_data, run_dir, ["--load", str(ckpt)]))
 
 
 def _assert_one_clear_error(proc, expected, ranks=1):

@@ -57,7 +57,7 @@ def time_ours(args, opts) -> float:
     torch.manual_seed(0)
     engine, optimizer, scheduler = setup_model_and_optimizer(args, build_gpt_model, args.global_batch_size)
     dataset = FixedBatchDataset(args.seq_length, 256, args.global_batch_size * (args.train_iters + 1))
-    metrics = MetricsWriter(None, None, enabled=False)
+    metrics = MetricsWriter([])  # no outputs
     schedule = batch_schedule_from_args(args)
     warm = TrainingState()
     args.train_iters = opts.warmup

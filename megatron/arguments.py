@@ -128,6 +128,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--openai-gelu", action="store_true",
                    help="GeLU by its tanh approximation (OpenAI's GPT-2, BigScience's BLOOM) "
                         "instead of the exact erf form.")
+    g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion",
+                   help="GeLU by the exact erf form instead of the tanh approximation that "
+                        "Megatron-LM's bias-GeLU fusion computes (the default with biases; "
+                        "megatron/model/gelu.py).")
     g.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "alibi", "none"],
                    type=_value_alias("--position-embedding-type"),
@@ -318,6 +322,15 @@ def _add_logging_args(parser: argparse.ArgumentParser) -> None:
                    help="TensorBoard scalar train/global_batch_size (samples per iteration).")
     g.add_argument("--log-timers-to-tensorboard", action="store_true",
                    help="TensorBoard scalar train/ms_per_iteration (wall time per iteration).")
+    g.add_argument("--wandb-project", default=None,
+                   help="Log to a Weights & Biases run in this project (rank 0, the rank that "
+                        "writes --metrics-jsonl and TensorBoard; needs pip install '.[wandb]'). "
+                        "WANDB_MODE=offline logs without an account.")
+    g.add_argument("--wandb-exp-name", default=None,
+                   help="Name of the W&B run (Megatron-LM's flag; also --wandb-name). "
+                        "A resume under another name starts a new run.")
+    g.add_argument("--wandb-save-dir", default=None,
+                   help="Directory for the W&B run's local files (default --save/wandb).")
 
 
 def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
@@ -715,6 +728,10 @@ def _validate_model(args) -> None:
                             f"--num-query-groups {args.num_query_groups}")
     if args.kv_channels is None:
         args.kv_channels = args.hidden_size // args.num_attention_heads
+    if args.disable_bias_linear or args.swiglu:
+        # Megatron-LM's validate_args: no bias-GeLU fusion without biases (so GeLU is erf), and
+        # SwiGLU has no GeLU; the recorded flag then says what the MLP computes
+        args.bias_gelu_fusion = False
     if args.ffn_hidden_size is None:
         if args.swiglu:
             args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64 or 64
@@ -1065,6 +1082,25 @@ def _validate_run_control(args) -> None:
     args.train_tokens_note = apply_token_budget(args, batch_schedule_from_args(args))
 
 
+def _validate_logging(args) -> None:
+    """``--wandb-project`` needs an importable ``wandb`` (imported here, only with the flag, so a
+    missing one stops the run before any work); the other W&B flags without it log nothing."""
+    project = getattr(args, "wandb_project", None)
+    if not project:  # Megatron-LM's default '' too: no W&B
+        others = [args.given_flags[d] for d in ("wandb_exp_name", "wandb_save_dir")
+                  if d in args.given_flags]
+        if others:
+            args.startup_notes.append(f"{', '.join(others)} without --wandb-project: no W&B run "
+                                      "(as in Megatron-LM)")
+        return
+    from megatron.wandb_logging import INSTALL_HINT, wandb_import_problem
+
+    problem = wandb_import_problem()
+    if problem is not None:
+        raise ArgumentError(f"--wandb-project {project} needs the wandb package, which cannot be "
+                            f"imported ({problem}); install it: {INSTALL_HINT}")
+
+
 def _validate_bloom_model(args) -> None:
     """``--pad-vocab-size-to``: positive and divisible by the tensor-parallel size (that it is at
     least the tokenizer's vocabulary is checked when the tokenizer is built)."""
@@ -1099,7 +1135,8 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("tokenizer", (), lambda: _validate_tokenizer(args)),
               ("deepspeed", ("batch", "training"), lambda: _validate_deepspeed_config(args)),
               ("layout", ("batch", "model", "deepspeed"), lambda: _validate_layout(args)),
-              ("BLOOM model", ("batch",), lambda: _validate_bloom_model(args)))
+              ("BLOOM model", ("batch",), lambda: _validate_bloom_model(args)),
+              ("logging", (), lambda: _validate_logging(args)))
     failed, errors = set(), []
     for name, needs, check in checks:
         if failed.intersection(needs):

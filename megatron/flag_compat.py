@@ -126,6 +126,8 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
            "Megatron-LM's distributed optimizer shards optimizer states over data-parallel ranks; "
            "with DeepSpeed that is ZeRO stage 1 (a higher --zero-stage also shards them), stated "
            "in the start-up log."),
+    _alias("--wandb-name", "--wandb-exp-name", (MLM,), True,
+           "Weights & Biases run name (llm-jp's Megatron-LM fork); with --wandb-project."),
     # -------------------------------------------------------------------------------- inert
     _inert("--tensorboard-queue-size", (BS, MLM, MS), True,
            "TensorBoard writer queue length; the writer here flushes on its own schedule."),
@@ -178,21 +180,10 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
            "DeepSpeed activation checkpointing: profile the backward pass."),
     _inert("--use-mpi", (MS,), False,
            "Discover ranks through MPI; the deepspeed launcher sets the rank variables here."),
-    _inert("--wandb-name", (MLM,), True,
-           "Weights & Biases run name; wandb logging is not built here (use --tensorboard-dir or "
-           "--metrics-jsonl)."),
-    _inert("--wandb-project", (MLM, MS), True,
-           "Weights & Biases project; see --wandb-name."),
-    _inert("--wandb-exp-name", (MLM, MS), True,
-           "Weights & Biases experiment name; see --wandb-name."),
-    _inert("--wandb-save-dir", (MLM, MS), True,
-           "Weights & Biases local directory; see --wandb-name."),
     _inert("--use-mcore-models", (MLM,), False,
            "The models here are always megatron-core's."),
     _inert("--no-masked-softmax-fusion", (MLM, MS), False,
            "Disables the fused masked-softmax kernel; not used here."),
-    _inert("--no-bias-gelu-fusion", (MLM, MS), False,
-           "Disables the fused bias-GeLU kernel; not used here."),
     _inert("--no-bias-dropout-fusion", (MLM, MS), False,
            "Disables the fused bias-dropout-add kernel; not used here."),
     _inert("--overlap-grad-reduce", (MLM,), False,

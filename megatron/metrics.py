@@ -1,13 +1,23 @@
-"""Training and evaluation records: ``--metrics-jsonl`` lines and TensorBoard scalars (rank 0)."""
+"""Training and evaluation records, written by rank 0 through one fan-out (:class:`MetricsWriter`)
+to each writer asked for: ``--metrics-jsonl`` lines (:class:`JsonlWriter`), TensorBoard scalars
+(:class:`TensorBoardWriter`) and a Weights & Biases run (``--wandb-project``:
+megatron/wandb_logging.py). Every writer gets the same record dicts from megatron/training.py and
+computes nothing itself: the scalar tags of a record are :func:`train_scalars` /
+:func:`eval_scalars`, shared by TensorBoard and W&B.
+"""
 import json
 import math
 import os
+from numbers import Number
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 # Training-record keys written to TensorBoard only when asked, with the flag that asks (the
 # Megatron-LM/BigScience --log-*-to-tensorboard flags).
 TENSORBOARD_EXTRAS = {"global_batch_size": "log_batch_size_to_tensorboard",
                       "ms_per_iteration": "log_timers_to_tensorboard"}
+# Training-record keys TensorBoard always gets (train/KEY), besides the per-dataset losses.
+TENSORBOARD_TRAIN_KEYS = ("lm_loss", "lr", "weight_decay", "grad_norm", "consumed_samples",
+                          "tokens_per_second")
 
 
 def tensorboard_extras_from_args(args) -> Tuple[str, ...]:
@@ -17,58 +27,117 @@ def tensorboard_extras_from_args(args) -> Tuple[str, ...]:
     return tuple(key for key, dest in TENSORBOARD_EXTRAS.items() if getattr(args, dest))
 
 
+def train_scalars(record: Dict[str, Any], keys: Optional[Sequence[str]] = None) -> Dict[str, float]:
+    """The scalars of a training record as ``{tag: value}``: ``train/KEY`` for each of ``keys``
+    (None: every numeric key but ``iteration``) whose value is not None, and
+    ``train/per_dataset_loss/NAME`` for each dataset's loss (nats per token). The step they belong
+    to is ``record["iteration"]`` (iterations)."""
+    if keys is None:
+        keys = [k for k, v in record.items()
+                if k != "iteration" and isinstance(v, Number) and not isinstance(v, bool)]
+    out = {f"train/{key}": record[key] for key in keys if record.get(key) is not None}
+    for name, loss in (record.get("per_dataset_loss") or {}).items():
+        out[f"train/per_dataset_loss/{name}"] = loss
+    return out
+
+
+def eval_scalars(record: Dict[str, Any]) -> Dict[str, float]:
+    """The scalars of an evaluation record, under its split and validation group's name:
+    ``{split}/{group}/lm_loss`` (nats per token) and ``{split}/{group}/ppl``."""
+    tag = f"{record['split']}/{record['group']}"
+    return {f"{tag}/lm_loss": record["lm_loss"], f"{tag}/ppl": record["ppl"]}
+
+
+class JsonlWriter:
+    """Appends each record as one JSON object per line to ``path`` (``--metrics-jsonl``)."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._file = open(path, "a", buffering=1)
+
+    def train_record(self, record: Dict[str, Any]) -> None:
+        """Write a training record as it is."""
+        self._file.write(json.dumps(record) + "\n")
+
+    def eval_record(self, record: Dict[str, Any]) -> None:
+        """Write an evaluation record as it is."""
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        self._file.close()
+
+
+class TensorBoardWriter:
+    """TensorBoard scalars in ``log_dir`` (``--tensorboard-dir``) at the record's iteration:
+    :data:`TENSORBOARD_TRAIN_KEYS` plus ``extras`` (:func:`tensorboard_extras_from_args`) and the
+    per-dataset losses of training records, and every evaluation record's loss and perplexity."""
+
+    def __init__(self, log_dir: str, extras: Sequence[str] = ()):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._keys = TENSORBOARD_TRAIN_KEYS + tuple(extras)
+        self._tb = SummaryWriter(log_dir=log_dir)
+
+    def train_record(self, record: Dict[str, Any]) -> None:
+        """Add the training record's scalars at its iteration."""
+        self._add(train_scalars(record, self._keys), record["iteration"])
+
+    def eval_record(self, record: Dict[str, Any]) -> None:
+        """Add the evaluation record's loss and perplexity at its iteration."""
+        self._add(eval_scalars(record), record["iteration"])
+
+    def _add(self, scalars: Dict[str, float], step: int) -> None:
+        for tag, value in scalars.items():
+            self._tb.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        self._tb.close()
+
+
 class MetricsWriter:
-    """Writes one JSON object per line to ``jsonl_path`` and mirrors scalars to TensorBoard.
+    """Hands every training and evaluation record to each of ``writers`` (objects with
+    ``train_record``, ``eval_record`` and ``close``), in order. Only the rank that owns the
+    metrics (rank 0) has writers; the others get a MetricsWriter with none."""
 
-    Only the rank that owns the writer (rank 0) writes; other ranks get a writer with no outputs.
-    """
+    def __init__(self, writers: Sequence[Any] = ()):
+        self.writers = list(writers)
 
-    def __init__(self, jsonl_path: Optional[str], tensorboard_dir: Optional[str], enabled: bool,
-                 tensorboard_extras: Sequence[str] = ()):
-        self.enabled = enabled
-        self._tb_extras = tuple(tensorboard_extras)
-        self._jsonl = None
-        self._tb = None
-        if not enabled:
-            return
-        if jsonl_path:
-            os.makedirs(os.path.dirname(os.path.abspath(jsonl_path)), exist_ok=True)
-            self._jsonl = open(jsonl_path, "a", buffering=1)
-        if tensorboard_dir:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=tensorboard_dir)
+    @property
+    def enabled(self) -> bool:
+        """Whether any writer is attached."""
+        return bool(self.writers)
 
     def train_record(self, record: Dict[str, Any]) -> None:
         """Log a training record (the README's --metrics-jsonl keys: iteration, lr, ...)."""
-        self._write(record)
-        if self._tb is not None:
-            step = record["iteration"]
-            for key in ("lm_loss", "lr", "weight_decay", "grad_norm", "consumed_samples",
-                        "tokens_per_second") + self._tb_extras:
-                if record.get(key) is not None:
-                    self._tb.add_scalar(f"train/{key}", record[key], step)
-            for name, loss in (record.get("per_dataset_loss") or {}).items():
-                self._tb.add_scalar(f"train/per_dataset_loss/{name}", loss, step)
+        for writer in self.writers:
+            writer.train_record(record)
 
     def eval_record(self, record: Dict[str, Any]) -> None:
         """Log an evaluation record: iteration, split, group, lm_loss, ppl."""
-        self._write(record)
-        if self._tb is not None:
-            tag = f"{record['split']}/{record['group']}"
-            self._tb.add_scalar(f"{tag}/lm_loss", record["lm_loss"], record["iteration"])
-            self._tb.add_scalar(f"{tag}/ppl", record["ppl"], record["iteration"])
-
-    def _write(self, record: Dict[str, Any]) -> None:
-        if self._jsonl is not None:
-            self._jsonl.write(json.dumps(record) + "\n")
+        for writer in self.writers:
+            writer.eval_record(record)
 
     def close(self) -> None:
-        """Flush and close the outputs."""
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
+        """Flush and close every writer."""
+        for writer in self.writers:
+            writer.close()
+
+
+def metrics_writer_from_args(args, enabled: bool) -> MetricsWriter:
+    """The writers the flags ask for (``--metrics-jsonl``, ``--tensorboard-dir``,
+    ``--wandb-project``) on the rank that owns the metrics (``enabled``); none elsewhere."""
+    writers = []
+    if enabled and args.metrics_jsonl:
+        writers.append(JsonlWriter(args.metrics_jsonl))
+    if enabled and args.tensorboard_dir:
+        writers.append(TensorBoardWriter(args.tensorboard_dir, tensorboard_extras_from_args(args)))
+    if enabled and getattr(args, "wandb_project", None):
+        from megatron.wandb_logging import wandb_writer_from_args
+
+        writers.append(wandb_writer_from_args(args))
+    return MetricsWriter(writers)
 
 
 def perplexity(loss: float) -> float:

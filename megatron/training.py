@@ -18,7 +18,7 @@ from megatron.data.samplers import PretrainingBatchSampler
 from megatron.deepspeed_config import deepspeed_config_from_args
 from megatron.initialize import all_reduce_small, initialize_distributed, print_rank_0, set_seeds
 from megatron.learning_rates import build_opt_param_scheduler
-from megatron.metrics import MetricsWriter, perplexity, tensorboard_extras_from_args
+from megatron.metrics import MetricsWriter, metrics_writer_from_args, perplexity
 from megatron.model.lm_loss import masked_lm_loss
 from megatron.optimizer import build_optimizer
 from megatron.parallel.topology import layout_line
@@ -477,8 +477,7 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     args.train_iters = train_iterations_from_args(args, batch_schedule)
     data = datasets_provider(args)
     rank0 = torch.distributed.get_rank() == 0
-    metrics = MetricsWriter(args.metrics_jsonl, args.tensorboard_dir, enabled=rank0,
-                            tensorboard_extras=tensorboard_extras_from_args(args))
+    metrics = metrics_writer_from_args(args, enabled=rank0)  # jsonl, TensorBoard, W&B
     engine, optimizer, scheduler = setup_model_and_optimizer(
         args, model_provider, batch_schedule.batch_size_at_samples(0))
     state = _restore(engine, args, scheduler)

@@ -12,8 +12,10 @@ the tokenizer and a tensor- and pipeline-parallel size 1 ``GPTModel`` and fills 
   ``module`` weights.
 
 The embedding keeps the checkpoint's padded vocabulary rows (a run with tensor-parallel size 2
-pads to a multiple of 2 x ``--make-vocab-size-divisible-by``), so log-probabilities are the
-softmax the training loss used. A weight that the model or the checkpoint lacks, or of another
+pads to a multiple of 2 x ``--make-vocab-size-divisible-by``) and its padding rows take no
+probability (the rows its ``model_args.json`` records as ``vocab_size`` do, else the tokenizer's;
+a ``model_args.json`` written before padding was masked softmaxes over every row, as it was
+trained), so log-probabilities are the softmax the training loss used. A weight that the model or the checkpoint lacks, or of another
 shape, is a :class:`megatron.checkpointing.CheckpointError` naming ``--load`` and the model flags
 to check; with ``--use-checkpoint-args`` the flags come from the checkpoint itself.
 """
@@ -81,6 +83,16 @@ class CheckpointWeights:
                 self._reader.names else None
         weight = self._module.get(EMBEDDING)
         return None if weight is None else int(weight.shape[0])
+
+    def real_vocab_rows(self) -> Optional[int]:
+        """Vocabulary rows that take probability: the ``vocab_size`` the checkpoint's
+        ``model_args.json`` records; every row for a ``model_args.json`` written before the
+        padding rows were masked (its training softmax covered them); None (the tokenizer's
+        vocabulary, as training here does) when nothing is recorded (a model-states file)."""
+        if self._reader is None or self._reader.model_args is None:
+            return None
+        recorded = self._reader.model_args.get("vocab_size")
+        return int(recorded) if recorded else self.vocab_rows()
 
     @torch.no_grad()
     def copy_into(self, model: torch.nn.Module) -> None:
@@ -152,8 +164,8 @@ def init_single_process() -> None:
 
 def build_model(args) -> torch.nn.Module:
     """The GPT model of ``args`` in eval mode with the ``--load`` weights (random initial weights
-    without ``--load``); sets ``args.tokenizer`` and ``args.padded_vocab_size`` (the checkpoint's
-    embedding rows)."""
+    without ``--load``); sets ``args.tokenizer``, ``args.padded_vocab_size`` (the checkpoint's
+    embedding rows) and ``args.vocab_size`` (the rows that take probability)."""
     from megatron.checkpointing import CheckpointError
     from megatron.model.gpt_model import build_gpt_model
     from megatron.tokenizer import build_tokenizer
@@ -171,6 +183,10 @@ def build_model(args) -> torch.nn.Module:
                     f"(--tokenizer-type {args.tokenizer_type or args.tokenizer.name}) has "
                     f"{args.tokenizer.vocab_size}; give the tokenizer flags it was trained with")
             args.padded_vocab_size = rows
+        # the rows the checkpoint's softmax covered (else the tokenizer's, set by build_tokenizer)
+        real = weights.real_vocab_rows()
+        if real:
+            args.vocab_size = min(max(args.tokenizer.vocab_size, real), args.padded_vocab_size)
         model = build_gpt_model(args)
         weights.copy_into(model)
     return model.eval()

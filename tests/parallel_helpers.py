@@ -5,9 +5,10 @@ single-rank run.
 All layouts use the same data (a curriculum over the session's ``demo_data``: ``web`` at weight 1,
 ``code`` from weight 1 falling to 0.2 by iteration 10, with two named validation groups evaluated at
 iterations 10 and 20, so per-dataset losses and validation groups are compared under every layout
-too), seed, model and global batch, dropout 0, and ``--make-vocab-size-divisible-by 130``: the
-byte-level vocabulary (258) then pads to 260 rows under TP 1 and TP 2 alike (Megatron pads to a
-multiple of divisor x TP, so other divisors give TP-dependent vocabularies, i.e. different models).
+too), seed, model and global batch, dropout 0, and default vocabulary flags: the byte-level
+vocabulary (258 tokens) pads to 384 rows under TP 1 and 512 under TP 2 (a multiple of
+--make-vocab-size-divisible-by 128 x TP), and the padding rows take no probability
+(megatron/model/vocab_padding.py), so every layout is the same model.
 """
 from typing import List, Sequence
 
@@ -42,7 +43,6 @@ def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAY
         "--train-iters", str(iters), "--lr", "3e-3", "--min-lr", "3e-4",
         "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--clip-grad", "1.0",
         "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local", "--swiglu",
-        "--make-vocab-size-divisible-by", "130",
         "--data-blend-config", str(blend), "--data-cache-path", str(run_dir / "cache"),
         "--eval-interval", str(EVAL_INTERVAL), "--eval-iters", "1",
         "--log-interval", "1", "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "11",

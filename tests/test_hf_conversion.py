@@ -284,7 +284,8 @@ def test_hf_tokenizer_travels_with_export_and_import(tp1, tmp_path, hf_tokenizer
     assert got.tokenizer_name_or_path == str(tmp_path / "imported" / "tokenizer")
     got.padded_vocab_size = None
     assert build_tokenizer(got).tokenize(text) == ours.tokenize(text)
-    assert got.pad_vocab_size_to == 512 and got.padded_vocab_size == 512  # the model's rows
+    # the export kept the tokenizer's 384 real rows of the 512 (the padding takes no probability)
+    assert got.pad_vocab_size_to == 384 and got.padded_vocab_size == 384
 
 
 # ---------------------------------------------------------------------------- model flags
@@ -361,8 +362,9 @@ def test_use_checkpoint_args_bad_inputs(tmp_path):
     pytest.param(SHAPE + ["--disable-bias-linear"], "--disable-bias-linear", id="gpt2-without-bias"),
     pytest.param(SHAPE + ["--position-embedding-type", "alibi", "--openai-gelu"],
                  "no --embed-layernorm", id="alibi-without-embed-layernorm"),
-    pytest.param(SHAPE + ["--position-embedding-type", "alibi", "--embed-layernorm"],
-                 "no --openai-gelu", id="alibi-with-erf-gelu"),
+    pytest.param(SHAPE + ["--position-embedding-type", "alibi", "--embed-layernorm",
+                          "--no-bias-gelu-fusion"],
+                 r"--no-bias-gelu-fusion \(erf GeLU\)", id="alibi-with-erf-gelu"),
     pytest.param(SHAPE + ["--position-embedding-type", "none"], "--position-embedding-type none",
                  id="no-positions"),
 ])
@@ -477,3 +479,145 @@ def test_finetune_starts_from_an_imported_checkpoint_without_model_flags(demo_da
     original, back = read_safetensors(tmp_path / "hf"), read_safetensors(tmp_path / "back")
     assert original.keys() == back.keys()
     assert all(torch.equal(original[k], back[k]) for k in original)
+
+
+# ---------------------------------------------------------------------------- default flags
+def default_flag_args(*extra, load=None):
+    """Validated args of a GPT with default flags (byte-level tokenizer, learned positions,
+    GeLU by Megatron-LM's rule) and the tokenizer built: 258 real rows, 384 embedding rows."""
+    from megatron.tokenizer import build_tokenizer
+
+    args = parse_args(BASE + SHAPE + list(extra) + (
+        ["--load", load, "--use-checkpoint-args"] if load else []), world_size=1,
+        require_data=False)
+    args.tokenizer = build_tokenizer(args)
+    return args
+
+
+def test_default_flag_model_round_trip_scores_as_transformers(tp1, tmp_path):
+    """A default-flag GPT (258 byte-level tokens in 384 rows, tanh GeLU) exported to transformers:
+    config.json keeps the 258 real rows, gelu_new and the tokenizer's bos/eos; the choices of
+    rank classification score the same in transformers (summed target log-probabilities, nats)
+    within 2e-3, and the export imports back to the same scores."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    from tasks.zero_shot_rank_classification import score_pairs
+    from tools.checkpoint.convert_from_hf import convert as import_hf
+
+    args = default_flag_args()
+    assert (args.vocab_size, args.padded_vocab_size) == (258, 384)
+    model = our_model(args)
+    save_model(model, args, tmp_path / "ckpt")
+    export(tmp_path / "ckpt", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    eod = args.tokenizer.eod
+    assert (config["vocab_size"], config["activation_function"]) == (258, "gelu_new")
+    assert (config["bos_token_id"], config["eos_token_id"]) == (eod, eod)
+    tok = args.tokenizer
+    pairs = [(tok.tokenize(q), tok.tokenize(c)) for q in ("The sky is", "2 + 2 =")
+             for c in (" blue", " green", " 4", " five")]  # each pair fits --seq-length 16
+    ours = score_pairs(model, pairs, seq_length=16, pad_id=tok.pad)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    theirs = []
+    for inp, tgt in pairs:
+        ids = torch.tensor([inp + tgt])
+        assert ids.shape[1] <= 16
+        with torch.no_grad():
+            logprobs = torch.log_softmax(hf(ids[:, :-1]).logits.float(), dim=-1)[0]
+        positions = torch.arange(len(inp) - 1, ids.shape[1] - 1)  # predicting the target
+        theirs.append(logprobs[positions, ids[0, positions + 1]].sum().item())
+    assert np.abs(ours - np.array(theirs)).max() < 2e-3, (ours, theirs)
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "back"))
+    back_args = our_args([], load=str(tmp_path / "back"))
+    assert back_args.openai_gelu and back_args.checkpoint_model_args["vocab_size"] == 258
+    from megatron.checkpoint_interop.full_state import load_full_state_dict
+
+    back_args.vocab_size = 258
+    back = our_model(back_args)
+    back.load_state_dict(load_full_state_dict(str(tmp_path / "back"))[0], strict=False)
+    np.testing.assert_allclose(score_pairs(back, pairs, seq_length=16, pad_id=tok.pad), theirs,
+                               atol=2e-3)
+
+
+@pytest.mark.parametrize("flags,form,hf_act", [
+    ([], "tanh", "gelu_new"),                          # Megatron-LM's default: bias-GeLU fusion
+    (["--no-bias-gelu-fusion"], "erf", "gelu"),
+    (["--openai-gelu"], "tanh", "gelu_new"),
+    (["--openai-gelu", "--no-bias-gelu-fusion"], "tanh", "gelu_new"),
+])
+def test_gelu_follows_megatron_lms_bias_gelu_rule(tp1, tmp_path, flags, form, hf_act):
+    """GeLU is the tanh approximation by default (megatron-core's bias_gelu_impl, which
+    Megatron-LM runs unless --no-bias-gelu-fusion), erf with --no-bias-gelu-fusion; the MLP
+    computes it, the checkpoint records it and the export names it."""
+    import torch.nn.functional as F
+
+    from megatron.checkpoint_interop.model_args import read_model_args
+    from megatron.model.gelu import gelu_form
+    from megatron.model.gpt_model import activation_from_args
+
+    args = default_flag_args(*flags)
+    x = torch.linspace(-4, 4, 101)
+    expected = F.gelu(x, approximate="tanh" if form == "tanh" else "none")
+    torch.testing.assert_close(activation_from_args(args)(x), expected, rtol=0, atol=0)
+    directory = save_model(our_model(args), args, tmp_path / "ckpt")
+    assert gelu_form(read_model_args(directory)["model"]) == form
+    export(tmp_path / "ckpt", tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["activation_function"] == hf_act
+
+
+def test_gelu_without_biases_is_erf_and_old_checkpoints_keep_erf(tp1, tmp_path):
+    """--disable-bias-linear turns the bias-GeLU fusion off (Megatron-LM's validate_args), so GeLU
+    is erf; a checkpoint recorded before bias_gelu_fusion existed computed erf and
+    --use-checkpoint-args keeps it."""
+    from megatron.checkpoint_interop.model_args import MODEL_ARGS_FILENAME
+    from megatron.model.gelu import ERF, gelu_form
+
+    assert gelu_form(vars(default_flag_args("--disable-bias-linear"))) == ERF
+    args = default_flag_args()
+    directory = save_model(our_model(args), args, tmp_path / "ckpt")
+    path = os.path.join(directory, MODEL_ARGS_FILENAME)
+    record = json.loads(open(path).read())
+    del record["model"]["bias_gelu_fusion"], record["vocab_size"]
+    with open(path, "w") as f:
+        json.dump(record, f)
+    old = our_args([], load=str(tmp_path / "ckpt"))
+    assert old.bias_gelu_fusion is False and gelu_form(vars(old)) == ERF
+
+
+def test_checkpoint_args_take_the_command_lines_tokenizer(tp1, tmp_path, hf_tokenizer_dir):
+    """--use-checkpoint-args with tokenizer flags: the command line's win (Megatron-LM); the
+    BigScience and Megatron-LM spellings of one Hugging Face tokenizer are the same tokenizer (no
+    note), another tokenizer is noted, and one with more tokens than the checkpoint's embedding
+    rows is one error naming both sizes. Model-shape flags stay strict."""
+    from megatron.tokenizer import build_tokenizer
+    from tools.checkpoint.convert_from_hf import convert as import_hf
+
+    args = our_args(FAMILIES["gpt2"] + ["--tokenizer-type", "PretrainedFromHF",
+                                        "--tokenizer-name-or-path", hf_tokenizer_dir])
+    build_tokenizer(args)
+    args.padded_vocab_size = 384  # the tokenizer's 384 tokens, no padding
+    save_model(our_model(args), args, tmp_path / "ckpt")
+    export(tmp_path / "ckpt", tmp_path / "hf")
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "imported"))
+    load = str(tmp_path / "imported")
+    same = default_flag_args("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                             os.path.join(load, "tokenizer"), load=load)
+    assert same.tokenizer_type == "HuggingFaceTokenizer" and same.checkpoint_tokenizer_note is None
+    assert not any("instead of the checkpoint's" in n for n in same.startup_notes)
+    assert (same.padded_vocab_size, same.vocab_size) == (384, 384)
+    # another tokenizer that fits (258 byte-level tokens in 384 rows): taken, and said so
+    other = default_flag_args("--tokenizer-type", "ByteLevelTokenizer", load=load)
+    assert other.tokenizer_type == "ByteLevelTokenizer"
+    assert any(n.startswith("--use-checkpoint-args: tokenizer from the command line instead of "
+                            "the checkpoint's (--tokenizer-type PretrainedFromHF")
+               for n in other.startup_notes)
+    assert other.vocab_size == 384  # the imported model's rows all take probability
+    # a tokenizer larger than the checkpoint's rows: one error naming both sizes
+    small = tmp_path / "small"
+    save_model(our_model(our_args(FAMILIES["gpt2"])), our_args(FAMILIES["gpt2"]), small)
+    with pytest.raises(ConfigError, match=r"the tokenizer has 258 tokens but the checkpoint in "
+                                          r"--load .*small embeds 256 rows"):
+        default_flag_args("--tokenizer-type", "ByteLevelTokenizer", load=str(small))
+    with pytest.raises(SystemExit):  # model flags stay strict
+        default_flag_args("--hidden-size", "128", load=load)

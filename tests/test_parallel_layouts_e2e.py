@@ -105,6 +105,6 @@ def test_resume_of_another_model_on_another_layout_is_refused(tp2_run, demo_data
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert (f"--load {ckpt}: checkpoint {ckpt / f'iter_{SAVE_AT:07d}'} holds another model than "
-            "this run builds (embedding.word_embeddings.weight is [260, 64] there and [260, 128] "
+            "this run builds (embedding.word_embeddings.weight is [512, 64] there and [384, 128] "
             "here") in log, log[-3000:]
     assert "--hidden-size" in log and "Traceback" not in log, log[-3000:]

@@ -146,7 +146,7 @@ def test_zero1_and_tp2_pp2_checkpoints_hold_the_same_state(tp2_pp2_run, dp2_resu
     DP 2 resume (GPTModel, ZeRO-1 flat partitions), read back as TP 1 tensors: the same weights
     and Adam moments (to float32 reduction-order noise) and the same step."""
     from megatron.parallel.param_index import read_param_index
-    from megatron.parallel.resharding import SavedCheckpoint
+    from megatron.parallel.resharding import VOCAB_PARAMETERS, SavedCheckpoint
 
     tag = f"iter_{LAYOUT_ITERS:07d}"
     dirs = [tp2_pp2_run[0] / "ckpt" / tag, dp2_resume[0] / "saved" / tag]
@@ -158,6 +158,9 @@ def test_zero1_and_tp2_pp2_checkpoints_hold_the_same_state(tp2_pp2_run, dp2_resu
     for name in sorted(pipe.sources):
         for kind in ("weight", "exp_avg", "exp_avg_sq"):
             a, b = pipe.full(name, kind), zero.full(name, kind)
+            if name in VOCAB_PARAMETERS:  # 512 rows at TP 2, 384 at TP 1: the same 384 kept
+                assert (a.shape[0], b.shape[0]) == (512, 384), name
+                a = a[:384]
             torch.testing.assert_close(b, a, rtol=2e-3, atol=1e-3 * float(a.abs().max()) + 1e-12,
                                        msg=f"{name} {kind}")
 

@@ -1,12 +1,14 @@
 """Resuming never silently changes the LR/WD schedule (through the deepspeed launcher, 2 CPU
 ranks): a checkpoint records the training length, batch schedule, sequence length and the
 --lr-schedule-config content; a resume that changes any of them stops with one error naming each
-change, and --use-checkpoint-opt_param-scheduler continues the checkpoint's schedule exactly."""
+change, and --use-checkpoint-opt_param-scheduler continues the checkpoint's schedule exactly, in
+the same (offline) Weights & Biases run, whose id the checkpoint directory keeps."""
 import os
 import sys
 
 from e2e_helpers import read_jsonl, run_deepspeed
 from test_exact_resume import make_pretrain_data, pretrain_flags
+from wandb_helpers import offline_runs, read_run, wandb_env
 
 from conftest import ROOT
 
@@ -34,7 +36,11 @@ def test_resume_refuses_a_changed_schedule_and_can_continue_the_checkpoints(tmp_
     original, changed = tmp_path / "lr.yaml", tmp_path / "lr_changed.yaml"
     original.write_text(SCHEDULE.format(end="3.0e-4"))
     changed.write_text(SCHEDULE.format(end="1.0e-4"))
-    run_deepspeed("pretrain_gpt.py", _flags(data, tmp_path, original, 6, ["--exit-interval", "3"]))
+    # W&B files under --save/wandb/wandb (no --wandb-save-dir, Megatron-LM's default); the
+    # resume below names the run with llm-jp's spelling of --wandb-exp-name
+    run_deepspeed("pretrain_gpt.py", _flags(data, tmp_path, original, 6, [
+        "--exit-interval", "3", "--wandb-project", "resume", "--wandb-exp-name", "staged"]),
+        env=wandb_env(tmp_path))
     ckpt = tmp_path / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
 
@@ -55,7 +61,9 @@ def test_resume_refuses_a_changed_schedule_and_can_continue_the_checkpoints(tmp_
 
     # --use-checkpoint-opt_param-scheduler: the checkpoint's schedule (its file and its 6
     # iterations) drives iterations 4..8, whatever the new flags say
-    proc = run_deepspeed("pretrain_gpt.py", resumed + ["--use-checkpoint-opt_param-scheduler"])
+    proc = run_deepspeed("pretrain_gpt.py", resumed + [
+        "--use-checkpoint-opt_param-scheduler", "--wandb-project", "resume", "--wandb-name",
+        "staged"], env=wandb_env(tmp_path))
     got = [r for r in read_jsonl(tmp_path / "refused.jsonl") if "split" not in r]
     assert [r["iteration"] for r in got] == [4, 5, 6, 7, 8]
     want = preview_schedule.preview(preview_schedule.parse_preview_args(
@@ -64,3 +72,15 @@ def test_resume_refuses_a_changed_schedule_and_can_continue_the_checkpoints(tmp_
     # checkpoint's end of training (6) its schedule stays at its final value
     assert [r["lr"] for r in got] == [want[min(i - 1, 6)] for i in range(4, 9)]
     assert got[-1]["lr"] == 3.0e-4
+
+    # the resume continued the W&B run of the first launch (its id kept in --save), logging
+    # iterations 4..8 with the lr metrics.jsonl has
+    first, second = (read_run(path) for path in offline_runs(ckpt / "wandb"))
+    run_id = (ckpt / "wandb_run_id.txt").read_text().splitlines()[0]
+    assert first["id"] == second["id"] == run_id and second["name"] == "staged"
+    before = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
+    assert {i: row["train/lm_loss"] for i, row in first["history"].items()} == \
+        {r["iteration"]: r["lm_loss"] for r in before}
+    assert sorted(first["history"]) == [1, 2, 3]
+    assert {i: row["train/lr"] for i, row in second["history"].items()} == \
+        {r["iteration"]: r["lr"] for r in got}

@@ -118,7 +118,8 @@ _OTHER = _flags("""
     --loss-scale --initial-loss-scale --min-loss-scale --loss-scale-window --hysteresis
     --use-distributed-optimizer --layernorm-epsilon --prefixlm --glu-activation --use-mpi
     --wandb-name --no-gradient-accumulation-fusion --use-flash-attn --use-checkpoint-args
-    --exit-interval --cpu-optimizer --override-lr-scheduler --use-checkpoint-lr-scheduler""")
+    --exit-interval --cpu-optimizer --override-lr-scheduler --use-checkpoint-lr-scheduler
+    --no-bias-gelu-fusion""")
 
 SOURCES: Tuple[Source, ...] = (
     Source("BS tr11", "bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm",
@@ -140,9 +141,8 @@ SOURCES: Tuple[Source, ...] = (
            "Microsoft-fork 175B run)", "", _OTHER),
 )
 # Flags the tiny scripts give that their original does not (the reason is in each script's
-# header): --tokenizer-type where the original relies on a tokenizer default Megatron-LM no longer
-# has, --bf16 for the originals' --fp16 on CPU.
-ADDED_FLAGS = {"--tokenizer-type", "--bf16"}
+# header): --bf16 for the originals' --fp16 on CPU.
+ADDED_FLAGS = {"--bf16"}
 
 
 def all_flags() -> List[str]:

@@ -68,6 +68,8 @@ def main(argv=None) -> int:
         merge_file=args.merge_file, tokenizer_model=args.tokenizer_model,
         tokenizer_name_or_path=args.tokenizer_name_or_path,
     )
+    if args.tokenizer_type_note:
+        print(f"tokenizer: {args.tokenizer_type} ({args.tokenizer_type_note})", file=sys.stderr)
     try:
         result = preprocess_jsonl(
             args.input, args.output_prefix, args.json_keys, tokenizer_args,

@@ -9,9 +9,9 @@
 #   [FLAG_SET=2024] bash examples/compat/megatron_lm_gpt3_175b.sh [OUTPUT_DIR] [extra flags]
 #                                          (default runs/compat/gpt3-FLAG_SET; 3 iterations)
 #
-# The original passes --vocab-file/--merge-file without --tokenizer-type: Megatron-LM then stops
-# ("None tokenizer is not implemented") and so does this project (one line naming the flags), so
-# --tokenizer-type GPT2BPETokenizer is added here. The original's --fp16 becomes --bf16: DeepSpeed's
+# The original passes --vocab-file/--merge-file without --tokenizer-type, which means GPT-2 BPE
+# (Megatron-LM's pretrain_gpt.py defaults the type to GPT2BPETokenizer, and so does this project).
+# The original's --fp16 becomes --bf16: DeepSpeed's
 # CPU accelerator has no fp16, and --fp16 stops the run with one line saying so (PRECISION=fp16
 # restores it where the accelerator has fp16). Changed otherwise: sizes (2 layers, hidden 64,
 # seq 64, TP 2 instead of TP 8 x PP 16), the data (the GPT-2 BPE files and demo text of
@@ -77,7 +77,6 @@ MODEL_PARALLEL_ARGS=(
 )
 DATA_ARGS=(
     --data-path "$DATA_PATH"
-    --tokenizer-type GPT2BPETokenizer  # not in the original (see above)
     --vocab-file "$VOCAB_FILE"
     --merge-file "$MERGE_FILE"
     --split 949,50,1

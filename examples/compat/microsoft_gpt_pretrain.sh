@@ -9,9 +9,9 @@
 # Kept: the token-based budget (--train-tokens is the termination condition; --train-samples is set
 # to twice it on purpose, as the original does), token-based LR warmup/decay, --hysteresis, ZeRO
 # stage 1 data parallelism without the pipeline engine (--no-pipeline-parallel), activation
-# checkpointing, the TensorBoard extras, the original DeepSpeed JSON template. The original passes
-# --vocab-file/--merge-file without --tokenizer-type, which Megatron-LM and this project refuse;
-# --tokenizer-type GPT2BPETokenizer is added. Its --fp16 (and the template's fp16 loss-scaling
+# checkpointing, the TensorBoard extras, the original DeepSpeed JSON template, --vocab-file and
+# --merge-file without --tokenizer-type (GPT-2 BPE, the default of Microsoft's and this project's
+# pretrain_gpt.py). Its --fp16 (and the template's fp16 loss-scaling
 # section) becomes --bf16: DeepSpeed's CPU accelerator has no fp16 and --fp16 stops the run with one
 # line saying so; PRECISION=fp16 restores both where the accelerator has fp16. Changed otherwise:
 # sizes (2 layers, hidden 64, seq 64, data parallel 2 instead of MP 2 x PP 2), the data
@@ -68,7 +68,6 @@ checkpoint_path="$OUT/checkpoint"
 tensorboard_path="$OUT/tensorboard"
 
 data_options=(
-    --tokenizer-type GPT2BPETokenizer  # not in the original (see above)
     --vocab-file "$vocab_path"
     --merge-file "$merge_path"
     --data-path "$data_path"

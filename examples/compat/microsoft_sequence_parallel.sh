@@ -15,8 +15,8 @@
 # examples_deepspeed/deepspeed4science/megatron_long_seq_support/ does). Kept otherwise: the
 # token-based budget and LR schedule, --hysteresis, ZeRO 1, --no-pipeline-parallel, rotary
 # embeddings on a quarter of each head with base 1e8, activation checkpointing (with
-# --checkpoint-in-cpu), the TensorBoard extras, the original JSON template. --tokenizer-type
-# GPT2BPETokenizer is added (the original omits it). --fp16 becomes --bf16 on CPU (PRECISION=fp16
+# --checkpoint-in-cpu), the TensorBoard extras, the original JSON template, --vocab-file and
+# --merge-file without --tokenizer-type (GPT-2 BPE, as in the original). --fp16 becomes --bf16 on CPU (PRECISION=fp16
 # restores it and the template's fp16 section; see microsoft_gpt_pretrain.sh). Changed otherwise:
 # sizes (2 layers, hidden 64, seq 64 instead of 32k), the data (tools/make_compat_data.py).
 set -euo pipefail
@@ -73,7 +73,6 @@ checkpoint_path="$OUT/checkpoint"
 tensorboard_path="$OUT/tensorboard"
 
 data_options=(
-    --tokenizer-type GPT2BPETokenizer  # not in the original
     --vocab-file "$vocab_path"
     --merge-file "$merge_path"
     --data-path "$data_path"

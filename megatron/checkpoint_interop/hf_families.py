@@ -16,14 +16,18 @@ Weight layouts (canonical ``GPTModel`` names, megatron/model/init.py):
   ``v_proj``, query heads in group order (key head j serves query heads j*nh/ng ...).
 - ``linear_fc1`` with SwiGLU is ``[gate; up]`` (megatron-core applies the activation to the first
   half), Llama's ``gate_proj`` and ``up_proj``.
-- The vocabulary keeps the checkpoint's padded rows (``vocab_size`` = padded size).
+- The vocabulary keeps the rows that take probability (the checkpoint's ``model_args.json``
+  ``vocab_size``; the padding rows beyond it are dropped, since transformers softmaxes over every
+  row of ``lm_head``); a checkpoint that records no ``vocab_size`` keeps every row.
+- GeLU is the form megatron/model/gelu.py gives: ``gelu_new`` (tanh) or ``gelu`` (erf).
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from megatron.errors import ConfigError
+from megatron.model.gelu import TANH, gelu_form
 
 Getter = Callable[[str], torch.Tensor]
 
@@ -105,9 +109,9 @@ def check_exportable(flags: dict) -> Family:
     if family is BLOOM:
         if not flags.get("embed_layernorm"):
             _refuse(family, "no --embed-layernorm", "BLOOM always normalises the word embeddings")
-        if not flags.get("openai_gelu"):
-            _refuse(family, "no --openai-gelu", "BLOOM's GeLU is the tanh approximation; train "
-                    "with --openai-gelu")
+        if gelu_form(flags) != TANH:
+            _refuse(family, "--no-bias-gelu-fusion (erf GeLU)", "BLOOM's GeLU is the tanh "
+                    "approximation; train with the default bias-GeLU rule or --openai-gelu")
     if family is LLAMA:
         if flags["normalization"] != "RMSNorm":
             _refuse(family, f"--normalization {flags['normalization']}", "it has RMSNorm only")
@@ -119,22 +123,24 @@ def check_exportable(flags: dict) -> Family:
     return family
 
 
-def hf_config(flags: dict, vocab_size: int, dtype: torch.dtype) -> dict:
+def hf_config(flags: dict, vocab_size: int, dtype: torch.dtype,
+              special_tokens: Optional[Dict[str, Optional[int]]] = None) -> dict:
     """The transformers ``config.json`` content for ``flags`` (checked by
-    :func:`check_exportable`) with ``vocab_size`` embedding rows and weights of ``dtype``."""
+    :func:`check_exportable`) with ``vocab_size`` embedding rows and weights of ``dtype``;
+    ``special_tokens`` gives ``bos_token_id``/``eos_token_id`` (the tokenizer's; None: null)."""
     family = check_exportable(flags)
     tied = not flags["untie_embeddings_and_output_weights"]
+    special = {"bos_token_id": None, "eos_token_id": None, **(special_tokens or {})}
     common = {"architectures": [family.architecture], "model_type": family.model_type,
               "vocab_size": vocab_size, "tie_word_embeddings": tied,
-              "torch_dtype": str(dtype).replace("torch.", ""), "use_cache": True}
+              "torch_dtype": str(dtype).replace("torch.", ""), "use_cache": True, **special}
     if family is GPT2:
         return {**common, "n_embd": flags["hidden_size"], "n_layer": flags["num_layers"],
                 "n_head": flags["num_attention_heads"], "n_inner": flags["ffn_hidden_size"],
                 "n_positions": flags["max_position_embeddings"],
                 "layer_norm_epsilon": flags["norm_epsilon"],
-                "activation_function": "gelu_new" if flags.get("openai_gelu") else "gelu",
-                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                "bos_token_id": None, "eos_token_id": None}
+                "activation_function": "gelu_new" if gelu_form(flags) == TANH else "gelu",
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
     if family is LLAMA:
         bias = not flags["disable_bias_linear"]
         return {**common, "hidden_size": flags["hidden_size"],
@@ -146,12 +152,11 @@ def hf_config(flags: dict, vocab_size: int, dtype: torch.dtype) -> dict:
                 "rms_norm_eps": flags["norm_epsilon"], "hidden_act": "silu",
                 "rope_theta": float(flags["rotary_base"]),
                 "rope_parameters": {"rope_type": "default", "rope_theta": float(flags["rotary_base"])},
-                "attention_bias": bias, "mlp_bias": bias, "attention_dropout": 0.0,
-                "bos_token_id": None, "eos_token_id": None}
+                "attention_bias": bias, "mlp_bias": bias, "attention_dropout": 0.0}
     return {**common, "hidden_size": flags["hidden_size"], "n_layer": flags["num_layers"],
             "n_head": flags["num_attention_heads"], "layer_norm_epsilon": flags["norm_epsilon"],
             "apply_residual_connection_post_layernorm": False, "hidden_dropout": 0.0,
-            "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": None}
+            "attention_dropout": 0.0}
 
 
 _GPT2_LAYER = {"input_layernorm": "ln_1", "pre_mlp_layernorm": "ln_2",
@@ -239,8 +244,8 @@ def _flags_from_hf_config(config: dict, path: str) -> dict:
 
     tied = bool(config.get("tie_word_embeddings", True))
     base = {"untie_embeddings_and_output_weights": not tied, "pad_vocab_size_to": config.get("vocab_size"), "rotary_percent": 1.0, "rotary_base": 10000,
-            "embed_layernorm": False, "openai_gelu": False, "swiglu": False,
-            "disable_bias_linear": False}
+            "embed_layernorm": False, "openai_gelu": False, "bias_gelu_fusion": False,
+            "swiglu": False, "disable_bias_linear": False}
     if model_type == "gpt2":
         act = config.get("activation_function", "gelu_new")
         if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):

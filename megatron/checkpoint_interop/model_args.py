@@ -7,13 +7,19 @@ filled derived values (``--ffn-hidden-size``, ``--num-query-groups``, ``--kv-cha
 padded vocabulary size the embedding was built with. Shape of the file::
 
     {"format_version": 1, "model": {dest: value}, "tokenizer": {dest: value},
-     "defaults": {"seq_length": N}, "padded_vocab_size": V}
+     "defaults": {"seq_length": N}, "padded_vocab_size": V, "vocab_size": R}
+
+``vocab_size`` is the number of rows that take probability (the tokenizer's vocabulary; the rest
+of the ``padded_vocab_size`` rows are padding, megatron/model/vocab_padding.py); checkpoints that
+lack it softmaxed over every row.
 
 With ``--use-checkpoint-args`` (Megatron-LM's flag) the model and tokenizer flags come from the
 checkpoint in ``--load``: a flag not given on the command line takes the checkpoint's value; a flag
 given with another value is an error naming both (Megatron-LM silently keeps the command line's
 value for some flags and the checkpoint's for others; a silent mix of two models is worse than a
-clear error). ``defaults`` (``--seq-length``) fill only flags not given: finetuning at another
+clear error). Tokenizer flags are the exception, as in Megatron-LM: given on the command line,
+they replace the checkpoint's (aliases of one tokenizer compare equal, so nothing is noted then),
+provided the tokenizer's vocabulary fits the checkpoint's embedding rows. ``defaults`` (``--seq-length``) fill only flags not given: finetuning at another
 sequence length is legitimate. Relative tokenizer paths are relative to the ``--load`` directory
 (imported checkpoints keep their tokenizer files there, tools/checkpoint/convert_from_hf.py).
 """
@@ -30,7 +36,7 @@ FORMAT_VERSION = 1
 MODEL_ARG_NAMES = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "kv_channels", "max_position_embeddings", "normalization", "norm_epsilon", "swiglu",
-    "openai_gelu", "position_embedding_type", "rotary_percent", "rotary_base",
+    "openai_gelu", "bias_gelu_fusion", "position_embedding_type", "rotary_percent", "rotary_base",
     "untie_embeddings_and_output_weights", "disable_bias_linear", "make_vocab_size_divisible_by",
     "pad_vocab_size_to", "embed_layernorm",
 )
@@ -54,7 +60,8 @@ def model_args_from_args(args: argparse.Namespace) -> dict:
             tokenizer[name] = os.path.abspath(tokenizer[name])
     return {"format_version": FORMAT_VERSION, "model": pick(MODEL_ARG_NAMES),
             "tokenizer": tokenizer, "defaults": pick(DEFAULT_ARG_NAMES),
-            "padded_vocab_size": getattr(args, "padded_vocab_size", None)}
+            "padded_vocab_size": getattr(args, "padded_vocab_size", None),
+            "vocab_size": getattr(args, "vocab_size", None)}
 
 
 def write_model_args(directory: str, record: dict) -> None:
@@ -82,6 +89,39 @@ def read_model_args(directory: str) -> Optional[dict]:
         raise ConfigError(f"{path}: not a model_args.json record of format_version "
                           f"{FORMAT_VERSION} (expected keys format_version, model, tokenizer)")
     return record
+
+
+# Two spellings of one tokenizer: (type, file flag) -> the canonical pair.
+_TOKENIZER_ALIASES = {("PretrainedFromHF", "tokenizer_name_or_path"):
+                      ("HuggingFaceTokenizer", "tokenizer_model")}
+
+
+def _canonical_tokenizer(flags: dict) -> dict:
+    """``flags`` (tokenizer dests) with aliased types and their file flags in one spelling,
+    unset values dropped and paths made real, so two spellings of one tokenizer compare equal."""
+    out = {k: v for k, v in flags.items() if v not in (None, False, "")}
+    for (alias, alias_flag), (canonical, canonical_flag) in _TOKENIZER_ALIASES.items():
+        if out.get("tokenizer_type") == alias:
+            out["tokenizer_type"] = canonical
+            if alias_flag in out:
+                out[canonical_flag] = out.pop(alias_flag)
+    for name in TOKENIZER_PATH_NAMES:
+        if name in out:
+            out[name] = os.path.realpath(out[name])
+    return out
+
+
+def same_tokenizer(a: dict, b: dict) -> bool:
+    """Whether tokenizer flags ``a`` and ``b`` (dests -> values) name the same tokenizer:
+    ``--tokenizer-type PretrainedFromHF --tokenizer-name-or-path DIR`` (BigScience) is
+    ``--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR`` (Megatron-LM)."""
+    return _canonical_tokenizer(a) == _canonical_tokenizer(b)
+
+
+def describe_tokenizer(flags: dict) -> str:
+    """The tokenizer flags ``flags`` as a command line would give them (type first)."""
+    given = {k: flags[k] for k in TOKENIZER_ARG_NAMES if flags.get(k) not in (None, False, "")}
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items()) or "no flags"
 
 
 def explicit_dests(parser: argparse.ArgumentParser, argv: Iterable[str]) -> Set[str]:
@@ -138,11 +178,24 @@ def apply_checkpoint_args(args: argparse.Namespace, parser: argparse.ArgumentPar
                             "model flags); give the model flags instead")
     given = explicit_dests(parser, argv)
     values: Dict[str, object] = dict(record["model"])
+    # checkpoints written before the bias-GeLU rule was recorded computed erf GeLU
+    values.setdefault("bias_gelu_fusion", False)
     tokenizer = dict(record.get("tokenizer") or {})
     for name in TOKENIZER_PATH_NAMES:
         if tokenizer.get(name) and not os.path.isabs(tokenizer[name]):
             tokenizer[name] = os.path.normpath(os.path.join(args.load, tokenizer[name]))
-    values.update(tokenizer)
+    args.checkpoint_tokenizer_note = None
+    if given.intersection(TOKENIZER_ARG_NAMES):
+        # tokenizer flags on the command line win (Megatron-LM's load_args_from_checkpoint never
+        # takes tokenizer files from the checkpoint); whether the vocabulary fits the
+        # checkpoint's embedding rows is checked when the tokenizer is built
+        mine = {name: getattr(args, name, None) for name in TOKENIZER_ARG_NAMES}
+        if not same_tokenizer(mine, tokenizer):
+            args.checkpoint_tokenizer_note = (
+                "--use-checkpoint-args: tokenizer from the command line instead of the "
+                f"checkpoint's ({describe_tokenizer(tokenizer)})")
+    else:
+        values.update(tokenizer)
     conflicts = []
     for dest, value in values.items():
         if not hasattr(args, dest):

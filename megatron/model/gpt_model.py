@@ -16,6 +16,7 @@ from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI, model_positio
 from megatron.model.attention_backends import (apply_te_kernel_environment,
                                                attention_backend_from_args, core_attention_spec)
 from megatron.model.rotary import use_device_rotary_embedding
+from megatron.model.vocab_padding import mask_output_layer_padding
 from megatron.parallel.recompute import recompute_config_from_args
 
 
@@ -33,16 +34,21 @@ def params_dtype(args) -> torch.dtype:
     return torch.float32
 
 
+def tanh_gelu(x: torch.Tensor) -> torch.Tensor:
+    """GeLU by its tanh approximation: the function of megatron-core's fused ``bias_gelu_impl``
+    and of ``openai_gelu`` (torch's native kernel, on every device)."""
+    return F.gelu(x, approximate="tanh")
+
+
 def activation_from_args(args):
-    """The MLP activation: SiLU (gated) with ``--swiglu``, else GeLU, by its tanh approximation
-    with ``--openai-gelu`` (megatron-core's ``openai_gelu``), else the exact erf form."""
+    """The MLP activation: SiLU (gated) with ``--swiglu``, else GeLU in the form Megatron-LM's
+    rule gives (megatron/model/gelu.py): the tanh approximation by default (with biases and
+    without ``--no-bias-gelu-fusion``) or with ``--openai-gelu``, else the exact erf form."""
+    from megatron.model.gelu import TANH, gelu_form
+
     if args.swiglu:
         return F.silu
-    if args.openai_gelu:
-        from megatron.core.transformer.utils import openai_gelu
-
-        return openai_gelu
-    return F.gelu
+    return tanh_gelu if gelu_form(vars(args)) == TANH else F.gelu
 
 
 def transformer_config_from_args(args) -> TransformerConfig:
@@ -109,7 +115,8 @@ def layer_spec_from_args(args) -> ModuleSpec:
 
 
 def build_gpt_model(args) -> GPTModel:
-    """Construct the GPT model described by ``args`` (``args.padded_vocab_size`` must be set),
+    """Construct the GPT model described by ``args`` (``args.padded_vocab_size`` must be set;
+    logits of rows at or beyond ``args.vocab_size``, when set, take no probability),
     its initial weights drawn from ``--seed`` and each parameter's name, the same under every
     tensor/pipeline-parallel layout (megatron/model/init.py)."""
     config = transformer_config_from_args(args)
@@ -129,6 +136,10 @@ def build_gpt_model(args) -> GPTModel:
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
     )
+    # logits of the padding rows (>= args.vocab_size, set by build_tokenizer) are -inf, so every
+    # TP size is the same model (megatron/model/vocab_padding.py)
+    mask_output_layer_padding(model.output_layer, getattr(args, "vocab_size", None),
+                              args.padded_vocab_size)
     use_device_rotary_embedding(model)  # --position-embedding-type rope without a GPU too
     if args.embed_layernorm:  # BLOOM: LayerNorm on the word embeddings
         add_embedding_layernorm(model.embedding, config)

@@ -40,6 +40,7 @@ from megatron.core.transformer.transformer_block import (TransformerBlockSubmodu
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
+from megatron.model.vocab_padding import local_padding_start, mask_padding_logits_, tp_coordinates
 
 TIED_EMBEDDING_KEY = "embed"
 # What GPTModel's transformer_layer_spec takes: one layer's spec or the block's submodules.
@@ -130,9 +131,12 @@ class EmbeddingPipe(torch.nn.Module):
     """
 
     def __init__(self, config: TransformerConfig, vocab_size: int, max_sequence_length: int,
-                 position_embedding_type: str, embed_layernorm: bool = False):
+                 position_embedding_type: str, embed_layernorm: bool = False,
+                 real_vocab_size: Optional[int] = None):
         super().__init__()
         self.config = config
+        # logits of rows >= real_vocab_size (padding) are -inf (megatron/model/vocab_padding.py)
+        self.padding_start = local_padding_start(real_vocab_size, vocab_size, *tp_coordinates())
         self.embedding = LanguageModelEmbedding(
             config=config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
             position_embedding_type=position_embedding_type)
@@ -156,7 +160,7 @@ class EmbeddingPipe(torch.nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits ``[s, b, v / TP]`` with the tied weight (last stage)."""
         logits, _ = self.output_projection(hidden, weight=self.word_embeddings.weight)
-        return logits
+        return mask_padding_logits_(logits, self.padding_start)
 
 
 def tied_output_forward(embedding: EmbeddingPipe, inputs) -> torch.Tensor:
@@ -243,15 +247,17 @@ class OutputLayerPipe(torch.nn.Module):
     """Untied output layer (``--untie-embeddings-and-output-weights``): hidden -> vocab-parallel
     logits ``[s, b, v / TP]``."""
 
-    def __init__(self, config: TransformerConfig, vocab_size: int):
+    def __init__(self, config: TransformerConfig, vocab_size: int,
+                 real_vocab_size: Optional[int] = None):
         super().__init__()
         self.output_layer = tensor_parallel.ColumnParallelLinear(
             config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
             skip_bias_add=False, gather_output=False)
+        self.padding_start = local_padding_start(real_vocab_size, vocab_size, *tp_coordinates())
 
     def forward(self, hidden):
         logits, _ = self.output_layer(hidden)
-        return logits
+        return mask_padding_logits_(logits, self.padding_start)
 
 
 class PipeLMLoss:
@@ -296,7 +302,8 @@ class GPTModelPipe(PipelineModule):
                  position_embedding_type: str = "learned_absolute", rotary_percent: float = 1.0,
                  rotary_base: int = 10000, share_embeddings_and_output_weights: bool = True,
                  partition_method: str = "type:transformer",
-                 activation_checkpoint_interval: int = 0, embed_layernorm: bool = False):
+                 activation_checkpoint_interval: int = 0, embed_layernorm: bool = False,
+                 real_vocab_size: Optional[int] = None):
         self.config = stage_config(config)
         self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
         self.num_transformer_layers = config.num_layers
@@ -305,7 +312,8 @@ class GPTModelPipe(PipelineModule):
                                  rotary_percent=rotary_percent, rotary_base=rotary_base,
                                  share_embeddings_and_output_weights=(
                                      share_embeddings_and_output_weights),
-                                 embed_layernorm=embed_layernorm)
+                                 embed_layernorm=embed_layernorm,
+                                 real_vocab_size=real_vocab_size)
         self.loss_function = PipeLMLoss()
         recompute = recompute_function(config.distribute_saved_activations)
         super().__init__(layers=specs, topology=topology, loss_fn=self.loss_function,
@@ -319,10 +327,12 @@ class GPTModelPipe(PipelineModule):
                     max_sequence_length: int, *, position_embedding_type: str = "learned_absolute",
                     rotary_percent: float = 1.0, rotary_base: int = 10000,
                     share_embeddings_and_output_weights: bool = True,
-                    embed_layernorm: bool = False) -> list:
+                    embed_layernorm: bool = False,
+                    real_vocab_size: Optional[int] = None) -> list:
         """The pipe's layers (DeepSpeed layer specs, nothing built): embedding (with BLOOM's
         LayerNorm if ``embed_layernorm``), ``num_layers`` transformer layers, final norm, output
-        layer (tied to the embedding unless untied).
+        layer (tied to the embedding unless untied), whose logits of rows at or beyond
+        ``real_vocab_size`` (vocabulary padding) are ``-inf``.
         ``layer_spec`` is what ``GPTModel`` takes: one layer's spec, or the block's submodules
         (per-layer specs and the final norm)."""
         cfg = stage_config(config)
@@ -336,6 +346,7 @@ class GPTModelPipe(PipelineModule):
             specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, *embedding_args,
                                        position_embedding_type=position_embedding_type,
                                        embed_layernorm=embed_layernorm,
+                                       real_vocab_size=real_vocab_size,
                                        tied_weight_attr=["word_embeddings.weight"]))
         else:
             specs.append(LayerSpec(EmbeddingPipe, *embedding_args,
@@ -352,10 +363,11 @@ class GPTModelPipe(PipelineModule):
             # a one-stage pipe it reuses the first spec's module.
             specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, *embedding_args,
                                        position_embedding_type="none",
+                                       real_vocab_size=real_vocab_size,
                                        forward_fn=tied_output_forward,
                                        tied_weight_attr=["word_embeddings.weight"]))
         else:
-            specs.append(LayerSpec(OutputLayerPipe, cfg, vocab_size))
+            specs.append(LayerSpec(OutputLayerPipe, cfg, vocab_size, real_vocab_size))
         return specs
 
     # ------------------------------------------------------------------ canonical names
@@ -466,7 +478,8 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         partition_method=partition_method_from_args(args),
         activation_checkpoint_interval=activation_checkpoint_interval_from_args(args),
-        embed_layernorm=args.embed_layernorm)
+        embed_layernorm=args.embed_layernorm,
+        real_vocab_size=getattr(args, "vocab_size", None))  # set by build_tokenizer
     initialize_parameters(model.canonical_named_parameters(), config, args.seed)
     return model
 

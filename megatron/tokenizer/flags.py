@@ -9,6 +9,9 @@ import argparse
 from megatron.errors import ConfigError
 
 DEFAULT_TOKENIZER_TYPE = "ByteLevelTokenizer"
+# The type --vocab-file/--merge-file mean without --tokenizer-type (Megatron-LM's pretrain_gpt.py
+# passes args_defaults={'tokenizer_type': 'GPT2BPETokenizer'}).
+GPT2_FILES_DEFAULT_TYPE = "GPT2BPETokenizer"
 # --tokenizer-type value -> the flag naming its files (None: needs no files).
 TOKENIZER_FILE_FLAGS = {
     "ByteLevelTokenizer": None,
@@ -30,8 +33,9 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     group = parser.add_argument_group(title="tokenizer")
     group.add_argument(
         "--tokenizer-type", type=str, default=None, choices=TOKENIZER_TYPES,
-        help=f"What type of tokenizer to use (default: the embedded {DEFAULT_TOKENIZER_TYPE}, "
-             "which needs no files; tokenizer file flags need an explicit type).",
+        help=f"What type of tokenizer to use (default: {GPT2_FILES_DEFAULT_TYPE} when "
+             f"--vocab-file/--merge-file are given, as in Megatron-LM, else the embedded "
+             f"{DEFAULT_TOKENIZER_TYPE}, which needs no files).",
     )
     group.add_argument("--vocab-file", type=str, default=None,
                        help="GPT-2 BPE vocab.json (GPT2BPETokenizer).")
@@ -50,23 +54,33 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 def check_tokenizer_args(args: argparse.Namespace) -> None:
     """Check the tokenizer flags of ``args`` and resolve ``args.tokenizer_type``.
 
-    Without ``--tokenizer-type`` the type is the byte-level default, and any tokenizer file flag
-    is an error (as in Megatron-LM, files never pick a tokenizer silently). A type that needs
+    Without ``--tokenizer-type``: ``--vocab-file``/``--merge-file`` mean ``GPT2BPETokenizer``
+    (Megatron-LM's and Microsoft Megatron-DeepSpeed's ``pretrain_gpt.py`` default, which their
+    public scripts rely on), noted in ``args.tokenizer_type_note`` for the start-up line; no file
+    flag means the embedded byte-level tokenizer; other file flags alone (``--tokenizer-model``,
+    ``--tokenizer-name-or-path``) are an error, since several types read them. A type that needs
     files needs its flags. Whether the files exist is checked when the tokenizer is built.
     Raises ConfigError naming the flags, their values and what is allowed.
     """
     given = {flag: getattr(args, attr, None) for flag, attr in FILE_FLAG_ATTRS.items()
              if getattr(args, attr, None)}
     ttype = getattr(args, "tokenizer_type", None)
+    args.tokenizer_type_note = getattr(args, "tokenizer_type_note", None)  # kept on a re-check
     if ttype is None:
-        if given:
+        if "--vocab-file" in given or "--merge-file" in given:
+            ttype = args.tokenizer_type = GPT2_FILES_DEFAULT_TYPE
+            args.tokenizer_type_note = ("no --tokenizer-type: --vocab-file/--merge-file mean "
+                                        f"{GPT2_FILES_DEFAULT_TYPE}, as in Megatron-LM")
+        elif given:
             flags = " ".join(f"{flag} {value!r}" for flag, value in given.items())
             raise ConfigError(
                 f"{flags} given without --tokenizer-type: name the tokenizer these files are for "
-                f"(e.g. --tokenizer-type GPT2BPETokenizer for --vocab-file/--merge-file); "
-                f"allowed types: {', '.join(TOKENIZER_TYPES)}")
-        args.tokenizer_type = DEFAULT_TOKENIZER_TYPE
-        return
+                f"(e.g. --tokenizer-type HuggingFaceTokenizer for a Hugging Face tokenizer, "
+                f"SentencePieceTokenizer for a .model file); allowed types: "
+                f"{', '.join(TOKENIZER_TYPES)}")
+        else:
+            args.tokenizer_type = DEFAULT_TOKENIZER_TYPE
+            return
     if ttype not in TOKENIZER_FILE_FLAGS:
         raise ConfigError(
             f"unknown --tokenizer-type {ttype!r}; allowed: {', '.join(TOKENIZER_TYPES)}")

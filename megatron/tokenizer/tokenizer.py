@@ -75,7 +75,9 @@ def build_tokenizer(args: argparse.Namespace):
     ``args.tokenizer_name_or_path`` as the type needs (absent attributes count as not given).
     As Megatron-LM does, also sets ``args.padded_vocab_size`` (number of embedding rows) from
     ``args.make_vocab_size_divisible_by`` and ``args.tensor_model_parallel_size`` when the
-    namespace has them (Megatron-LM's defaults 128 and 1 otherwise). Raises ConfigError for an
+    namespace has them (Megatron-LM's defaults 128 and 1 otherwise), and ``args.vocab_size``, the
+    rows that take probability (:func:`model_vocab_size`; the others are padding,
+    megatron/model/vocab_padding.py). Raises ConfigError for an
     unknown type, missing flags or files, or file flags without a type (naming flag and value).
     """
     for attr in ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model",
@@ -84,13 +86,18 @@ def build_tokenizer(args: argparse.Namespace):
             setattr(args, attr, None)
     check_tokenizer_args(args)
     tokenizer = _build(args)
+    check_fits_checkpoint(tokenizer, args)
     divisible_by = getattr(args, "make_vocab_size_divisible_by", 128)
     tp = getattr(args, "tensor_model_parallel_size", 1)
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, divisible_by, tp,
                                                getattr(args, "pad_vocab_size_to", None))
+    args.vocab_size = model_vocab_size(tokenizer, args)
     notes = getattr(args, "startup_notes", None)  # printed by the training loop at start-up
     if isinstance(notes, list):
-        notes.append(tokenizer_summary(tokenizer, args.padded_vocab_size))
+        notes.append(tokenizer_summary(tokenizer, args.padded_vocab_size,
+                                       getattr(args, "tokenizer_type_note", None)))
+        if getattr(args, "checkpoint_tokenizer_note", None):
+            notes.append(args.checkpoint_tokenizer_note)
         unused = unused_tokenizer_flags(args)
         if unused:
             notes.append(f"warning: {' '.join(unused)} not used by --tokenizer-type "
@@ -107,9 +114,37 @@ def unused_tokenizer_flags(args: argparse.Namespace) -> List[str]:
             if flag not in used and getattr(args, attr, None)]
 
 
-def tokenizer_summary(tokenizer, padded: int) -> str:
-    """One start-up line: the tokenizer type, its vocabulary size and special ids, and the
-    ``padded`` number of embedding rows (as Megatron-LM's "padded vocab ... dummy tokens")."""
-    return (f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} tokens (eod {tokenizer.eod}, "
-            f"pad {tokenizer.pad}); embedding rows {padded} "
-            f"({padded - tokenizer.vocab_size} dummy tokens of padding)")
+def check_fits_checkpoint(tokenizer, args: argparse.Namespace) -> None:
+    """With ``--use-checkpoint-args`` (``args.checkpoint_model_args`` set), a ConfigError naming
+    both sizes when the tokenizer has more tokens than the checkpoint's embedding rows
+    (``padded_vocab_size`` of its ``model_args.json``)."""
+    record = getattr(args, "checkpoint_model_args", None) or {}
+    rows = record.get("padded_vocab_size")
+    if rows and tokenizer.vocab_size > int(rows):
+        raise ConfigError(
+            f"--tokenizer-type {args.tokenizer_type}: the tokenizer has {tokenizer.vocab_size} "
+            f"tokens but the checkpoint in --load {getattr(args, 'load', None)} embeds {rows} "
+            "rows (--use-checkpoint-args); give a tokenizer that fits, or drop the tokenizer "
+            "flags to use the checkpoint's")
+
+
+def model_vocab_size(tokenizer, args: argparse.Namespace) -> int:
+    """The number of vocabulary rows that take probability (tokens): the tokenizer's vocabulary,
+    or more when the checkpoint of ``--use-checkpoint-args`` records more real rows (a model
+    imported from Hugging Face whose ``vocab_size`` exceeds its tokenizer's, as BLOOM's), never
+    more than the embedding's ``args.padded_vocab_size`` rows."""
+    recorded = (getattr(args, "checkpoint_model_args", None) or {}).get("vocab_size")
+    rows = max(int(tokenizer.vocab_size), int(recorded or 0))
+    return min(rows, int(args.padded_vocab_size))
+
+
+def tokenizer_summary(tokenizer, padded: int, type_note: str = None) -> str:
+    """One start-up line: the tokenizer type (and ``type_note``, why it is that type when no
+    ``--tokenizer-type`` was given), its vocabulary size and special ids, and the ``padded``
+    number of embedding rows (as Megatron-LM's "padded vocab ... dummy tokens"), which take no
+    probability."""
+    why = f" ({type_note})" if type_note else ""
+    return (f"tokenizer: {tokenizer.name}{why}, {tokenizer.vocab_size} tokens (eod "
+            f"{tokenizer.eod}, pad {tokenizer.pad}); embedding rows {padded} "
+            f"({padded - tokenizer.vocab_size} dummy tokens of padding, which take no "
+            "probability)")

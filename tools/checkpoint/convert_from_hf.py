@@ -175,7 +175,8 @@ def convert(hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1) -> dict:
     model_flags = {k: v for k, v in flags.items()}
     record = {"format_version": FORMAT_VERSION, "model": model_flags, "tokenizer": tokenizer,
               "defaults": {"seq_length": flags["max_position_embeddings"]},
-              "padded_vocab_size": config["vocab_size"], "imported_from": os.path.abspath(hf_dir)}
+              "padded_vocab_size": config["vocab_size"], "vocab_size": config["vocab_size"],
+              "imported_from": os.path.abspath(hf_dir)}
     directory = write_checkpoint(save_dir, tensors, record, tp=tp, pp=pp)
     return {"family": family.architecture, "directory": directory,
             "parameters": sum(t.numel() for t in tensors.values()),

@@ -15,7 +15,11 @@ cannot represent are refused naming the flag (megatron/checkpoint_interop/hf_fam
 Tensors are read one at a time from the memory-mapped checkpoint files (their pages released once
 used, megatron/checkpoint_interop/full_state.py) and streamed into the safetensors files, whose
 headers are planned from the shards' metadata first, so peak memory is about the largest tensor.
-Weights keep the checkpoint's dtype and its padded vocabulary rows (``vocab_size`` = padded size).
+Weights keep the checkpoint's dtype. The vocabulary keeps the rows that take probability (the
+recorded ``vocab_size``, the tokenizer's vocabulary): the padding rows that Megatron adds (a
+multiple of ``--make-vocab-size-divisible-by`` x TP) get ``-inf`` logits here, while transformers
+would softmax over them, so they are dropped. ``bos_token_id``/``eos_token_id`` are the
+tokenizer's.
 """
 import argparse
 import json
@@ -164,6 +168,24 @@ def tokenizer_source(tokenizer_flags: dict) -> Optional[List[str]]:
     return None
 
 
+def special_token_ids(tokenizer_flags: dict, load: str) -> dict:
+    """``{"bos_token_id", "eos_token_id"}`` of the run's tokenizer (``model_args.json``
+    ``tokenizer`` flags; relative paths are relative to ``load``, as an imported checkpoint
+    keeps them) for ``config.json``: generation in transformers stops at the eos id."""
+    import argparse
+
+    from megatron.checkpoint_interop.model_args import TOKENIZER_PATH_NAMES
+    from megatron.tokenizer import build_tokenizer
+
+    flags = dict(tokenizer_flags)
+    for name in TOKENIZER_PATH_NAMES:
+        if flags.get(name) and not os.path.isabs(flags[name]):
+            flags[name] = os.path.normpath(os.path.join(load, flags[name]))
+    tokenizer = build_tokenizer(argparse.Namespace(**flags))
+    return {"bos_token_id": getattr(tokenizer, "bos", None),
+            "eos_token_id": getattr(tokenizer, "eos", None)}
+
+
 def copy_tokenizer(tokenizer_flags: dict, output: str) -> List[str]:
     """Copy the run's tokenizer files into ``output``; returns the names written."""
     files = tokenizer_source(tokenizer_flags)
@@ -191,6 +213,7 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
     from megatron.checkpoint_interop.full_state import FullStateReader
     from megatron.checkpoint_interop.hf_families import (canonical_names, canonical_shapes,
                                                          check_exportable, hf_config, to_hf)
+    from megatron.parallel.resharding import VOCAB_PARAMETERS
 
     max_bytes = parse_size(max_shard_size)
     if os.path.isdir(output) and os.listdir(output):
@@ -213,29 +236,36 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
         vocab_rows = reader.shape("embedding.word_embeddings.weight")[0]
         dtype = reader.dtype("embedding.word_embeddings.weight")
         shapes = canonical_shapes(flags, vocab_rows)
+        # transformers softmaxes over every lm_head row: export only the rows that take
+        # probability here (the padding rows beyond them get -inf logits in this project)
+        real_rows = min(int(reader.model_args.get("vocab_size") or vocab_rows), vocab_rows)
         plan: TensorPlan = []
         for name in reader.names:
             if reader.shape(name) != shapes[name]:
                 raise ConfigError(f"--load {load}: {name} in {reader.directory} is "
                                   f"{list(reader.shape(name))}, its model flags give "
                                   f"{list(shapes[name])}")
-            meta = torch.empty(shapes[name], dtype=reader.dtype(name), device="meta")
+            shape = (real_rows, *shapes[name][1:]) if name in VOCAB_PARAMETERS else shapes[name]
+            meta = torch.empty(shape, dtype=reader.dtype(name), device="meta")
             plan += [(n, tuple(t.shape), t.dtype) for n, t in to_hf(name, meta, flags)]
         os.makedirs(output, exist_ok=True)
         writer = SafetensorsStreamWriter(output, plan, max_bytes)
         parameters = 0
         for name in reader.names:
             tensor = reader.tensor(name)
+            if name in VOCAB_PARAMETERS:
+                tensor = tensor[:real_rows]
             parameters += tensor.numel()
             for hf_name, hf_tensor in to_hf(name, tensor, flags):
                 writer.write(hf_name, hf_tensor)
             del tensor
         files = writer.finish()
         summary_iteration = reader.iteration
-    config = hf_config(flags, vocab_rows, dtype)
+    tokenizer_flags = reader.model_args.get("tokenizer") or {}
+    config = hf_config(flags, real_rows, dtype, special_token_ids(tokenizer_flags, load))
     with open(os.path.join(output, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
-    tokenizer_files = copy_tokenizer(reader.model_args.get("tokenizer") or {}, output)
+    tokenizer_files = copy_tokenizer(tokenizer_flags, output)
     return {"family": family.architecture, "iteration": summary_iteration, "files": files,
             "tokenizer_files": tokenizer_files, "parameters": parameters,
             "bytes": writer.total_bytes}

@@ -21,8 +21,9 @@ is a T0 input, the continuation its target), the same layout T0 finetuning and
 ``tasks/zero_shot_rank_classification.py`` use, so ``prefix_lm=True`` scores with bidirectional
 attention over the context (non-causal decoder). Requests are sorted by length and run
 ``batch_size`` per forward, right-padded (padding is its own segment, so it changes no score).
-Log-probabilities are a softmax over the model's whole output (the padded vocabulary, as in the
-training loss); greedy choices (``is_greedy``, generation) only consider real token ids.
+Log-probabilities are a softmax over the model's output, as in the training loss: the padding
+rows of the vocabulary have ``-inf`` logits (megatron/model/vocab_padding.py), so they take no
+probability; greedy choices (``is_greedy``, generation) only consider real token ids.
 """
 import copy
 import logging

@@ -132,6 +132,18 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="GeLU by the exact erf form instead of the tanh approximation that "
                         "Megatron-LM's bias-GeLU fusion computes (the default with biases; "
                         "megatron/model/gelu.py).")
+    # Megatron-LM's kernel fusions (GPU only; same functions unfused: megatron/model/fusions.py)
+    g.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion",
+                   help="GPU: SwiGLU (and its bias) unfused instead of megatron-core's fused kernel.")
+    g.add_argument("--no-bias-dropout-fusion", action="store_false", dest="bias_dropout_fusion",
+                   help="GPU: bias + dropout + residual add unfused instead of megatron-core's "
+                        "fused kernel.")
+    g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion",
+                   help="GPU: rotary embeddings unfused instead of Transformer Engine's fused "
+                        "kernel (used when TE imports).")
+    g.add_argument("--no-persist-layer-norm", action="store_false", dest="persist_layer_norm",
+                   help="GPU: no Apex persistent LayerNorm kernel (used with Apex and "
+                        "--transformer-impl local).")
     g.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "alibi", "none"],
                    type=_value_alias("--position-embedding-type"),
@@ -185,6 +197,13 @@ def _add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision.")
     g.add_argument("--fp16", action="store_true", help="float16 mixed precision (loss scaling).")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                   help="Accumulate gradients over micro batches and all-reduce them over "
+                        "data-parallel ranks in fp32 (the default under --bf16; off under "
+                        "--fp16 unless given). docs/precision.md.")
+    g.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="Under --bf16, accumulate and all-reduce gradients in bf16 instead of "
+                        "fp32. docs/precision.md.")
     g.add_argument("--loss-scale", type=float, default=None,
                    help="Static fp16 loss scale (default dynamic); DeepSpeed fp16.loss_scale.")
     g.add_argument("--initial-loss-scale", type=float, default=None,
@@ -691,17 +710,31 @@ def _validate_layout(args) -> None:
 
 
 def _resolve_transformer_impl(args) -> None:
-    """``--transformer-impl``: the default is Transformer Engine when it imports, else local; an
-    explicit transformer_engine that cannot be met is an error."""
-    from megatron.model.attention_backends import transformer_engine_available
+    """``--transformer-impl``: the default is Transformer Engine when it imports, else local (with
+    a start-up warning when TE is installed but does not import); an explicit
+    transformer_engine that cannot be met is an error naming why."""
+    from megatron.model import transformer_engine_support
 
+    te = transformer_engine_support.transformer_engine_status()
     if args.transformer_impl is None:
-        args.transformer_impl = "transformer_engine" if transformer_engine_available() else "local"
-    elif args.transformer_impl == "transformer_engine" and not transformer_engine_available():
-        raise ArgumentError("--transformer-impl transformer_engine: Transformer Engine is not "
-                            "installed (the module transformer_engine does not import); install it "
-                            "or give --transformer-impl local (without the flag, local is used "
-                            "when Transformer Engine is absent)")
+        args.transformer_impl = "transformer_engine" if te.importable else "local"
+        if te.problem is not None:
+            args.startup_notes.append(f"warning: {te.describe_absence()}; using --transformer-impl "
+                                      "local")
+    elif args.transformer_impl == "transformer_engine" and not te.importable:
+        raise ArgumentError(f"--transformer-impl transformer_engine: {te.describe_absence()}; "
+                            "install it or give --transformer-impl local (without the flag, local "
+                            "is used when Transformer Engine is absent)")
+
+
+def _validate_attention_backend(args) -> None:
+    """An explicit Transformer Engine backend (te, flash, fused, unfused) that has no kernel for
+    this run's batches on this machine is refused here, naming what runs instead
+    (megatron/model/attention_backends.py); ``auto`` is resolved and logged at model build."""
+    from megatron.model.attention_backends import TE_BACKENDS, attention_backend_from_args
+
+    if args.attention_backend in TE_BACKENDS:
+        attention_backend_from_args(args)
 
 
 def _validate_rotary(args) -> None:
@@ -753,6 +786,7 @@ def _validate_model(args) -> None:
         value = getattr(args, name)
         if not 0.0 <= value < 1.0:
             raise ArgumentError(f"--{name.replace('_', '-')} {value} must be in [0, 1)")
+    _validate_attention_backend(args)
 
 
 def _validate_training(args) -> None:
@@ -983,8 +1017,8 @@ def _validate_tokenizer(args) -> None:
 def _validate_deepspeed_config(args) -> None:
     """Flags and ``--deepspeed_config`` agree (megatron/deepspeed_config.py
     reconcile_with_flags; values only the JSON gives are taken into args and noted), then
-    ``--use-distributed-optimizer`` (ZeRO stage 1 unless a stage >= 1 is given) and the
-    precision flags against the device."""
+    ``--use-distributed-optimizer`` (ZeRO stage 1 unless a stage >= 1 is given), the
+    precision flags against the device and the mixed-precision recipe."""
     from megatron.deepspeed_config import reconcile_with_flags
 
     if args.deepspeed_config_dict is not None:
@@ -1012,6 +1046,23 @@ def _validate_deepspeed_config(args) -> None:
         raise ArgumentError("--fp16 and --bf16 are mutually exclusive (one of them from "
                             f"--deepspeed_config {args.deepspeed_config}); pick one")
     _validate_precision_on_device(args)
+    _resolve_precision(args)
+
+
+def _resolve_precision(args) -> None:
+    """Gradient accumulation and reduction dtypes (Megatron-LM's flags, the JSON's
+    ``data_types.grad_accum_dtype`` and ``communication_data_type``) and the ZeRO stage of mixed
+    precision (megatron/precision.py ``resolve_precision_flags``)."""
+    from megatron.deepspeed_config import json_value
+    from megatron.precision import resolve_precision_flags
+
+    config = args.deepspeed_config_dict or {}
+    try:
+        args.startup_notes.extend(resolve_precision_flags(
+            args, json_value(config, "data_types.grad_accum_dtype"),
+            json_value(config, "communication_data_type")))
+    except ConfigError as e:
+        raise ArgumentError(str(e)) from None
 
 
 def _validate_precision_on_device(args) -> None:

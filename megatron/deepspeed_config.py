@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from megatron.errors import ConfigError
+from megatron.precision import deepspeed_precision_entries
 
 
 def load_deepspeed_json(path: str) -> Dict[str, Any]:
@@ -157,8 +158,10 @@ def reconcile_with_flags(args, config: Dict[str, Any]) -> List[str]:
 def deepspeed_config_from_args(args, train_batch_size: int) -> Dict[str, Any]:
     """DeepSpeed config dict: batch sizes from the flags (``train_batch_size`` is the current global
     batch, which differs from ``--global-batch-size`` during a rampup), ZeRO stage from
-    ``--zero-stage`` or the JSON file (default 1 with several data-parallel ranks, else 0), precision
-    and gradient clipping from the flags. Other keys of the JSON file are kept."""
+    ``--zero-stage`` or the JSON file (default 1 with several data-parallel ranks, else 0; at least
+    1 under mixed precision, set by validate_args), precision (with the gradient accumulation and
+    reduction dtypes of megatron/precision.py) and gradient clipping from the flags. Other keys of
+    the JSON file are kept."""
     config = copy.deepcopy(args.deepspeed_config_dict or {})
     config["train_micro_batch_size_per_gpu"] = args.micro_batch_size
     config["train_batch_size"] = train_batch_size
@@ -184,6 +187,8 @@ def deepspeed_config_from_args(args, train_batch_size: int) -> Dict[str, Any]:
             if value is not None:  # DeepSpeed takes integers but for loss_scale
                 fp16[key] = int(round(math.log2(value))) if key == "initial_scale_power" else int(value)
         config["fp16"] = fp16
+    # gradient accumulation and data-parallel reduction dtypes (fp32 under bf16 by default)
+    config.update(deepspeed_precision_entries(args, config))
     if args.pipeline_model_parallel_size > 1 and args.sequence_parallel:
         # The pipe engine splits the activation it sends over the tensor-parallel group, assuming
         # every tensor-parallel rank holds the same one; under sequence parallelism each holds its

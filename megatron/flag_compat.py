@@ -183,9 +183,8 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
     _inert("--use-mcore-models", (MLM,), False,
            "The models here are always megatron-core's."),
     _inert("--no-masked-softmax-fusion", (MLM, MS), False,
-           "Disables the fused masked-softmax kernel; not used here."),
-    _inert("--no-bias-dropout-fusion", (MLM, MS), False,
-           "Disables the fused bias-dropout-add kernel; not used here."),
+           "Disables megatron-core's fused masked-softmax kernel, which the core attentions here "
+           "(SDPA, FlexAttention, Transformer Engine) never call."),
     _inert("--overlap-grad-reduce", (MLM,), False,
            "Overlap of Megatron-LM's DDP gradient reduce; DeepSpeed owns the data-parallel "
            "reduction here."),

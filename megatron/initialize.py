@@ -24,10 +24,22 @@ def initialize_distributed(args) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     if torch.cuda.is_available():
+        _apply_cuda_max_connections(args)  # before this process touches the GPU
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not torch.distributed.is_initialized():
         _init_deepspeed_distributed(args)
     initialize_model_parallel(args)
+
+
+def _apply_cuda_max_connections(args) -> None:
+    """``CUDA_DEVICE_MAX_CONNECTIONS`` as Megatron-LM requires it (megatron/parallel/cuda_connections.py)."""
+    from megatron.parallel.cuda_connections import apply_max_connections
+
+    note = apply_max_connections(
+        args.tensor_model_parallel_size, "cuda", os.environ,
+        lambda: torch.cuda.get_device_capability(int(os.environ["LOCAL_RANK"])))
+    if note:
+        args.startup_notes.append(note)
 
 
 def _init_deepspeed_distributed(args) -> None:
@@ -63,11 +75,27 @@ def _init_deepspeed_distributed(args) -> None:
             cpu_comm.remove_stale_shm_buffers()
 
 
+def stage_seed(seed: int, pipeline_rank: int) -> int:
+    """The seed of pipeline stage ``pipeline_rank`` for ``--seed seed``: ``seed + 100 *
+    pipeline_rank``, as Megatron-LM's ``_set_random_seed`` gives each stage its own dropout."""
+    return seed + 100 * pipeline_rank
+
+
 def set_seeds(seed: int) -> None:
-    """Seed Python, NumPy and torch identically on every rank, and megatron-core's tensor-parallel
-    RNG tracker (on CPU generator states without CUDA: megatron/parallel/cpu_rng.py)."""
+    """Megatron-LM's seeding (``initialize.py`` ``_set_random_seed``): Python, NumPy and torch get
+    :func:`stage_seed` (``--seed`` + 100 x this rank's pipeline stage, the same on the tensor- and
+    data-parallel ranks of a stage), and megatron-core's RNG tracker is seeded from it
+    (``model_parallel_cuda_manual_seed``: data-parallel stream that seed, model-parallel stream
+    seed + 2718 + tensor-parallel rank; CPU generator states without CUDA,
+    megatron/parallel/cpu_rng.py). Initial weights do not come from these generators
+    (megatron/model/init.py draws them from --seed and each parameter's name), so they stay the
+    same for every layout."""
+    from megatron.core import parallel_state
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
+    pipeline_rank = (parallel_state.get_pipeline_model_parallel_rank()
+                     if parallel_state.model_parallel_is_initialized() else 0)
+    seed = stage_seed(seed, pipeline_rank)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -21,13 +21,24 @@ def param_groups(model: torch.nn.Module) -> List[Dict]:
     return groups
 
 
+def adamw_kernel() -> Dict[str, bool]:
+    """torch AdamW's kernel choice: ``fused=True`` (one fused kernel over all tensors; no apex)
+    when DeepSpeed's accelerator is CUDA, torch's default kernel elsewhere."""
+    from deepspeed.accelerator import get_accelerator
+
+    return {"fused": True} if get_accelerator().device_name() == "cuda" else {}
+
+
 def build_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """``--optimizer adam`` (AdamW: decoupled decay as Megatron), ``sgd`` or ``adafactor``.
-    The learning rate and weight decay set here are placeholders; the scheduler drives both."""
+    """``--optimizer adam`` (AdamW: decoupled decay as Megatron; fused on CUDA, see
+    :func:`adamw_kernel`), ``sgd`` or ``adafactor``. Under mixed precision DeepSpeed's wrapper
+    hands it fp32 master weights (megatron/precision.py). The learning rate and weight decay set
+    here are placeholders; the scheduler drives both."""
     groups = param_groups(model)
     if args.optimizer == "adam":
         return torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay,
-                                 betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)
+                                 betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
+                                 **adamw_kernel())
     if args.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=args.lr, weight_decay=args.weight_decay,
                                momentum=args.sgd_momentum)

@@ -26,20 +26,19 @@ from megatron.schedules.units import (BatchSchedule, batch_schedule_from_args,
                                       train_iterations_from_args)
 
 
-def _to_device(batch: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
-
-
 def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward one micro batch; returns (mean loss over unmasked tokens, per-sample mean loss).
 
     Batch keys: ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` and optionally the
-    compact attention structure ``segment_ids`` / ``is_prefix`` (absent: plain causal attention),
-    which the model's core attention turns into its own mask form (megatron/model/masks.py).
+    compact attention structure ``segment_ids`` / ``is_prefix`` (absent: plain causal attention)
+    with the segment layout the loader's collate computed (megatron/model/masks.py
+    ``with_segment_layout``), which the model's core attention turns into its own mask form. The
+    batch goes to the device in one non-blocking copy (megatron/data/device_transfer.py).
     """
-    from megatron.model.masks import attention_structure_from_batch
+    from megatron.data.device_transfer import batch_to_device
+    from megatron.model.masks import attention_structure_from_batch, with_segment_layout
 
-    batch = _to_device(batch, engine.device)
+    batch = batch_to_device(with_segment_layout(batch), engine.device)
     per_token = engine(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                        packed_seq_params=attention_structure_from_batch(batch))
     return masked_lm_loss(per_token, batch["loss_mask"])
@@ -47,6 +46,7 @@ def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tens
 
 def _loader(dataset, consumed: int, args, total: Optional[int] = None) -> Iterator[Dict]:
     from megatron.core import parallel_state
+    from megatron.model.masks import collate_with_segment_layout
 
     sampler = PretrainingBatchSampler(
         total_samples=total if total is not None else len(dataset), consumed_samples=consumed,
@@ -55,8 +55,10 @@ def _loader(dataset, consumed: int, args, total: Optional[int] = None) -> Iterat
         data_parallel_size=parallel_state.get_data_parallel_world_size())
     # Own generator: creating a DataLoader iterator otherwise draws its worker base seed from the
     # global torch RNG, which would shift the dropout stream of a resumed run (exact resume).
+    # The collate adds the host-computed segment layout (megatron/model/masks.py); pinning happens
+    # in the one-copy transfer to the device (megatron/data/device_transfer.py).
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
-                                         pin_memory=torch.cuda.is_available(),
+                                         collate_fn=collate_with_segment_layout, pin_memory=False,
                                          persistent_workers=False,
                                          generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)
@@ -280,11 +282,10 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     from megatron.parallel.grads import install_sequence_parallel_grad_allreduce
     from megatron.parallel.pipe import check_grid_matches, install_model_grad_clipping
     from megatron.parallel.topology import MegatronCoreMPU
+    from megatron.precision import precision_line
 
     model = model_provider(args)
     pipe = isinstance(model, PipelineModule)
-    if args.sequence_parallel:
-        install_sequence_parallel_grad_allreduce(model, parallel_state.get_tensor_model_parallel_group())
     optimizer = build_optimizer(args, model)
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=deepspeed_config_from_args(args, initial_batch),
@@ -294,6 +295,11 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     if pipe:
         check_grid_matches(engine.grid)
         install_model_grad_clipping(engine)
+    if args.sequence_parallel:  # megatron/parallel/grads.py
+        when = install_sequence_parallel_grad_allreduce(
+            engine, parallel_state.get_tensor_model_parallel_group())
+        print_rank_0(f"sequence-parallel gradients summed over tensor-parallel ranks {when}")
+    print_rank_0(precision_line(engine))  # megatron/precision.py; checks DeepSpeed's wrapper
     scheduler = build_opt_param_scheduler(args, ds_optimizer)
     return engine, ds_optimizer, scheduler
 
@@ -372,19 +378,17 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
 
 def _unclipped_grad_norm(engine) -> Optional[float]:
     """L2 norm of the whole model's (data-parallel averaged) gradient before clipping. ZeRO stages
-    keep it in the engine; at stage 0 DeepSpeed does not, so it is computed from the module's
-    gradients, which hold the averaged values between the boundary backward and the optimizer
-    step: each tensor-parallel shard once, summed over the model-parallel group."""
+    keep it in the engine; at stage 0 (fp32 only: mixed precision runs at stage 1 at least,
+    megatron/precision.py) DeepSpeed does not, so it is computed from the module's gradients,
+    which hold the averaged values between the boundary backward and the optimizer step: each
+    tensor-parallel shard once, summed over the model-parallel group."""
     from megatron.parallel.grads import global_grad_norm
 
     if engine.zero_optimization_stage() > 0:
         return None
     if not any(p.grad is not None for p in engine.module.parameters()):
         return None
-    norm = global_grad_norm(engine.module.parameters(), engine.mpu)
-    if engine.fp16_enabled() and hasattr(engine.optimizer, "cur_scale"):
-        norm /= float(engine.optimizer.cur_scale)
-    return norm
+    return global_grad_norm(engine.module.parameters(), engine.mpu)
 
 
 def _grad_norm(engine, stage0_norm: Optional[float]) -> Optional[float]:

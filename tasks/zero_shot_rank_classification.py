@@ -35,8 +35,10 @@ quiet_known_warnings()  # before megatron.core is imported
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from megatron.data.device_transfer import batch_to_device  # noqa: E402
 from megatron.data.mtf_dataset import pack_sample, truncated_lengths  # noqa: E402
-from megatron.model.masks import attention_structure_from_batch  # noqa: E402
+from megatron.model.masks import (attention_structure_from_batch,  # noqa: E402
+                                  collate_with_segment_layout)
 # the model and its checkpoint (any layout); re-exported as this script's Python API
 from tasks.checkpoint_model import MODEL_STATES, build_model, load_model_weights  # noqa: E402,F401
 
@@ -95,7 +97,8 @@ def score_pairs(model, pairs: Sequence, seq_length: int, pad_id: int, prefix_lm:
                           np.asarray(tgt[:keep_tg], np.int64)))
         length = max(len(i) + len(t) for i, t in chunk)
         samples = [pack_sample([p], length, pad_id, prefix_lm=prefix_lm) for p in chunk]
-        batch = {k: torch.stack([s[k] for s in samples]).to(device) for k in samples[0]}
+        # the segment layout is worked out on the host, then the batch moves in one copy
+        batch = batch_to_device(collate_with_segment_layout(samples), device)
         logits = model(batch["tokens"], batch["position_ids"], None,
                        packed_seq_params=attention_structure_from_batch(batch))
         logprobs = torch.log_softmax(logits.float(), dim=-1)

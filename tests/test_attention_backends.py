@@ -175,9 +175,14 @@ def test_structure_rejects_bad_shapes_and_dense_masks():
     q, k, v = qkv(0, 8, 1)
     with pytest.raises(ValueError, match="not a dense attention_mask"):
         core(q, k, v, torch.zeros(1, 1, 8, 8, dtype=torch.bool))
-    split = AttentionStructure(segment_ids=torch.tensor([[1, 1, 2, 2, 1, 1, 0, 0]], dtype=torch.int32))
-    with pytest.raises(ValueError, match="sample 0: segment 1 is split into separate runs"):
-        core(q, k, v, None, packed_seq_params=split)
+    # A segment that is not one run is refused where its layout is computed: in the loader's
+    # collate (with_segment_layout), before any tensor reaches the device.
+    from megatron.model.masks import attention_structure, collate_with_segment_layout
+    split = torch.tensor([[1, 1, 2, 2, 2, 2, 0, 0], [1, 1, 2, 2, 1, 1, 0, 0]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="sample 1: segment 1 is split into separate runs"):
+        attention_structure(split)
+    with pytest.raises(ValueError, match="sample 1: segment 1 is split into separate runs"):
+        collate_with_segment_layout([{"segment_ids": row} for row in split])
 
 
 # ------------------------------------------------------------------ ALiBi slopes
@@ -241,19 +246,22 @@ def test_alibi_bad_inputs():
 
 # ------------------------------------------------------------------ --attention-backend
 def resolve(requested, device="cuda", te=True, impl="transformer_engine", structured=True,
-            dropout=0.0, training=True, alibi=False, prefix=False):
+            dropout=0.0, training=True, alibi=False, prefix=False, te_version=(2, 9),
+            flash_attn=("flash-attn==2.8.3",), scores_mib=None):
     from megatron.model.attention_backends import resolve_attention_backend
     return resolve_attention_backend(requested, device_type=device, te_available=te,
                                      transformer_impl=impl, structured_batches=structured,
                                      attention_dropout=dropout, training=training, alibi=alibi,
-                                     prefix_batches=prefix)
+                                     prefix_batches=prefix, te_version=te_version,
+                                     flash_attn=flash_attn, dense_scores_mib=scores_mib)
 
 
 @pytest.mark.parametrize("requested,kwargs,name,kernel", [
     ("auto", dict(device="cpu"), "sdpa", None),
     ("auto", dict(device="cpu", structured=False), "sdpa", None),
     ("auto", dict(), "flex", None),                        # GPU, packed, no dropout
-    ("auto", dict(dropout=0.1), "te", None),               # GPU, packed, dropout: TE arbitrary mask
+    ("auto", dict(dropout=0.1), "te", None),               # GPU, packed, dropout: TE's thd format
+    ("auto", dict(dropout=0.1, prefix=True), "te", None),  # GPU, prefix, dropout: TE arbitrary mask
     ("auto", dict(dropout=0.1, te=False), "sdpa", None),
     ("auto", dict(structured=False), "te", None),
     ("auto", dict(structured=False, impl="local"), "sdpa", None),
@@ -267,7 +275,8 @@ def resolve(requested, device="cuda", te=True, impl="transformer_engine", struct
     ("flex", dict(), "flex", None),
     ("flex", dict(device="cpu", training=False), "flex", None),
     ("te", dict(), "te", None),
-    ("unfused", dict(), "te", "unfused"),
+    ("unfused", dict(prefix=True), "te", "unfused"),       # the arbitrary mask: unfused only
+    ("unfused", dict(te_version=(2, 12)), "te", "unfused"),  # thd: unfused from TE 2.12 on
     ("fused", dict(), "te", "fused"),
     ("flash", dict(structured=False), "te", "flash"),
     ("flash", dict(), "te", "flash"),  # packed documents without prefixes: TE's thd format
@@ -287,11 +296,76 @@ def test_backend_selection(requested, kwargs, name, kernel):
     ("fused", dict(device="cpu"), "needs a CUDA device"),
     ("flash", dict(prefix=True), "take no arbitrary mask, which --prefix-lm batches need"),
     ("magic", dict(), "unknown; choose one of auto, flash"),
+    # Transformer Engine combinations without a kernel, each naming what runs instead
+    ("flash", dict(flash_attn=()), r"flash kernels come from the flash-attn package, which is not "
+                                   r"installed \(pip install flash-attn\); use fused, te, flex or sdpa"),
+    ("flash", dict(structured=False, flash_attn=("flash-attn-3==3.0.0b1",), dropout=0.1),
+     r"the installed flash-attn-3==3.0.0b1 has no attention dropout \(flash-attn 2 has\); set "
+     r"--attention-dropout 0 \(got 0.1\), install flash-attn, or use fused, te or sdpa"),
+    ("fused", dict(prefix=True), r"fused \(cuDNN\) kernels take no arbitrary mask, which "
+                                 r"--prefix-lm batches need \(only its unfused kernels do\); use "
+                                 r"unfused or te .*, flex or sdpa"),
+    ("fused", dict(prefix=True, dropout=0.1), r"flex \(with --attention-dropout 0\) or sdpa"),
+    ("unfused", dict(), r"packed documents without prefixes run Transformer Engine's packed thd "
+                        r"format, for which Transformer Engine 2.9 has no unfused kernel \(TE 2.12 "
+                        r"adds one\); use fused, flash, te, flex or sdpa"),
+    ("te", dict(te=False, impl="local"), "Transformer Engine is not installed"),
 ])
 def test_backend_selection_errors_name_the_flag(requested, kwargs, message):
     from megatron.arguments import ArgumentError
     with pytest.raises(ArgumentError, match=f"--attention-backend {requested}: .*{message}"):
         resolve(requested, **kwargs)
+
+
+def test_unfused_te_kernel_states_what_it_stores():
+    """Where TE's unfused kernel runs the arbitrary mask of prefix batches (auto with attention
+    dropout, te, unfused), the start-up line says what it stores and how much; other choices
+    carry no cost note."""
+    for requested, kwargs in (("auto", dict(dropout=0.1)), ("te", {}), ("unfused", {})):
+        line = resolve(requested, prefix=True, scores_mib=256.0, **kwargs).describe()
+        assert ("cost: Transformer Engine's unfused kernel (the only one for the arbitrary mask "
+                "prefix batches need) stores [b, h, s, s] attention probabilities for the backward "
+                "(at least 256 MiB per layer)") in line, line
+    assert "--attention-dropout 0 runs block-sparse FlexAttention instead" in \
+        resolve("auto", prefix=True, dropout=0.1).describe()
+    for requested, kwargs in (("auto", {}), ("auto", dict(dropout=0.1)), ("te", {}),
+                              ("fused", {}), ("flash", dict(structured=False))):
+        assert "cost:" not in resolve(requested, scores_mib=256.0, **kwargs).describe()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--attention-backend", "fused", "--prefix-lm"], "--attention-backend fused: Transformer "
+     "Engine's fused (cuDNN) kernels take no arbitrary mask"),
+    (["--attention-backend", "unfused", "--reset-attention-mask"], "--attention-backend unfused: "
+     "packed documents without prefixes run Transformer Engine's packed thd format"),
+    (["--attention-backend", "flash"], "--attention-backend flash: Transformer Engine's flash "
+     "kernels come from the flash-attn package, which is not installed"),
+])
+def test_validate_args_refuses_te_combinations_without_a_kernel(monkeypatch, capsys, flags, message):
+    """On a GPU with Transformer Engine 2.9 and no flash-attn, parsing the flags fails with the
+    reason; the combinations that have a kernel parse."""
+    import argparse
+    from megatron.arguments import parse_args
+    from megatron.model import transformer_engine_support
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(transformer_engine_support, "transformer_engine_status", lambda: (
+        transformer_engine_support.TransformerEngineStatus(importable=True, version=(2, 9))))
+    base = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+            "--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3"]
+
+    def prefix_lm(parser: argparse.ArgumentParser):
+        parser.add_argument("--prefix-lm", action="store_true")
+        parser.set_defaults(packed_samples="--prefix-lm" in flags)
+        return parser
+
+    with pytest.raises(SystemExit):
+        parse_args(base + flags, extra_args_provider=prefix_lm, require_data=False)
+    assert message in capsys.readouterr().err
+    ok = {"fused": ["--attention-backend", "fused", "--reset-attention-mask"],
+          "unfused": ["--attention-backend", "unfused", "--prefix-lm"],
+          "flash": ["--attention-backend", "te", "--prefix-lm"]}[flags[1]]
+    assert parse_args(base + ok, extra_args_provider=prefix_lm,
+                      require_data=False).attention_backend == ok[1]
 
 
 def test_attention_backend_flag(capsys):

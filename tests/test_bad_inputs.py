@@ -446,7 +446,7 @@ def test_weighted_split_two_training_groups():
 
     groups = {"train": parse(["A: 1 0:1 a", "B: 1 0:1 b"], "--train-weighted-split-paths",
                              check_files=False), "valid": [], "test": []}
-    args = argparse.Namespace(data_blend=None, weighted_split_groups=groups)
+    args = argparse.Namespace(data_blend=None, weighted_split_groups=groups, data_cache_path=None)
     _raises(ConfigError, lambda: build_pretraining_data(args, None),
             "--train-weighted-split-paths: give one training group (got 2: A, B)")
 

@@ -21,8 +21,19 @@ def _model(extra):
     return build_gpt_model(args)
 
 
-def _three_steps(model):
-    """Loss and one weight's gradient norm for three forward/backward passes with dropout on."""
+def _packed_prefix_structure():
+    """Two samples of packed segments (the second ending in padding), prefixes in each."""
+    from megatron.model.masks import attention_structure
+
+    seg = torch.tensor([[1] * 5 + [2] * 7 + [3] * 4, [1] * 9 + [2] * 3 + [0] * 4], dtype=torch.int32)
+    pre = torch.zeros(2, 16, dtype=torch.bool)
+    pre[:, :2] = pre[:, 9:11] = True
+    return attention_structure(seg, pre)
+
+
+def _three_steps(model, packed=False):
+    """Loss and one weight's gradient norm for three forward/backward passes with dropout on
+    (``packed``: on packed prefix-LM batches, SDPA's per-segment path)."""
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
     torch.manual_seed(5)
@@ -31,7 +42,8 @@ def _three_steps(model):
     position_ids = torch.arange(16).expand(2, 16)
     out = []
     for _ in range(3):
-        loss = model(tokens, position_ids, None, labels=tokens).mean()
+        structure = _packed_prefix_structure() if packed else None
+        loss = model(tokens, position_ids, None, labels=tokens, packed_seq_params=structure).mean()
         loss.backward()
         out.append((loss.item(), model.decoder.layers[0].mlp.linear_fc1.weight.grad.norm().item()))
     return out
@@ -53,17 +65,22 @@ def model_parallel_state(dist_group):
       "--recompute-num-layers", "1"], 1 * 3),
     (["--recompute-granularity", "selective"], 2 * 3),  # core attention of each layer
 ])
-def test_recompute_gives_identical_losses_and_grads_with_dropout(model_parallel_state, flags, calls):
+@pytest.mark.parametrize("packed", [False, True])
+def test_recompute_gives_identical_losses_and_grads_with_dropout(model_parallel_state, flags, calls,
+                                                                 packed):
+    """Attention dropout runs on the tracker's model-parallel stream (megatron-core's fork), hidden
+    dropout on the default one; the recomputed forward replays both."""
     from megatron.core.tensor_parallel import random as mrandom
 
-    reference = _three_steps(_model([]))
+    reference = _three_steps(_model([]), packed)
     real_apply = mrandom.CheckpointFunction.apply
     with mock.patch.object(mrandom.CheckpointFunction, "apply", side_effect=real_apply) as spy:
-        recomputed = _three_steps(_model(flags))
+        recomputed = _three_steps(_model(flags), packed)
     assert spy.call_count == calls
     assert recomputed == reference
-    # dropout really is on: without it the losses differ
-    assert _three_steps(_model(["--hidden-dropout", "0", "--attention-dropout", "0"]))[0] != reference[0]
+    # each dropout really is on: without it the losses differ
+    for off in (["--attention-dropout", "0"], ["--hidden-dropout", "0"]):
+        assert _three_steps(_model(off), packed)[0] != reference[0]
 
 
 def test_cpu_tracker_fork_uses_its_own_stream_and_restores_the_default(model_parallel_state):

@@ -130,8 +130,9 @@ def test_universal_checkpoint_needs_the_param_index(tmp_path):
                             "without --universal-checkpoint on the layout it was saved with")
 
 
-class BF16_Optimizer:  # noqa: N801 (DeepSpeed's class name is what the message shows)
-    """Stands for DeepSpeed's bf16 wrapper, whose state is not in a reshardable form."""
+class FP16_UnfusedOptimizer:  # noqa: N801 (DeepSpeed's class name is what the message shows)
+    """Stands for DeepSpeed's stage-0 fp16 wrapper (older fp16/bf16 checkpoints), whose state is
+    not in a reshardable form."""
 
     refreshed = 0
 
@@ -144,13 +145,14 @@ def test_unreshardable_optimizer_is_refused_naming_it():
 
     from megatron.parallel.resharding import load_resharded
 
-    engine = SimpleNamespace(module=torch.nn.Linear(2, 2), optimizer=BF16_Optimizer())
+    engine = SimpleNamespace(module=torch.nn.Linear(2, 2), optimizer=FP16_UnfusedOptimizer())
     with pytest.raises(ReshardError) as e:
         load_resharded(engine, _saved(SAVED), "/ckpt", load_optimizer=True)
     assert str(e.value) == (
-        "--load /ckpt: this run keeps its optimizer state in DeepSpeed's BF16_Optimizer; resuming "
-        "on another layout with the optimizer state needs fp32 training at ZeRO stage 0 or ZeRO "
-        "stage 1/2 (or use --no-load-optim)")
+        "--load /ckpt: this run keeps its optimizer state in DeepSpeed's FP16_UnfusedOptimizer; "
+        "resuming on another layout with the optimizer state needs fp32 training at ZeRO stage 0, "
+        "DeepSpeed's ZeRO stage 1/2 optimizer or its BF16_Optimizer (docs/precision.md) (or use "
+        "--no-load-optim)")
 
 
 def test_checkpoint_without_index_resumes_only_on_its_own_split(tmp_path):
@@ -301,7 +303,7 @@ def test_weights_only_into_a_bf16_wrapper_refreshes_its_fp32_masters(tmp_path, t
     full = {"decoder.final_layernorm.weight": (*torch.randn(3, 4), None, 1)}
     index = _write_tp2_checkpoint(tmp_path, full)
     module = _module({"decoder.final_layernorm.weight": ((4,), None, 1)})
-    engine = SimpleNamespace(module=module, optimizer=BF16_Optimizer(),
+    engine = SimpleNamespace(module=module, optimizer=FP16_UnfusedOptimizer(),
                              zero_optimization_stage=lambda: 0)
     load_resharded(engine, SavedCheckpoint(str(tmp_path), index), str(tmp_path),
                    load_optimizer=False, log=lambda line: None)

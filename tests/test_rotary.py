@@ -45,6 +45,9 @@ def test_gpt_model_with_rope_runs_forward_and_backward_on_cpu(dist_group):
          "--position-embedding-type", "rope", "--rotary-percent", "0.5"]), 1, require_data=False)
     args.padded_vocab_size = 128
     model = build_gpt_model(args)
+    from megatron.parallel.cpu_rng import model_parallel_manual_seed
+
+    model_parallel_manual_seed(args.seed)  # attention dropout runs on the model-parallel stream
     assert type(model.rotary_pos_emb) is RotaryEmbedding
     tokens = torch.randint(0, 100, (2, 16))
     positions = torch.arange(16).expand(2, 16)

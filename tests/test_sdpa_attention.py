@@ -94,7 +94,7 @@ def test_gpt_model_uses_sdpa_and_segments_change_output():
         untie_embeddings_and_output_weights=False, position_embedding_type="learned_absolute",
         rotary_percent=1.0, rotary_base=10000, sequence_parallel=False, recompute_granularity=None,
         recompute_method=None, recompute_num_layers=None, distribute_saved_activations=False, seed=0,
-        attention_backend="auto", reset_attention_mask=False)
+        attention_backend="auto", reset_attention_mask=False, micro_batch_size=2, seq_length=16)
     torch.manual_seed(0)
     model = build_gpt_model(args).eval()
     assert any(isinstance(m, SDPAttention) for m in model.modules())

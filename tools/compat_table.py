@@ -113,13 +113,16 @@ _MS_SP = _flags("""
     --use-flash-attn-v2 --use-rotary-position-embeddings --vocab-file --weight-decay
     --zero-stage""")
 # Flags of other scripts of these families that users bring along (BigScience's earlier
-# configurations, a Microsoft-fork 175B run): fp16 loss scaling, aliases, logging extras.
+# configurations, a Microsoft-fork 175B run, Megatron-LM's precision flags): fp16 loss scaling,
+# gradient accumulation dtypes, aliases, logging extras.
 _OTHER = _flags("""
     --loss-scale --initial-loss-scale --min-loss-scale --loss-scale-window --hysteresis
+    --accumulate-allreduce-grads-in-fp32 --grad-reduce-in-bf16
     --use-distributed-optimizer --layernorm-epsilon --prefixlm --glu-activation --use-mpi
     --wandb-name --no-gradient-accumulation-fusion --use-flash-attn --use-checkpoint-args
     --exit-interval --cpu-optimizer --override-lr-scheduler --use-checkpoint-lr-scheduler
-    --no-bias-gelu-fusion""")
+    --no-bias-gelu-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion --no-rope-fusion
+    --no-persist-layer-norm --no-masked-softmax-fusion""")
 
 SOURCES: Tuple[Source, ...] = (
     Source("BS tr11", "bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm",
@@ -138,7 +141,7 @@ SOURCES: Tuple[Source, ...] = (
     Source("MS SP", "microsoft/Megatron-DeepSpeed examples_deepspeed/sequence_parallel/*.sh",
            "microsoft_sequence_parallel.sh", _MS_SP),
     Source("other", "other scripts of these forks (BigScience's earlier configurations, a "
-           "Microsoft-fork 175B run)", "", _OTHER),
+           "Microsoft-fork 175B run, Megatron-LM's precision flags)", "", _OTHER),
 )
 # Flags the tiny scripts give that their original does not (the reason is in each script's
 # header): --bf16 for the originals' --fp16 on CPU.

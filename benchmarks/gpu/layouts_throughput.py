@@ -1,19 +1,22 @@
 """Tokens/s/GPU and model FLOPs utilisation (MFU) of a ~1.3B GPT for several parallel layouts, on
-a GPU machine, through the deepspeed launcher and the real training loop (bf16).
+a GPU machine, through the deepspeed launcher and the real training loop (bf16, ZeRO 1).
 
 Layouts (each skipped when the machine has fewer GPUs than it needs; the rest of the GPUs are
 data parallel): TP 1; TP 1 + full recompute; TP 2; TP 2 + sequence parallel; PP 2 (DeepSpeed's
-pipe engine); TP 2 x PP 2. Per layout: median tokens/s over the iterations after warm-up (from the
-loop's own ``--metrics-jsonl``), tokens/s/GPU, and MFU = model FLOPs per token x tokens/s/GPU /
-peak FLOP/s. Model FLOPs per token follow Megatron-LM (Narayanan et al. 2021, no recompute
-counted): 72 L h^2 (1 + s / (6 h) + V / (12 L h)), V the padded vocabulary.
+pipe engine); TP 2 x PP 2. Per layout: median tokens/s over the iterations after ``--warmup``
+(from the loop's own ``--metrics-jsonl``, one record per iteration, so the first iterations,
+which compile the fused kernels and FlexAttention, are not timed), tokens/s/GPU, and MFU = model
+FLOPs per token x tokens/s/GPU / peak FLOP/s of the GPU (:data:`PEAK_TFLOPS`, dense bf16).
+Model FLOPs per token are Megatron-LM's ``num_floating_point_operations`` (training/training.py)
+for this dense GPT: each GEMM counted 3 times (forward, weight and data gradient), 2 FLOPs per
+multiply-add, causal attention as half the square, recompute not counted.
 
     python benchmarks/gpu/layouts_throughput.py [--gpus N] [--peak-tflops 989] [--iters 20]
-        [--layouts tp1 tp2 tp2-sp pp2] [--micro-batch-size 4]
+        [--warmup 5] [--layouts tp1 tp2 tp2-sp pp2] [--micro-batch-size 4] [--json F]
+    python benchmarks/gpu/layouts_throughput.py --device cpu --tiny   # dry run of the script
 
 The data is the embedded byte-level demo corpus (tools/make_demo_data.py), so the vocabulary is
-small (258 padded to 384 x TP); the throughput of the transformer layers, which dominate, does
-not depend on it.
+small (258 padded to 384 x TP); the transformer layers, which dominate, do not depend on it.
 """
 import argparse
 import json
@@ -34,7 +37,17 @@ LAYOUTS = {  # name: (tensor-parallel, pipeline-parallel, extra flags)
     "pp2": (1, 2, []),
     "tp2-pp2": (2, 2, []),
 }
-PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10": 125.0}
+# Dense bf16 tensor-core peak per GPU (TFLOP/s, NVIDIA data sheets, no sparsity); the first name
+# contained in torch.cuda.get_device_name() wins, so the specific ones come first.
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4),
+               ("GH200", 989.4), ("H800", 989.4), ("B200", 2250.0), ("A100", 312.0),
+               ("L40S", 362.1), ("A10", 125.0))
+RAW_VOCAB = 258  # the byte-level tokenizer
+
+
+def peak_tflops(device_name: str):
+    """Dense bf16 peak TFLOP/s of ``device_name`` (:data:`PEAK_TFLOPS`), or None."""
+    return next((value for key, value in PEAK_TFLOPS if key in device_name), None)
 
 
 def free_port() -> int:
@@ -48,46 +61,74 @@ def padded_vocab(raw: int, divisible_by: int, tp: int) -> int:
     return -(-raw // multiple) * multiple
 
 
-def flops_per_token(layers: int, hidden: int, seq: int, vocab: int) -> float:
-    """Megatron-LM's model FLOPs of one trained token (forward + backward, no recompute)."""
-    return 72.0 * layers * hidden ** 2 * (1 + seq / (6.0 * hidden) + vocab / (12.0 * layers * hidden))
+def flops_per_token(layers: int, hidden: int, seq: int, vocab: int, ffn: int = None) -> float:
+    """Megatron-LM's model FLOPs of one trained token of a dense GPT with GeLU MLP (``ffn``,
+    default 4 x hidden) and full multi-head attention: 3 x 2 x (MLP 2 h ffn + QKV and output
+    projections 4 h^2 + causal core attention h s / 2 x 2) per layer + 3 x 2 x h V for the logits."""
+    ffn = 4 * hidden if ffn is None else ffn
+    per_layer = 2 * hidden * ffn + 4 * hidden * hidden + hidden * seq
+    return 6.0 * (layers * per_layer + hidden * vocab)
+
+
+def validate(opts) -> None:
+    """Refuse options that cannot give a measurement."""
+    if opts.iters <= opts.warmup:
+        raise SystemExit(f"--iters {opts.iters} must exceed --warmup {opts.warmup}: the first "
+                         f"{opts.warmup} iterations (kernel compilation) are not timed")
+    if opts.warmup < 1:
+        raise SystemExit(f"--warmup {opts.warmup}: at least 1, the iteration that compiles the "
+                         "fused kernels")
+    if opts.num_workers < 0:
+        raise SystemExit(f"--num-workers {opts.num_workers} must be non-negative")
 
 
 def run_layout(opts, name: str, data_prefix: str, work: str):
-    """(tokens/s, world size) of one layout, or None when it does not fit the GPUs."""
+    """(median tokens/s, tp) of one layout, or None when it does not fit the GPUs or fails."""
     tp, pp, extra = LAYOUTS[name]
     if opts.gpus % (tp * pp):
         return None
     dp = opts.gpus // (tp * pp)
     metrics = os.path.join(work, f"{name}.jsonl")
+    cpu = opts.device == "cpu"
     flags = [
         "--num-layers", str(opts.num_layers), "--hidden-size", str(opts.hidden_size),
         "--num-attention-heads", str(opts.heads), "--seq-length", str(opts.seq_length),
         "--micro-batch-size", str(opts.micro_batch_size),
         "--global-batch-size", str(opts.micro_batch_size * dp * opts.accumulation),
         "--train-iters", str(opts.iters), "--lr", "1e-4", "--lr-decay-style", "constant",
-        "--hidden-dropout", "0", "--attention-dropout", "0", "--bf16", "--zero-stage", "1",
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--zero-stage", "1",
+        "--num-workers", str(opts.num_workers),
         "--data-path", data_prefix, "--split", "98,1,1", "--eval-iters", "0",
         "--data-cache-path", os.path.join(work, "cache"), "--log-interval", "1",
         "--metrics-jsonl", metrics, "--tensor-model-parallel-size", str(tp),
-        "--pipeline-model-parallel-size", str(pp), *extra]
+        "--pipeline-model-parallel-size", str(pp), *([] if cpu else ["--bf16"]), *extra]
     launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     cmd = [launcher, "--num_gpus", str(opts.gpus), "--master_port", str(free_port()),
            os.path.join(ROOT, "pretrain_gpt.py")] + flags
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    if cpu:
+        env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=opts.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{name}: timed out after {opts.timeout} s")
+        return None
     if proc.returncode:
         print(f"{name}: failed (exit {proc.returncode})\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         return None
     with open(metrics) as f:
         records = [json.loads(line) for line in f if line.strip() and "split" not in line]
-    return median(r["tokens_per_second"] for r in records[opts.warmup:]), tp
+    timed = [r["tokens_per_second"] for r in records if r["iteration"] > opts.warmup]
+    return median(timed), tp
 
 
-def main():
-    import torch
-
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gpus", type=int, default=torch.cuda.device_count())
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cuda (the benchmark) or cpu (a dry run of the script, with --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="2 layers x 64 hidden, seq 64")
+    parser.add_argument("--gpus", type=int, default=None, help="default: every visible GPU (cpu: 1)")
     parser.add_argument("--layouts", nargs="*", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--num-layers", type=int, default=24)
     parser.add_argument("--hidden-size", type=int, default=2048)
@@ -95,26 +136,45 @@ def main():
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--accumulation", type=int, default=4)
+    parser.add_argument("--num-workers", type=int, default=2,
+                        help="DataLoader workers of the training loop (Megatron-LM's default 2)")
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5, help="first iterations not timed")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per layout run")
+    parser.add_argument("--data-mb", type=float, default=5.0, help="demo corpus size (MB)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="Peak dense bf16 TFLOP/s of one GPU (default from its name).")
-    opts = parser.parse_args()
-    if opts.gpus < 1:
-        raise SystemExit("no GPU: this benchmark runs on a GPU machine")
-    name = torch.cuda.get_device_name(0)
-    peak = opts.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
-    if peak is None:
-        raise SystemExit(f"unknown peak FLOP/s for {name}; pass --peak-tflops")
+    parser.add_argument("--json", default=None, help="write the results here")
+    opts = parser.parse_args(argv)
+    if opts.tiny:
+        opts.num_layers, opts.hidden_size, opts.heads, opts.seq_length = 2, 64, 4, 64
+        opts.micro_batch_size, opts.accumulation = 2, 1
+    validate(opts)
+    import torch
+
+    if opts.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("no GPU: this benchmark runs on a GPU machine (--device cpu --tiny: dry run)")
+        opts.gpus = opts.gpus or torch.cuda.device_count()
+        name = torch.cuda.get_device_name(0)
+        peak = opts.peak_tflops or peak_tflops(name)
+        if peak is None:
+            raise SystemExit(f"unknown peak FLOP/s for {name}; pass --peak-tflops")
+    else:
+        opts.gpus, name, peak = opts.gpus or 1, "CPU (dry run)", opts.peak_tflops
     sys.path.insert(0, ROOT)
     from tools.make_demo_data import make_demo_data
 
     params = 12 * opts.num_layers * opts.hidden_size ** 2
-    print(f"{opts.gpus} x {name} (peak {peak:g} TFLOP/s bf16); model {opts.num_layers} layers x "
-          f"{opts.hidden_size} hidden (~{params / 1e9:.2f}B in the layers), seq {opts.seq_length}, "
-          f"micro batch {opts.micro_batch_size} x {opts.accumulation} accumulation")
+    print(f"{opts.gpus} x {name} (peak {peak or float('nan'):g} TFLOP/s bf16); model "
+          f"{opts.num_layers} layers x {opts.hidden_size} hidden (~{params / 1e9:.2f}B in the "
+          f"layers), seq {opts.seq_length}, micro batch {opts.micro_batch_size} x "
+          f"{opts.accumulation} accumulation, {opts.num_workers} loader workers, median of "
+          f"iterations {opts.warmup + 1}-{opts.iters}")
+    results = {}
     with tempfile.TemporaryDirectory() as work:
-        data = make_demo_data(os.path.join(work, "demo"), size_mb=20.0, verbose=False)
+        size_mb = min(opts.data_mb, 0.5) if opts.tiny else opts.data_mb
+        data = make_demo_data(os.path.join(work, "demo"), size_mb=size_mb, verbose=False)
         for layout in opts.layouts:
             result = run_layout(opts, layout, data["web"], work)
             if result is None:
@@ -124,10 +184,19 @@ def main():
             tokens_per_s, tp = result
             per_gpu = tokens_per_s / opts.gpus
             fpt = flops_per_token(opts.num_layers, opts.hidden_size, opts.seq_length,
-                                  padded_vocab(258, 128, tp))
+                                  padded_vocab(RAW_VOCAB, 128, tp))
+            mfu = fpt * per_gpu / (peak * 1e12) if peak else None
+            results[layout] = {"tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu,
+                               "model_tflops_per_gpu": fpt * per_gpu / 1e12, "mfu": mfu}
             print(f"{layout:14s}: {tokens_per_s:10.0f} tokens/s, {per_gpu:9.0f} tokens/s/GPU, "
-                  f"MFU {fpt * per_gpu / (peak * 1e12):6.1%}")
+                  f"{fpt * per_gpu / 1e12:7.1f} model TFLOP/s/GPU, "
+                  f"MFU {'n/a' if mfu is None else f'{mfu:6.1%}'}")
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump({"device": name, "gpus": opts.gpus, "peak_tflops": peak,
+                       "config": vars(opts), "layouts": results}, f, indent=1)
+    return 0 if results else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -169,7 +169,11 @@ def _static_blend_data(args, tokenizer) -> TrainData:
 
 def build_pretraining_data(args, tokenizer) -> TrainData:
     """Training set and evaluation groups for ``pretrain_gpt.py`` from whichever data flags are
-    given (validated to be exactly one kind by ``megatron.arguments``)."""
+    given (validated to be exactly one kind by ``megatron.arguments``). With ranks on several
+    hosts the index cache directories must be shared first (megatron/data/shared_cache.py)."""
+    from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
+
+    require_shared_cache_dirs(index_cache_dirs(args), flag_given=bool(args.data_cache_path))
     if getattr(args, "data_blend", None) is not None:
         return _blend_config_data(args, tokenizer)
     if any(getattr(args, "weighted_split_groups", {}).values()):

@@ -9,26 +9,35 @@ and ``te``. What each runs (every one honours the batch's segments, prefixes and
 ``flex``    FlexAttention with a block mask (megatron/model/flex_attention.py); GPU training, no
             attention dropout. On CPU it has no backward: refused for CPU training.
 ``te``      Transformer Engine (megatron/model/te_attention.py), TE picks its kernel; needs TE
-            and ``--transformer-impl transformer_engine`` on a GPU. ``flash`` / ``fused`` /
-            ``unfused`` are ``te`` restricted to that kernel family (``flash`` cannot take the
-            ``arbitrary`` mask prefix-LM batches need: refused for them; packed documents
-            without prefixes run TE's packed ``thd`` format, which it can).
+            (it must import: megatron/model/transformer_engine_support.py) and
+            ``--transformer-impl transformer_engine`` on a GPU. ``flash`` / ``fused`` /
+            ``unfused`` are ``te`` restricted to that kernel family.
 ``auto``    CPU: ``sdpa``. GPU: batches with segments or prefixes get ``flex`` (block-sparse)
             when attention dropout is 0, else ``te`` when installed, else ``sdpa``; plain causal
             batches get ``te`` when installed, else ``sdpa`` (flash kernels through SDPA), except
             that with ALiBi (a dense bias for SDPA) ``flex`` comes before ``sdpa``.
 ==========  ==================================================================================
 
+Transformer Engine combinations that have no kernel are refused (by ``validate_args``), naming
+what runs instead: ``flash`` without a flash-attn package, with attention dropout when only
+flash-attn 3/4 (no dropout) is installed, or for ``--prefix-lm`` batches (their ``arbitrary``
+mask runs on TE's unfused kernels only); ``fused`` for ``--prefix-lm`` batches; ``unfused`` for
+packed documents without prefixes (TE's packed ``thd`` format) before TE 2.12. Where TE's unfused
+kernel runs the prefix batches' ``arbitrary`` mask (``te``, ``unfused``, and ``auto`` with
+attention dropout) the start-up line says what it stores: ``[b, h, s, s]`` attention
+probabilities per layer.
+
 An explicit choice that cannot run here is an error naming the flag; only ``auto`` falls back.
 """
 import dataclasses
 import importlib.util
-from typing import Optional
+from typing import Optional, Tuple
 
 MEGATRON_LM_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 OWN_BACKENDS = ("sdpa", "flex", "te")
 ATTENTION_BACKEND_CHOICES = MEGATRON_LM_BACKENDS + OWN_BACKENDS
 TE_KERNELS = ("flash", "fused", "unfused")
+TE_BACKENDS = ("te",) + TE_KERNELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,16 +49,22 @@ class AttentionBackend:
     requested: str
     reason: str
     te_kernel: Optional[str] = None
+    cost: str = ""
 
     def describe(self) -> str:
-        """One start-up log line."""
+        """One start-up log line (with what the choice costs, where that is notable)."""
         kernel = f" ({self.te_kernel} kernels only)" if self.te_kernel else ""
-        return f"attention backend: {self.name}{kernel} [--attention-backend {self.requested}: {self.reason}]"
+        cost = f"; cost: {self.cost}" if self.cost else ""
+        return (f"attention backend: {self.name}{kernel} [--attention-backend {self.requested}: "
+                f"{self.reason}{cost}]")
 
 
 def transformer_engine_available() -> bool:
-    """True when Transformer Engine can be imported (GPU installs); never required."""
-    return importlib.util.find_spec("transformer_engine") is not None
+    """True when Transformer Engine imports (GPU installs); never required. Importing is the
+    test: an installed TE that fails to import is not available."""
+    from megatron.model import transformer_engine_support
+
+    return transformer_engine_support.transformer_engine_status().importable
 
 
 def flex_attention_available() -> bool:
@@ -63,15 +78,66 @@ def _error(requested: str, why: str):
     return ArgumentError(f"--attention-backend {requested}: {why}")
 
 
+def _te_kernel_problem(requested: str, *, structured_batches: bool, prefix_batches: bool,
+                       attention_dropout: float, te_version: Optional[Tuple[int, int]],
+                       flash_attn: Tuple[str, ...]) -> Optional[str]:
+    """Why TE's ``requested`` kernel family (flash, fused or unfused) has no kernel for this
+    run's batches (module docstring), or None when it has one."""
+    from megatron.model.transformer_engine_support import (FLASH_ATTN_WITH_DROPOUT,
+                                                           UNFUSED_THD_MIN_VERSION)
+
+    flex = "flex" if attention_dropout == 0 else "flex (with --attention-dropout 0)"
+    if requested == "flash":
+        if prefix_batches:
+            return ("flash attention kernels take no arbitrary mask, which --prefix-lm batches "
+                    f"need; use unfused, te, {flex} or sdpa")
+        if not flash_attn:
+            return ("Transformer Engine's flash kernels come from the flash-attn package, which is "
+                    f"not installed (pip install flash-attn); use fused, te, {flex} or sdpa")
+        with_dropout = [d for d in flash_attn if d.split("==")[0] in FLASH_ATTN_WITH_DROPOUT]
+        if attention_dropout > 0 and not with_dropout:
+            return (f"the installed {', '.join(flash_attn)} has no attention dropout (flash-attn 2 "
+                    f"has); set --attention-dropout 0 (got {attention_dropout}), install "
+                    "flash-attn, or use fused, te or sdpa")
+    if requested == "fused" and prefix_batches:
+        return ("Transformer Engine's fused (cuDNN) kernels take no arbitrary mask, which "
+                "--prefix-lm batches need (only its unfused kernels do); use unfused or te (they "
+                f"store [b, h, s, s] attention probabilities), {flex} or sdpa")
+    packed_thd = structured_batches and not prefix_batches
+    if (requested == "unfused" and packed_thd
+            and (te_version is None or tuple(te_version) < UNFUSED_THD_MIN_VERSION)):
+        found = "this Transformer Engine" if te_version is None else \
+            f"Transformer Engine {te_version[0]}.{te_version[1]}"
+        return ("packed documents without prefixes run Transformer Engine's packed thd format, "
+                f"for which {found} has no unfused kernel (TE 2.12 adds one); use fused, flash, "
+                f"te, {flex} or sdpa")
+    return None
+
+
+def _unfused_cost(dense_scores_mib: Optional[float]) -> str:
+    """What TE's unfused kernel stores for an ``arbitrary`` mask."""
+    size = "" if dense_scores_mib is None else f" (at least {dense_scores_mib:,.0f} MiB per layer)"
+    return ("Transformer Engine's unfused kernel (the only one for the arbitrary mask prefix "
+            f"batches need) stores [b, h, s, s] attention probabilities for the backward{size}")
+
+
 def resolve_attention_backend(requested: str, *, device_type: str, te_available: bool,
                               transformer_impl: str, structured_batches: bool,
                               attention_dropout: float, training: bool = True,
                               flex_available: bool = True, alibi: bool = False,
-                              prefix_batches: bool = False) -> AttentionBackend:
+                              prefix_batches: bool = False,
+                              te_version: Optional[Tuple[int, int]] = None,
+                              flash_attn: Tuple[str, ...] = (),
+                              te_problem: Optional[str] = None,
+                              dense_scores_mib: Optional[float] = None) -> AttentionBackend:
     """The backend for ``requested`` (one of :data:`ATTENTION_BACKEND_CHOICES`) on ``device_type``
-    (``cpu``/``cuda``), given whether TE imports, ``--transformer-impl``, whether batches carry
-    segments or prefixes (and prefixes: ``--prefix-lm``), ``--attention-dropout``, whether the
-    model trains and whether it uses ALiBi (see the module docstring). Raises ArgumentError when an explicit choice cannot run."""
+    (``cpu``/``cuda``), given whether TE imports (``te_problem``: why not, when installed), its
+    ``te_version`` (major, minor) and the installed ``flash_attn`` distributions,
+    ``--transformer-impl``, whether batches carry segments or prefixes (and prefixes:
+    ``--prefix-lm``), ``--attention-dropout``, whether the model trains and whether it uses
+    ALiBi (see the module docstring); ``dense_scores_mib``: the size of one ``[b, h, s, s]``
+    tensor of this run (MiB), for the cost note. Raises ArgumentError when an explicit choice
+    cannot run."""
     if requested not in ATTENTION_BACKEND_CHOICES:
         raise _error(requested, f"unknown; choose one of {', '.join(ATTENTION_BACKEND_CHOICES)}")
     if requested in ("sdpa", "local"):
@@ -87,19 +153,24 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
             raise _error(requested, f"FlexAttention has no attention dropout; set "
                                     f"--attention-dropout 0 (got {attention_dropout})")
         return AttentionBackend("flex", requested, "explicit")
-    if requested in ("te",) + TE_KERNELS:
+    unfused_cost = _unfused_cost(dense_scores_mib) if prefix_batches else ""
+    if requested in TE_BACKENDS:
         if not te_available:
-            raise _error(requested, "Transformer Engine is not installed (pip install "
-                                    "transformer-engine[pytorch]); use sdpa or flex")
+            why = te_problem or "Transformer Engine is not installed (pip install transformer-engine[pytorch])"
+            raise _error(requested, f"{why}; use sdpa or flex")
         if transformer_impl != "transformer_engine":
             raise _error(requested, f"needs --transformer-impl transformer_engine (got {transformer_impl})")
         if device_type != "cuda":
             raise _error(requested, "Transformer Engine attention needs a CUDA device")
-        if requested == "flash" and prefix_batches:
-            raise _error(requested, "flash attention kernels take no arbitrary mask, which "
-                                    "--prefix-lm batches need; use unfused, fused, te, flex or sdpa")
         kernel = requested if requested in TE_KERNELS else None
-        return AttentionBackend("te", requested, "explicit", te_kernel=kernel)
+        if kernel is not None:
+            problem = _te_kernel_problem(kernel, structured_batches=structured_batches,
+                                         prefix_batches=prefix_batches,
+                                         attention_dropout=attention_dropout,
+                                         te_version=te_version, flash_attn=flash_attn)
+            if problem:
+                raise _error(requested, problem)
+        return AttentionBackend("te", requested, "explicit", te_kernel=kernel, cost=unfused_cost)
     # auto
     if device_type != "cuda":
         return AttentionBackend("sdpa", requested, "CPU: SDPA (FlexAttention has no CPU backward)")
@@ -107,9 +178,14 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
     if structured_batches:
         if flex_available and attention_dropout == 0:
             return AttentionBackend("flex", requested, "GPU, packed/prefix batches: block-sparse FlexAttention")
+        if te_ok and prefix_batches:
+            return AttentionBackend(
+                "te", requested, "GPU, prefix-LM batches with attention dropout: Transformer "
+                                 "Engine with an arbitrary mask",
+                cost=unfused_cost + "; --attention-dropout 0 runs block-sparse FlexAttention instead")
         if te_ok:
-            return AttentionBackend("te", requested, "GPU, packed/prefix batches with attention dropout: "
-                                                     "Transformer Engine with an arbitrary mask")
+            return AttentionBackend("te", requested, "GPU, packed batches with attention dropout: "
+                                                     "Transformer Engine's packed thd format")
         return AttentionBackend("sdpa", requested, "GPU, packed/prefix batches, no Transformer Engine: "
                                                    "SDPA per segment")
     if te_ok:
@@ -126,21 +202,35 @@ def batches_have_structure(args) -> bool:
     return bool(args.reset_attention_mask or getattr(args, "packed_samples", False))
 
 
+def dense_scores_mib(args) -> float:
+    """MiB of one ``[b, h, s, s]`` tensor of attention probabilities of this run: micro batch x
+    this rank's heads x seq-length squared, in the parameters' dtype."""
+    element = 2 if (getattr(args, "bf16", False) or getattr(args, "fp16", False)) else 4
+    heads = args.num_attention_heads / max(args.tensor_model_parallel_size, 1)
+    return args.micro_batch_size * heads * args.seq_length ** 2 * element / 2 ** 20
+
+
 def attention_backend_from_args(args, device_type: Optional[str] = None,
                                 training: bool = True) -> AttentionBackend:
     """:func:`resolve_attention_backend` for parsed flags on this machine (``cuda`` when a GPU is
-    visible, unless ``device_type`` says otherwise)."""
+    visible, unless ``device_type`` says otherwise), with what importing Transformer Engine found
+    (megatron/model/transformer_engine_support.py)."""
     import torch
+
+    from megatron.model import transformer_engine_support
 
     if device_type is None:
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    te = transformer_engine_support.transformer_engine_status()
     return resolve_attention_backend(
         args.attention_backend, device_type=device_type,
-        te_available=transformer_engine_available(), transformer_impl=args.transformer_impl,
+        te_available=te.importable, transformer_impl=args.transformer_impl,
         structured_batches=batches_have_structure(args), attention_dropout=args.attention_dropout,
         training=training, flex_available=flex_attention_available(),
         alibi=args.position_embedding_type == "alibi",
-        prefix_batches=bool(getattr(args, "prefix_lm", False)))
+        prefix_batches=bool(getattr(args, "prefix_lm", False)), te_version=te.version,
+        flash_attn=te.flash_attn, te_problem=te.describe_absence() if te.problem else None,
+        dense_scores_mib=dense_scores_mib(args))
 
 
 def core_attention_spec(backend: AttentionBackend, alibi: bool):
@@ -157,7 +247,12 @@ def core_attention_spec(backend: AttentionBackend, alibi: bool):
         cls = te_structured_attention_class()
     else:
         raise ValueError(f"unknown attention backend {backend.name!r}")
-    return ModuleSpec(module=cls, params={"alibi": alibi})
+    params = {"alibi": alibi}
+    if backend.name in ("sdpa", "flex"):  # one cache of shape-only forms for all the layers
+        from megatron.model.core_attention import SharedAttentionForms
+
+        params["shared_forms"] = SharedAttentionForms()
+    return ModuleSpec(module=cls, params=params)
 
 
 def apply_te_kernel_environment(backend: AttentionBackend, environ=None) -> None:

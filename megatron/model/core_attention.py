@@ -5,13 +5,17 @@ megatron-core's ``SelfAttention`` calls its core attention with query ``[sq, b, 
 back. Here ``attention_mask`` is always None: the batch's structure arrives as an
 :class:`~megatron.model.masks.AttentionStructure` in ``packed_seq_params`` (None = plain causal), and
 each backend builds its own form of it (see megatron/model/masks.py). With ALiBi the module adds
-the slopes of the heads this tensor-parallel rank holds.
+the slopes of the heads this tensor-parallel rank holds. Attention dropout draws from megatron-core's
+model-parallel RNG stream (:meth:`StructuredCoreAttention.dropout_rng`), as its
+``DotProductAttention`` does.
 """
-from typing import Dict, Optional
+import contextlib
+from typing import Callable, Dict, Optional
 
 import torch
 from torch import Tensor
 
+from megatron.core import tensor_parallel
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
@@ -20,18 +24,37 @@ from megatron.model.alibi import alibi_slope_list
 from megatron.model.masks import AttentionStructure
 
 
+class SharedAttentionForms:
+    """Forms that depend on shapes only, not on the batch (the causal ALiBi bias of a sequence
+    length), built once and shared by every layer of a model: the layer spec hands all its core
+    attentions one instance (``core_attention_spec``)."""
+
+    def __init__(self):
+        self._forms: Dict = {}
+
+    def cached(self, key, build: Callable[[], object]):
+        """``build()``, computed once per key."""
+        if key not in self._forms:
+            self._forms[key] = build()
+        return self._forms[key]
+
+
 class StructuredCoreAttention(DotProductAttention):
     """Base class: megatron-core's constructor (head partitioning, softmax scale, dropout) plus
-    ``alibi`` (ALiBi slopes of this rank's heads); subclasses implement :meth:`attend`."""
+    ``alibi`` (ALiBi slopes of this rank's heads) and ``shared_forms`` (a
+    :class:`SharedAttentionForms` shared with the other layers; a private one when not given);
+    subclasses implement :meth:`attend`."""
 
     backend_name = "?"
 
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
                  attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
-                 cp_comm_type: Optional[str] = None, pg_collection=None, alibi: bool = False):
+                 cp_comm_type: Optional[str] = None, pg_collection=None, alibi: bool = False,
+                 shared_forms: Optional[SharedAttentionForms] = None):
         super().__init__(config, layer_number, attn_mask_type, attention_type,
                          attention_dropout=attention_dropout, softmax_scale=softmax_scale,
                          cp_comm_type=cp_comm_type, pg_collection=pg_collection)
+        self.shared_forms = shared_forms if shared_forms is not None else SharedAttentionForms()
         self.alibi_slope_values = None
         if alibi:
             tp_size, tp_rank = self.tp_group.size(), self.tp_group.rank()
@@ -54,6 +77,16 @@ class StructuredCoreAttention(DotProductAttention):
     def dropout_p(self) -> float:
         """Attention dropout probability in training mode, 0 in eval mode."""
         return self.attention_dropout.p if self.training else 0.0
+
+    def dropout_rng(self):
+        """The context attention dropout runs in: megatron-core's model-parallel RNG stream
+        (``get_cuda_rng_tracker().fork()``, seeded ``seed + 2718 + tp_rank``), as
+        ``DotProductAttention.forward`` forks it, so each tensor-parallel rank drops its own
+        elements; not under sequence parallelism, where the whole layer already runs on that
+        stream (as in megatron-core). No fork without dropout."""
+        if self.dropout_p() == 0 or self.config.sequence_parallel:
+            return contextlib.nullcontext()
+        return tensor_parallel.get_cuda_rng_tracker().fork()
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,

@@ -1,6 +1,4 @@
 """Build a megatron-core ``GPTModel`` from parsed Megatron-style arguments."""
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
@@ -14,15 +12,16 @@ from megatron.model.init import initialize_parameters
 from megatron.model.norms import sequence_parallel_capable
 from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI, model_position_embedding_type
 from megatron.model.attention_backends import (apply_te_kernel_environment,
-                                               attention_backend_from_args, core_attention_spec)
+                                               attention_backend_from_args, core_attention_spec,
+                                               transformer_engine_available)
+from megatron.model.fusions import describe_fusions, fusion_config_from_args
 from megatron.model.rotary import use_device_rotary_embedding
 from megatron.model.vocab_padding import mask_output_layer_padding
 from megatron.parallel.recompute import recompute_config_from_args
 
 
-def transformer_engine_available() -> bool:
-    """True when Transformer Engine can be imported (GPU installs); never required."""
-    return importlib.util.find_spec("transformer_engine") is not None
+def _device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def params_dtype(args) -> torch.dtype:
@@ -66,7 +65,6 @@ def transformer_config_from_args(args) -> TransformerConfig:
         normalization=args.normalization,
         layernorm_epsilon=args.norm_epsilon,
         gated_linear_unit=args.swiglu,
-        activation_func=activation_from_args(args),
         add_bias_linear=not args.disable_bias_linear,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         sequence_parallel=args.sequence_parallel,
@@ -77,12 +75,9 @@ def transformer_config_from_args(args) -> TransformerConfig:
         fp16=args.fp16,
         apply_query_key_layer_scaling=False,
         attention_softmax_in_fp32=True,
-        masked_softmax_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
+        # activation and Megatron-LM's fusions: on a GPU its defaults, on a CPU the unfused
+        # modules computing the same functions (megatron/model/fusions.py)
+        **fusion_config_from_args(args, _device_type()),
     )
 
 
@@ -105,6 +100,7 @@ def layer_spec_from_args(args) -> ModuleSpec:
     from megatron.initialize import print_rank_0
 
     print_rank_0(backend.describe())
+    print_rank_0(describe_fusions(fusion_config_from_args(args, _device_type())))
     apply_te_kernel_environment(backend)
     attention = spec.submodules.self_attention.submodules
     if not hasattr(attention, "core_attention"):

@@ -19,11 +19,15 @@ What flows between stages (DeepSpeed sends tuples of tensors):
 - to the loss on the last stage: ``(labels, loss_mask[, dataset_id])``.
 
 ``attention`` is the batch's compact attention structure (megatron/model/masks.py): its optional
-``segment_ids`` ``[b, s]`` as int32 and ``is_prefix`` ``[b, s]`` as uint8 (DeepSpeed's p2p sends no
-bool tensors under nccl), told apart by dtype; none for plain causal attention. The transformer
-layers of a stage share one :class:`StageAttentionStructure`, which builds the ``AttentionStructure``
-their core attention takes once per micro batch (so the mask a backend builds from it is built once
-per micro batch and stage, as in ``GPTModel``, not once per layer).
+``segment_ids`` ``[b, s]`` as int32 with the loader's fixed-length ``cu_seqlens`` ``[b*s + 1]``
+(int32, 1-D; megatron/model/segment_layout.py) and ``is_prefix`` ``[b, s]`` as uint8 (DeepSpeed's p2p
+sends no bool tensors under nccl), told apart by dtype and shape; none for plain causal attention.
+The host segment layout does not travel (stages exchange tensors only, of fixed shapes), so the
+stages' backends use the forms that need no host integers (SDPA's dense mask, TE's fixed-length
+``cu_seqlens``). The transformer layers of a stage share one :class:`StageAttentionStructure`,
+which builds the ``AttentionStructure`` their core attention takes once per micro batch (so the
+mask a backend builds from it is built once per micro batch and stage, as in ``GPTModel``, not once
+per layer).
 """
 import contextlib
 import dataclasses
@@ -62,25 +66,36 @@ def _pack(hidden: torch.Tensor, attention: tuple):
     return (hidden, *attention) if attention else hidden
 
 
-def attention_tensors(segment_ids: Optional[torch.Tensor],
-                      is_prefix: Optional[torch.Tensor]) -> tuple:
-    """The pipe form of a batch's attention structure: ``segment_ids`` as int32 and ``is_prefix``
-    as uint8, each only when present."""
+def attention_tensors(segment_ids: Optional[torch.Tensor], is_prefix: Optional[torch.Tensor],
+                      cu_seqlens: Optional[torch.Tensor] = None) -> tuple:
+    """The pipe form of a batch's attention structure: ``segment_ids`` as int32 with its
+    fixed-length ``cu_seqlens`` (int32; derived from ``segment_ids`` when not given), and
+    ``is_prefix`` as uint8, each only when present."""
+    from megatron.model.segment_layout import padded_cu_seqlens
+
     out = []
     if segment_ids is not None:
         out.append(segment_ids.to(SEGMENT_IDS_PIPE_DTYPE))
+        if cu_seqlens is None:
+            cu_seqlens = padded_cu_seqlens(segment_ids)
+        out.append(cu_seqlens.to(SEGMENT_IDS_PIPE_DTYPE))
     if is_prefix is not None:
         out.append(is_prefix.to(IS_PREFIX_PIPE_DTYPE))
     return tuple(out)
 
 
 def attention_structure_from_pipe(attention: Sequence[torch.Tensor]):
-    """The ``AttentionStructure`` (or None: plain causal) of :func:`attention_tensors`' output."""
-    from megatron.model.masks import attention_structure
+    """The ``AttentionStructure`` (or None: plain causal) of :func:`attention_tensors`' output,
+    without a host segment layout (nothing here reads the tensors back to the host)."""
+    from megatron.model.masks import AttentionStructure
 
-    segment_ids = next((t for t in attention if t.dtype == SEGMENT_IDS_PIPE_DTYPE), None)
+    int32 = [t for t in attention if t.dtype == SEGMENT_IDS_PIPE_DTYPE]
+    segment_ids = next((t for t in int32 if t.dim() == 2), None)
+    cu_seqlens = next((t for t in int32 if t.dim() == 1), None)
     is_prefix = next((t.bool() for t in attention if t.dtype == IS_PREFIX_PIPE_DTYPE), None)
-    return attention_structure(segment_ids, is_prefix)
+    if segment_ids is None and is_prefix is None:
+        return None
+    return AttentionStructure(segment_ids=segment_ids, is_prefix=is_prefix, cu_seqlens=cu_seqlens)
 
 
 def stage_config(config: TransformerConfig) -> TransformerConfig:

@@ -20,19 +20,28 @@ Query ``q`` may attend to key ``k`` exactly when (:func:`attend_allowed`)::
 The model receives the structure as an :class:`AttentionStructure` (megatron-core passes it, as
 ``packed_seq_params``, untouched to every layer's core attention) and each backend builds its own
 form on the device, once per forward (cached on the structure): a dense boolean mask for SDPA and
-Transformer Engine's ``arbitrary`` mask, a ``BlockMask`` for FlexAttention, segment runs for
-SDPA's per-segment path.
+Transformer Engine's ``arbitrary`` mask, a ``BlockMask`` for FlexAttention, bucketed segments for
+SDPA's per-segment path, TE's packed-format ``cu_seqlens``.
+
+Where the segments lie (``cu_seqlens``, the longest segment, prefix lengths, SDPA's buckets) is
+worked out on the host, in the loader's collate before the transfer (:func:`with_segment_layout`,
+megatron/model/segment_layout.py), so no backend reads a device tensor back to the host.
 """
 import dataclasses
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from megatron.model.segment_layout import SegmentLayout, padded_cu_seqlens, segment_layout
+
 SEGMENT_IDS_KEY = "segment_ids"
 IS_PREFIX_KEY = "is_prefix"
+CU_SEQLENS_KEY = "cu_seqlens"
+SEGMENT_GATHER_INDEX_KEY = "segment_gather_index"
+SEGMENT_LAYOUT_KEY = "segment_layout"
 SEGMENT_IDS_DTYPE = torch.int32
 
 
@@ -42,12 +51,19 @@ class AttentionStructure(PackedSeqParams):
     ``packed_seq_params`` slot megatron-core threads through ``GPTModel`` to the core attention.
 
     ``qkv_format`` stays ``sbhd`` (megatron-core reshapes nothing) and ``max_seqlen_q/kv`` is the
-    sequence length (what megatron-core's rotary embedding sizes itself by). ``forms`` caches what
-    backends built from it, so all layers of one forward share one mask.
+    sequence length (what megatron-core's rotary embedding sizes itself by). With segments,
+    ``cu_seqlens`` is the fixed-length ``[b*s + 1]`` form of megatron/model/segment_layout.py
+    (derived on the tensors' device when not given), and ``layout`` / ``segment_gather_index``
+    the host layout and SDPA's gather index the loader computed (None on a pipeline stage, which
+    receives device tensors only: backends then use forms that need no host integers). ``forms``
+    caches what backends built from it, so all layers of one forward share one mask.
     """
 
     segment_ids: Optional[Tensor] = None
     is_prefix: Optional[Tensor] = None
+    cu_seqlens: Optional[Tensor] = None
+    segment_gather_index: Optional[Tensor] = None
+    layout: Optional[SegmentLayout] = None
     forms: Dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
@@ -63,8 +79,22 @@ class AttentionStructure(PackedSeqParams):
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
         if self.is_prefix is not None and self.is_prefix.dtype != torch.bool:
             self.is_prefix = self.is_prefix.bool()
+        if self.segment_ids is None and (self.cu_seqlens is not None or self.layout is not None):
+            raise ValueError("cu_seqlens / a segment layout describe segments: segment_ids missing")
+        if self.segment_ids is not None and self.cu_seqlens is None:
+            self.cu_seqlens = padded_cu_seqlens(self.segment_ids)
+        b, s = ref.shape
+        if self.cu_seqlens is not None and tuple(self.cu_seqlens.shape) != (b * s + 1,):
+            raise ValueError(f"cu_seqlens has shape {tuple(self.cu_seqlens.shape)}, expected "
+                             f"({b * s + 1},) (the fixed-length form of segment_layout.py)")
+        if self.layout is not None:
+            if (self.layout.batch_size, self.layout.seq_length) != (b, s):
+                raise ValueError(f"segment layout of a [{self.layout.batch_size}, "
+                                 f"{self.layout.seq_length}] batch given for [{b}, {s}] tensors")
+            if self.segment_gather_index is None:
+                raise ValueError("a segment layout comes with its segment_gather_index")
         self.qkv_format = "sbhd"
-        self.max_seqlen_q = self.max_seqlen_kv = int(ref.shape[1])
+        self.max_seqlen_q = self.max_seqlen_kv = int(s)
 
     @property
     def batch_size(self) -> int:
@@ -81,18 +111,61 @@ class AttentionStructure(PackedSeqParams):
             self.forms[key] = build()
         return self.forms[key]
 
+    def to(self, device, non_blocking: bool = False) -> "AttentionStructure":
+        """This structure with its tensors on ``device`` (the host layout as it is; no forms)."""
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return AttentionStructure(
+            segment_ids=move(self.segment_ids), is_prefix=move(self.is_prefix),
+            cu_seqlens=move(self.cu_seqlens), segment_gather_index=move(self.segment_gather_index),
+            layout=self.layout)
+
 
 def attention_structure(segment_ids: Optional[Tensor] = None,
                         is_prefix: Optional[Tensor] = None) -> Optional[AttentionStructure]:
-    """The structure of a batch from its tensors, or None for plain causal attention."""
+    """The structure of a batch from its tensors, or None for plain causal attention. On the CPU
+    (the host side of the transfer) the segment layout is computed too (ValueError for a segment
+    that is not one contiguous run); tensors already on a device get a structure without it."""
     if segment_ids is None and is_prefix is None:
         return None
-    return AttentionStructure(segment_ids=segment_ids, is_prefix=is_prefix)
+    if segment_ids is None or segment_ids.device.type != "cpu":
+        return AttentionStructure(segment_ids=segment_ids, is_prefix=is_prefix)
+    layout, cu_seqlens, gather = segment_layout(segment_ids, is_prefix)
+    return AttentionStructure(segment_ids=segment_ids, is_prefix=is_prefix, cu_seqlens=cu_seqlens,
+                              segment_gather_index=gather, layout=layout)
+
+
+def with_segment_layout(batch: Mapping[str, object]) -> Dict[str, object]:
+    """``batch`` (CPU tensors: the loader's collated micro batch) with the host-computed segment
+    description added when it has ``segment_ids``: ``cu_seqlens`` and ``segment_gather_index``
+    (tensors, moved to the device with the batch) and ``segment_layout`` (host integers). A batch
+    that has them, or has no segments, comes back unchanged. Raises ValueError for a segment that
+    is not one contiguous run."""
+    segment_ids = batch.get(SEGMENT_IDS_KEY)
+    if segment_ids is None or SEGMENT_LAYOUT_KEY in batch:
+        return dict(batch)
+    layout, cu_seqlens, gather = segment_layout(segment_ids, batch.get(IS_PREFIX_KEY))
+    return {**batch, CU_SEQLENS_KEY: cu_seqlens, SEGMENT_GATHER_INDEX_KEY: gather,
+            SEGMENT_LAYOUT_KEY: layout}
+
+
+def collate_with_segment_layout(samples):
+    """The loader's ``collate_fn``: torch's default collate, then :func:`with_segment_layout`."""
+    from torch.utils.data import default_collate
+
+    return with_segment_layout(default_collate(samples))
 
 
 def attention_structure_from_batch(batch: Mapping[str, Tensor]) -> Optional[AttentionStructure]:
-    """:func:`attention_structure` of a batch dict's ``segment_ids`` / ``is_prefix`` (if any)."""
-    return attention_structure(batch.get(SEGMENT_IDS_KEY), batch.get(IS_PREFIX_KEY))
+    """The structure of a batch dict: its ``segment_ids`` / ``is_prefix`` (if any) with the segment
+    description :func:`with_segment_layout` added (else :func:`attention_structure` of them)."""
+    if batch.get(SEGMENT_LAYOUT_KEY) is None:
+        return attention_structure(batch.get(SEGMENT_IDS_KEY), batch.get(IS_PREFIX_KEY))
+    return AttentionStructure(segment_ids=batch[SEGMENT_IDS_KEY], is_prefix=batch.get(IS_PREFIX_KEY),
+                              cu_seqlens=batch[CU_SEQLENS_KEY],
+                              segment_gather_index=batch[SEGMENT_GATHER_INDEX_KEY],
+                              layout=batch[SEGMENT_LAYOUT_KEY])
 
 
 def segment_ids_after_eod(tokens: Tensor, eod: int) -> Tensor:
@@ -135,28 +208,6 @@ def dense_allowed_mask(structure: Optional[AttentionStructure], seq_length: int,
         None if seg is None else seg[:, :, None], None if seg is None else seg[:, None, :],
         None if pre is None else pre[:, :, None], None if pre is None else pre[:, None, :],
     )[:, None]
-
-
-def segment_runs(structure: AttentionStructure) -> List[List[Tuple[int, int]]]:
-    """Per sample, the ``(start, end)`` token ranges of its segments (maximal runs of one
-    segment id; one run over the whole sample without ``segment_ids``). One host sync. Raises
-    ValueError when a segment id comes back after another segment (not one contiguous run)."""
-    s = structure.seq_length
-    if structure.segment_ids is None:
-        return [[(0, s)] for _ in range(structure.batch_size)]
-    seg = structure.segment_ids
-    change = torch.ones_like(seg, dtype=torch.bool)
-    change[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    runs = []
-    for n, (row, ids) in enumerate(zip(change.cpu(), seg.cpu())):
-        starts = torch.nonzero(row).flatten().tolist()
-        run_ids = ids[starts].tolist()
-        if len(set(run_ids)) != len(run_ids):
-            repeated = next(i for i in run_ids if run_ids.count(i) > 1)
-            raise ValueError(f"segment_ids of sample {n}: segment {repeated} is split into separate "
-                             "runs; each segment must be one contiguous run of tokens")
-        runs.append(list(zip(starts, starts[1:] + [s])))
-    return runs
 
 
 def block_mask(structure: Optional[AttentionStructure], seq_length: int, device):

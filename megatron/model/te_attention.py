@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from megatron.model.alibi import alibi_bias
-from megatron.model.masks import AttentionStructure, dense_allowed_mask, segment_runs
+from megatron.model.masks import AttentionStructure, dense_allowed_mask
 
 TE_KERNEL_ENV = {"flash": "NVTE_FLASH_ATTN", "fused": "NVTE_FUSED_ATTN", "unfused": "NVTE_UNFUSED_ATTN"}
 
@@ -45,12 +45,15 @@ def te_kernel_environment(kernel: Optional[str]) -> Dict[str, str]:
 def thd_sequences(structure: AttentionStructure, device) -> Dict:
     """TE's ``thd`` description of a segments-only batch flattened sample-major to ``b * s`` tokens:
     ``cu_seqlens`` (int32, on ``device``: the start of every segment, then ``b * s``) and
-    ``max_seqlen`` (the longest segment)."""
-    s = structure.seq_length
-    starts = [n * s + start for n, runs in enumerate(segment_runs(structure)) for start, _ in runs]
-    bounds = starts + [structure.batch_size * s]
-    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
-    return {"cu_seqlens": torch.tensor(bounds, dtype=torch.int32, device=device), "max_seqlen": longest}
+    ``max_seqlen`` (the longest segment), from the host layout the loader computed, with no host
+    sync. Without a layout (a pipeline stage receives device tensors only) the fixed-length
+    ``cu_seqlens`` (zero-length sequences after the last segment) and the sequence length as the
+    ``max_seqlen`` bound."""
+    cu_seqlens = structure.cu_seqlens.to(device)
+    layout = structure.layout
+    if layout is None:
+        return {"cu_seqlens": cu_seqlens, "max_seqlen": structure.seq_length}
+    return {"cu_seqlens": cu_seqlens[:layout.num_segments + 1], "max_seqlen": layout.max_seqlen}
 
 
 def te_forward_kwargs(structure: Optional[AttentionStructure], seq_length: int, device,
@@ -105,6 +108,7 @@ def te_structured_attention_class():
                 per_rank = config.num_attention_heads // tp_size
                 self.alibi_slope_values = alibi_slope_list(config.num_attention_heads)[
                     tp_rank * per_rank:(tp_rank + 1) * per_rank]
+            self._slopes_on = {}  # device -> the slopes tensor, built once
 
         def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                     attention_bias=None, packed_seq_params=None, **unused):
@@ -115,7 +119,10 @@ def te_structured_attention_class():
                 raise ValueError("TEStructuredAttention expects an AttentionStructure in packed_seq_params")
             slopes = None
             if self.alibi_slope_values is not None:
-                slopes = torch.tensor(self.alibi_slope_values, dtype=torch.float32, device=query.device)
+                if query.device not in self._slopes_on:
+                    self._slopes_on[query.device] = torch.tensor(
+                        self.alibi_slope_values, dtype=torch.float32, device=query.device)
+                slopes = self._slopes_on[query.device]
             s, b = query.shape[:2]
             kwargs = te_forward_kwargs(packed_seq_params, s, query.device, slopes, query.dtype)
             if kwargs.get("qkv_format") != "thd":

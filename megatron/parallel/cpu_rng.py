@@ -15,6 +15,7 @@ available.
 """
 import contextlib
 import functools
+from typing import Optional
 
 import torch
 
@@ -76,18 +77,23 @@ def use_cpu_generator_for_model_parallel_rng() -> bool:
     return True
 
 
-def model_parallel_manual_seed(seed: int) -> None:
+def model_parallel_manual_seed(seed: int, tp_rank: Optional[int] = None,
+                               ep_rank: Optional[int] = None, etp_rank: Optional[int] = None) -> None:
     """Seed megatron-core's tracker as ``model_parallel_cuda_manual_seed`` does (data-parallel
-    stream ``seed``, tensor-parallel stream ``seed + 2718 + tp_rank``), on the GPU's generator when
-    CUDA is present, else on CPU generator states."""
+    stream ``seed``, tensor-parallel stream ``seed + 2718 + tp_rank``, expert stream ``seed + 1024
+    + 100 * ep_rank + etp_rank``; the ranks default to megatron-core's parallel state), on the
+    GPU's generator when CUDA is present, else on CPU generator states."""
     from megatron.core import parallel_state, tensor_parallel
 
     if not use_cpu_generator_for_model_parallel_rng():
-        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, tp_rank=tp_rank, ep_rank=ep_rank,
+                                                        etp_rank=etp_rank)
         return
+    tp_rank = parallel_state.get_tensor_model_parallel_rank() if tp_rank is None else tp_rank
+    ep_rank = parallel_state.get_expert_model_parallel_rank() if ep_rank is None else ep_rank
+    etp_rank = parallel_state.get_expert_tensor_parallel_rank() if etp_rank is None else etp_rank
     tracker = tensor_parallel.get_cuda_rng_tracker()
     tracker.reset()
     tracker.add(_DATA_PARALLEL, seed)
-    tracker.add(_MODEL_PARALLEL, seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
-    tracker.add(_EXPERT_PARALLEL, seed + 1024 + 100 * parallel_state.get_expert_model_parallel_rank()
-                + parallel_state.get_expert_tensor_parallel_rank())
+    tracker.add(_MODEL_PARALLEL, seed + 2718 + tp_rank)
+    tracker.add(_EXPERT_PARALLEL, seed + 1024 + 100 * ep_rank + etp_rank)

@@ -3,11 +3,16 @@ the whole model's gradient.
 
 Under ``--sequence-parallel`` each tensor-parallel rank runs the norms (and the biases added after
 row-parallel linears) on its own slice of the sequence, so their gradients are partial sums that
-must be added over the tensor-parallel group. megatron-core does this in ``finalize_model_grads``
-after its own backward; DeepSpeed has no such step and reduces gradients over the data-parallel
-group (ZeRO-1/2 already inside the backward), so here the sum is a gradient hook on each such
-parameter: it runs as the micro batch's gradient for the parameter is produced, before DeepSpeed
-accumulates or reduces it.
+must be added over the tensor-parallel group. megatron-core does this once per step, after
+gradient accumulation, in ``finalize_model_grads`` (one flattened all-reduce of all of them).
+Here DeepSpeed runs the step, so the same reduction runs where DeepSpeed starts its
+data-parallel reduction of the accumulated gradients (the two sums commute):
+``engine.allreduce_gradients`` at the accumulation boundary (ZeRO 0 and 1; the pipe engine's
+``ReduceGrads`` instruction calls it too) and the pipe engine's ``_bf16_reduce_grads``. It reduces
+the tensors DeepSpeed is about to reduce (:func:`accumulated_gradient`). ZeRO 2 (and
+``overlap_comm``) reduce each gradient inside the backward as it is produced, before any such
+point, so there the fallback stays: a hook on each parameter sums every micro batch's gradient
+as it is produced (correct, one blocking all-reduce per parameter and micro batch).
 """
 from typing import Iterable, List
 
@@ -20,12 +25,49 @@ def sequence_parallel_parameters(model: torch.nn.Module) -> List[torch.nn.Parame
     return [p for p in model.parameters() if p.requires_grad and getattr(p, "sequence_parallel", False)]
 
 
-def install_sequence_parallel_grad_allreduce(model: torch.nn.Module, group) -> int:
-    """Hook every sequence-parallel parameter of ``model`` so that each micro batch's gradient is
-    summed over ``group`` (the tensor-parallel group) before DeepSpeed sees it; returns how many
-    parameters were hooked. The one place this all-reduce happens."""
-    params = sequence_parallel_parameters(model)
+PER_STEP = "once per step, after accumulation (one flattened all-reduce per dtype)"
+PER_MICRO_BATCH = "per parameter and micro batch (ZeRO 2 / overlap_comm reduce inside the backward)"
 
+
+def reduces_inside_backward(engine) -> bool:
+    """True when DeepSpeed reduces gradients over data-parallel ranks inside the backward, as
+    each is produced (ZeRO stage 2, or ``overlap_comm``), so no point after accumulation precedes
+    that reduction."""
+    return bool(engine.zero_optimization_partition_gradients() or
+                (engine.zero_optimization() and engine.zero_overlap_comm()))
+
+
+def accumulated_gradient(engine, param: torch.nn.Parameter):
+    """The tensor holding ``param``'s gradient summed over this step's micro batches, where the
+    engine keeps it for its data-parallel reduction: ZeRO 1's (``get_gradient_for_reduction``:
+    the fp32 ``grad_accum`` or ``param.grad``), DeepSpeed's ``BF16_Optimizer``'s fp32 copy
+    (``param._hp_grad``), else ``param.grad``. None when the parameter has no gradient."""
+    optimizer = engine.optimizer
+    if hasattr(optimizer, "get_gradient_for_reduction"):
+        return optimizer.get_gradient_for_reduction(param)
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+
+    if isinstance(optimizer, BF16_Optimizer) and getattr(param, "_hp_grad", None) is not None:
+        return param._hp_grad
+    return param.grad
+
+
+def all_reduce_coalesced(tensors: List[torch.Tensor], group) -> None:
+    """Sum ``tensors`` over ``group`` in place: one all-reduce of their flattened copy per dtype
+    (as megatron-core's ``_allreduce_non_tensor_model_parallel_grads``)."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    by_dtype = {}
+    for tensor in tensors:
+        by_dtype.setdefault(tensor.dtype, []).append(tensor)
+    for same in by_dtype.values():
+        flat = _flatten_dense_tensors(same)
+        torch.distributed.all_reduce(flat, group=group)
+        for tensor, summed in zip(same, _unflatten_dense_tensors(flat, same)):
+            tensor.copy_(summed)
+
+
+def _hook_each_parameter(params: List[torch.nn.Parameter], group) -> None:
     def all_reduce(grad: torch.Tensor) -> torch.Tensor:
         summed = grad.clone()
         torch.distributed.all_reduce(summed, group=group)
@@ -33,7 +75,41 @@ def install_sequence_parallel_grad_allreduce(model: torch.nn.Module, group) -> i
 
     for p in params:
         p.register_hook(all_reduce)
-    return len(params)
+
+
+def install_sequence_parallel_grad_allreduce(engine, group) -> str:
+    """Make the DeepSpeed ``engine`` (plain or pipe) sum the gradients of its sequence-parallel
+    parameters over ``group`` (the tensor-parallel group) before its data-parallel reduction:
+    :data:`PER_STEP` where it reduces after accumulation, else :data:`PER_MICRO_BATCH` (module
+    docstring). Returns which; the one place this all-reduce happens."""
+    import types
+
+    params = sequence_parallel_parameters(engine.module)
+    if reduces_inside_backward(engine):
+        _hook_each_parameter(params, group)
+        return PER_MICRO_BATCH
+
+    def reduce_accumulated():
+        grads = [accumulated_gradient(engine, p) for p in params]
+        all_reduce_coalesced([g for g in grads if g is not None], group)
+
+    data_parallel_reduction = engine.allreduce_gradients
+
+    def allreduce_gradients(self, *args, **kwargs):
+        if self.is_gradient_accumulation_boundary():
+            reduce_accumulated()
+        return data_parallel_reduction(*args, **kwargs)
+
+    engine.allreduce_gradients = types.MethodType(allreduce_gradients, engine)
+    if hasattr(engine, "_bf16_reduce_grads"):  # the pipe engine's reduction under BF16_Optimizer
+        bf16_reduction = engine._bf16_reduce_grads
+
+        def bf16_reduce_grads(self, *args, **kwargs):
+            reduce_accumulated()
+            return bf16_reduction(*args, **kwargs)
+
+        engine._bf16_reduce_grads = types.MethodType(bf16_reduce_grads, engine)
+    return PER_STEP
 
 
 def global_grad_norm(parameters: Iterable[torch.nn.Parameter], mpu) -> float:

@@ -33,12 +33,15 @@ ZERO_OPTIMIZER = "zero"  # DeepSpeed's ZeRO stage 1/2 optimizer (flat fp32 parti
 
 def optimizer_format(engine) -> str:
     """How ``engine`` stores its optimizer state: :data:`TORCH_OPTIMIZER`, :data:`ZERO_OPTIMIZER`
-    or the class name of anything else (fp16/bf16 wrappers at stage 0, ZeRO-3), which cannot be
-    resharded."""
+    (DeepSpeed's ZeRO stage 1/2 optimizer, and ``BF16_Optimizer``, bf16 with fp32 accumulation,
+    which saves the same flat fp32 partitions, ``param_slice_mappings`` and base optimizer state
+    in the ZeRO checkpoint files) or the class name of anything else (the fp16 wrappers of older
+    stage-0 checkpoints, ZeRO-3), which cannot be resharded."""
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     optimizer = engine.optimizer
-    if isinstance(optimizer, DeepSpeedZeroOptimizer):
+    if isinstance(optimizer, (DeepSpeedZeroOptimizer, BF16_Optimizer)):
         return ZERO_OPTIMIZER
     if isinstance(optimizer, torch.optim.Optimizer):
         return TORCH_OPTIMIZER
@@ -82,9 +85,9 @@ def _weight_locations(engine, directory: str) -> Dict[str, List[str]]:
 def _groups(engine, names: Dict[int, str]) -> List[List[str]]:
     optimizer = engine.optimizer
     # DeepSpeed's wrappers keep the model's parameters in bit16_groups (ZeRO 1/2), bf16_groups
-    # (BF16_Optimizer: bf16 at ZeRO 0 with a pipeline) or fp16_groups (FP16_Optimizer and
-    # FP16_UnfusedOptimizer: fp16, or bf16 at ZeRO 0 without a pipeline), and fp32 copies, not
-    # model parameters, in param_groups
+    # (BF16_Optimizer: bf16 with fp32 accumulation, megatron/precision.py) or fp16_groups
+    # (FP16_Optimizer and FP16_UnfusedOptimizer, which older checkpoints ran at ZeRO 0), and fp32
+    # copies, not model parameters, in param_groups
     groups = next((getattr(optimizer, a) for a in ("bit16_groups", "bf16_groups", "fp16_groups")
                    if getattr(optimizer, a, None) is not None), None)
     if groups is None:

@@ -12,6 +12,7 @@
   DeepSpeed's ``clip_grad_norm_`` with the pipe grid would count only the first stage's replicated
   parameters.
 """
+import functools
 import types
 from typing import Dict, Iterator, Optional, Tuple
 
@@ -25,15 +26,21 @@ def is_pipe_engine(engine) -> bool:
     return isinstance(engine, PipelineEngine)
 
 
-def pipe_batch(batch: Dict[str, torch.Tensor]) -> Tuple[tuple, tuple]:
+def pipe_batch(batch: Dict[str, torch.Tensor], device=None) -> Tuple[tuple, tuple]:
     """``((tokens, position_ids, *attention), (labels, loss_mask[, dataset_id]))`` from a loader
     batch (the first stage reads the inputs, the last stage the labels); ``attention`` is the
-    batch's compact attention structure (``segment_ids``, ``is_prefix``) in the pipe's form."""
+    batch's compact attention structure (``segment_ids`` with ``cu_seqlens``, ``is_prefix``) in
+    the pipe's form. With ``device`` the batch goes there in one non-blocking copy first
+    (megatron/data/device_transfer.py), so the engine's own per-tensor move has nothing to do."""
+    from megatron.data.device_transfer import batch_to_device
     from megatron.model.gpt_model_pipe import attention_tensors
-    from megatron.model.masks import IS_PREFIX_KEY, SEGMENT_IDS_KEY
+    from megatron.model.masks import CU_SEQLENS_KEY, IS_PREFIX_KEY, SEGMENT_IDS_KEY
 
+    if device is not None:
+        batch = batch_to_device(batch, device)
     inputs = [batch["tokens"], batch["position_ids"],
-              *attention_tensors(batch.get(SEGMENT_IDS_KEY), batch.get(IS_PREFIX_KEY))]
+              *attention_tensors(batch.get(SEGMENT_IDS_KEY), batch.get(IS_PREFIX_KEY),
+                                 batch.get(CU_SEQLENS_KEY))]
     labels = [batch["labels"], batch["loss_mask"]]
     if batch.get("dataset_id") is not None:
         labels.append(torch.as_tensor(batch["dataset_id"]).view(-1))
@@ -48,7 +55,7 @@ def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, st
     if engine.micro_batches != num_micro_batches:
         raise RuntimeError(f"pipe engine runs {engine.micro_batches} micro batches per iteration, "
                            f"the batch schedule asks {num_micro_batches}")
-    engine.train_batch(data_iter=map(pipe_batch, iterator))
+    engine.train_batch(data_iter=map(functools.partial(pipe_batch, device=engine.device), iterator))
     for loss, per_sample, dataset_id in engine.module.loss_function.pop_records():
         stats.add_micro_batch(loss, per_sample, dataset_id)
     return None
@@ -63,7 +70,8 @@ def pipe_eval_step(engine, iterator: Iterator[Dict],
     it is renewed around the evaluation, so an evaluation set whose batches carry another attention
     structure than the training set's (say, no ``segment_ids``) still travels correctly."""
     engine.reset_activation_shape()
-    engine.eval_batch(map(pipe_batch, iterator), num_micro_batches=num_micro_batches,
+    engine.eval_batch(map(functools.partial(pipe_batch, device=engine.device), iterator),
+                      num_micro_batches=num_micro_batches,
                       reduce_output=None, bcast_loss=False)
     engine.reset_activation_shape()
     records = engine.module.loss_function.pop_records()

@@ -239,13 +239,23 @@ def _local_value(saved: SavedCheckpoint, name: str, p: torch.Tensor, kind: str, 
     return tp_shard(full, dim, getattr(p, "partition_stride", 1), tp_rank, tp_size)
 
 
+def _flat_groups(optimizer) -> Tuple[List[List[torch.nn.Parameter]], List[torch.Tensor]]:
+    """(the model's parameters per group, this rank's flat fp32 partition per group) of
+    DeepSpeed's ZeRO-1/2 optimizer (``bit16_groups``, ``single_partition_of_fp32_groups``) or
+    ``BF16_Optimizer`` (``bf16_groups``, ``fp32_groups_flat_partition``)."""
+    if hasattr(optimizer, "bit16_groups"):
+        return optimizer.bit16_groups, optimizer.single_partition_of_fp32_groups
+    return optimizer.bf16_groups, optimizer.fp32_groups_flat_partition
+
+
 def _zero_targets(optimizer, keys: List[str], step: Optional[float]) -> Dict[int, Tuple[Any, ...]]:
     """``id(param) -> (hp fragment address, lp fragment address, flat fp32 partition, its state)``
-    for this rank's fragments of DeepSpeed's ZeRO-1/2 flat partitions, creating the states
-    ``keys`` (zeros) and the step when the optimizer has not stepped yet."""
+    for this rank's fragments of DeepSpeed's flat fp32 partitions (ZeRO-1/2 or BF16_Optimizer),
+    creating the states ``keys`` (zeros) and the step when the optimizer has not stepped yet."""
     targets = {}
-    for group_index, group in enumerate(optimizer.bit16_groups):
-        flat = optimizer.single_partition_of_fp32_groups[group_index]
+    groups, flats = _flat_groups(optimizer)
+    for group_index, group in enumerate(groups):
+        flat = flats[group_index]
         state = optimizer.optimizer.state[flat]
         for key in keys:
             if key not in state:
@@ -287,7 +297,8 @@ def load_resharded(engine, saved: SavedCheckpoint, load_dir: str, load_optimizer
                 raise ReshardError(
                     f"--load {load_dir}: {what} keeps its optimizer state in DeepSpeed's {value}; "
                     "resuming on another layout with the optimizer state needs fp32 training at "
-                    "ZeRO stage 0 or ZeRO stage 1/2 (or use --no-load-optim)")
+                    "ZeRO stage 0, DeepSpeed's ZeRO stage 1/2 optimizer or its BF16_Optimizer "
+                    "(docs/precision.md) (or use --no-load-optim)")
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
     check_same_model(saved, named, tp_size, load_dir, model_names)
@@ -306,7 +317,7 @@ def load_resharded(engine, saved: SavedCheckpoint, load_dir: str, load_optimizer
                     engine.optimizer.state[p][kind] = value.clone()  # not a view of the file
             if fmt == TORCH_OPTIMIZER and step is not None:
                 engine.optimizer.state[p]["step"] = torch.tensor(step, dtype=torch.float32)
-    if fmt not in (TORCH_OPTIMIZER, ZERO_OPTIMIZER):  # fp16/bf16 wrappers, weights only:
+    if fmt not in (TORCH_OPTIMIZER, ZERO_OPTIMIZER):  # older fp16 wrappers, weights only:
         engine.optimizer.refresh_fp32_params()  # their fp32 masters from the loaded weights
     log(f"resharded {saved.directory} (tensor-parallel {saved.tp_size}, pipeline-parallel "
         f"{saved.index['pipeline_model_parallel_size']}, data-parallel {saved.dp_size}, ZeRO stage "

@@ -34,9 +34,10 @@ import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from megatron.data.device_transfer import batch_to_device
 from megatron.data.mtf_dataset import pack_sample
 from megatron.errors import ConfigError
-from megatron.model.masks import attention_structure_from_batch
+from megatron.model.masks import attention_structure_from_batch, with_segment_layout
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +203,9 @@ class MegatronLM(TemplateLM):
         samples = [pack_sample([(np.asarray(c, np.int64), np.asarray(t, np.int64))], length,
                                self._pad_id, prefix_lm=self.prefix_lm) for c, t in pairs]
         fed = length if feed_last else length - 1
-        batch = {k: torch.stack([s[k] for s in samples])[:, :fed].to(self.device)
-                 for k in samples[0]}
+        # the segment layout is worked out on the host, then the batch moves in one copy
+        batch = batch_to_device(with_segment_layout(
+            {k: torch.stack([s[k] for s in samples])[:, :fed] for k in samples[0]}), self.device)
         logits = self.model(batch["tokens"], batch["position_ids"], None,
                             packed_seq_params=attention_structure_from_batch(batch))
         return logits, batch

@@ -1,0 +1,94 @@
+"""The summary of one benchmarks/gpu/run_all.sh run: reads the results folder (``throughput.json``,
+``attention*.json``, the ``sync_*.log`` files, ``steps.tsv``) and prints, and writes as
+``summary.md``, tokens/s/GPU and MFU, each attention backend against SDPA-dense per batch kind,
+and whether the sync-debug runs found a host synchronisation.
+
+    python benchmarks/gpu/summarize.py RESULTS_DIR
+"""
+import glob
+import json
+import os
+import sys
+from typing import List
+
+
+def _throughput(out: str) -> List[str]:
+    path = os.path.join(out, "throughput.json")
+    if not os.path.exists(path):
+        return ["throughput: no result (see throughput.log)"]
+    data = json.load(open(path))
+    peak = data.get("peak_tflops")
+    lines = [f"### Training throughput: {data['gpus']} x {data['device']} (peak "
+             f"{peak if peak else 'n/a'} TFLOP/s dense bf16)", "",
+             "| layout | tokens/s | tokens/s/GPU | model TFLOP/s/GPU | MFU |", "| --- | --- | --- | --- | --- |"]
+    for name, r in data["layouts"].items():
+        mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
+                     f"{r['model_tflops_per_gpu']:.1f} | {mfu} |")
+    return lines
+
+
+def _attention(out: str) -> List[str]:
+    kinds = {}
+    for path in sorted(glob.glob(os.path.join(out, "attention*.json"))):
+        data = json.load(open(path))
+        config = data["config"]
+        for kind, result in data["kinds"].items():
+            kinds.setdefault(kind, {"config": config, "rows": {}})["rows"].update(result["rows"])
+    if not kinds:
+        return ["attention: no result (see attention*.log)"]
+    lines = []
+    for kind, entry in kinds.items():
+        c, rows = entry["config"], entry["rows"]
+        ref = rows.get("sdpa-dense")
+        lines += ["", f"### Attention fwd+bwd, {kind} batches: b={c['batch']} s={c['seq_length']} "
+                      f"heads={c['heads']} head_dim={c['head_dim']} {c['dtype']}, {c['documents']} "
+                      "documents/sample (first call, which compiles, not timed)", "",
+                  "| backend | ms | tokens/s | peak GiB | speed vs sdpa-dense | max abs diff |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name, r in rows.items():
+            ratio = f"{ref['ms'] / r['ms']:.2f}x" if ref else "n/a"
+            lines.append(f"| {name} | {r['ms']:.2f} | {r['tokens_per_s']:,.0f} | "
+                         f"{r['peak_gib']:.3f} | {ratio} | {r['max_abs_diff_vs_sdpa_dense']:.1e} |")
+    return lines
+
+
+def _sync(out: str) -> List[str]:
+    lines = ["", "### Host synchronisations in training steps (sync debug mode 'error')", ""]
+    logs = sorted(glob.glob(os.path.join(out, "sync_*.log")))
+    for path in logs:
+        text = open(path, errors="replace").read().splitlines()
+        verdict = next((line for line in reversed(text)
+                        if line.startswith(("no host sync", "HOST SYNC", "no step was checked"))),
+                       "no verdict (failed or timed out: see the log)")
+        lines.append(f"- {os.path.basename(path)[:-4]}: {verdict}")
+    return lines if logs else lines + ["- no sync-debug run"]
+
+
+def _steps(out: str) -> List[str]:
+    path = os.path.join(out, "steps.tsv")
+    if not os.path.exists(path):
+        return []
+    lines = ["", "### Steps", "", "| step | exit status | seconds |", "| --- | --- | --- |"]
+    for row in open(path):
+        name, rc, seconds = row.rstrip("\n").split("\t")
+        status = {"0": "ok", "124": "timed out (124)", "137": "killed (137)"}.get(rc, rc)
+        lines.append(f"| {name} | {status} | {seconds} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not os.path.isdir(argv[0]):
+        raise SystemExit("usage: python benchmarks/gpu/summarize.py RESULTS_DIR")
+    out = argv[0]
+    text = "\n".join(["## GPU benchmarks", ""] + _throughput(out) + _attention(out) + _sync(out)
+                     + _steps(out)) + "\n"
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

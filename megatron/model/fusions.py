@@ -1,0 +1,95 @@
+"""Megatron-LM's kernel fusions as megatron-core ``TransformerConfig`` fields, decided per device.
+
+On a GPU the defaults are Megatron-LM's, each turned off by its Megatron-LM flag:
+
+==========================  ===================================  ==============================
+fusion (TransformerConfig)  GPU kernel                           off with
+==========================  ===================================  ==============================
+``bias_activation_fusion``  megatron-core's ``bias_gelu_impl``   ``--no-bias-gelu-fusion``
+                            (tanh GeLU) / ``bias_swiglu_impl``   ``--no-bias-swiglu-fusion``
+``bias_dropout_fusion``     megatron-core's fused bias-dropout-  ``--no-bias-dropout-fusion``
+                            add
+``apply_rope_fusion``       Transformer Engine's fused RoPE      ``--no-rope-fusion``
+                            (needs TE)
+``persist_layer_norm``      Apex's persistent LayerNorm (where   ``--no-persist-layer-norm``
+                            the layer spec uses Apex's norm)
+==========================  ===================================  ==============================
+
+Their kernels need a GPU (``torch.compile``d or CUDA kernels of TE/Apex), so on a CPU all are off
+and the unfused modules compute the same function: megatron-core's fused GeLU is the tanh
+approximation and runs only when ``activation_func`` is ``F.gelu``, so which GeLU the model
+computes is decided once, by megatron/model/gelu.py, and this module only picks the kernel that
+computes it (``F.gelu`` + fusion on a GPU, ``tanh_gelu`` otherwise); fused SwiGLU is
+``silu(a) * b`` as megatron-core's unfused GLU; the fused bias-dropout-add, RoPE and LayerNorm are
+the same operations. ``masked_softmax_fusion`` and ``gradient_accumulation_fusion`` stay off
+everywhere: the core attentions here never call megatron-core's fused softmax, and DeepSpeed (not
+megatron-core's DDP with its ``main_grad`` buffers) accumulates the gradients.
+"""
+import dataclasses
+from typing import Any, Dict, Optional
+
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionSupport:
+    """What the GPU fusions need from this install: Transformer Engine's fused RoPE
+    (megatron-core's ``rope_utils.fused_apply_rotary_pos_emb``) and Apex's layer norm
+    (megatron-core's local layer spec then uses ``FusedLayerNorm``)."""
+
+    te_fused_rope: bool
+    apex_layer_norm: bool
+
+
+def fusion_support() -> FusionSupport:
+    """:class:`FusionSupport` as megatron-core found it when it was imported."""
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    return FusionSupport(te_fused_rope=rope_utils.fused_apply_rotary_pos_emb is not None,
+                         apex_layer_norm=bool(gpt_layer_specs.HAVE_APEX))
+
+
+def fusion_config_from_args(args, device_type: str,
+                            support: Optional[FusionSupport] = None) -> Dict[str, Any]:
+    """The ``TransformerConfig`` fields ``activation_func``, ``bias_activation_fusion``,
+    ``bias_dropout_fusion``, ``apply_rope_fusion``, ``persist_layer_norm``,
+    ``masked_softmax_fusion`` and ``gradient_accumulation_fusion`` for the flags ``args`` on
+    ``device_type`` (``cuda`` or ``cpu``); ``support`` (default :func:`fusion_support`, asked only
+    for ``cuda``) says which TE/Apex kernels exist. The MLP computes the same function on every
+    device (module docstring)."""
+    from megatron.model.gelu import TANH, gelu_form
+    from megatron.model.gpt_model import activation_from_args
+
+    gpu = device_type == "cuda"
+    if gpu and support is None:
+        support = fusion_support()
+    biases = not args.disable_bias_linear
+    if args.swiglu:
+        fuse_activation = gpu and args.bias_swiglu_fusion
+        activation = activation_from_args(args)  # F.silu, which bias_swiglu_impl fuses
+    else:
+        # megatron-core fuses F.gelu with its tanh kernel: only where the tanh form is wanted
+        fuse_activation = (gpu and args.bias_gelu_fusion and biases
+                           and gelu_form(vars(args)) == TANH)
+        activation = F.gelu if fuse_activation else activation_from_args(args)
+    return {
+        "activation_func": activation,
+        "bias_activation_fusion": fuse_activation,
+        "bias_dropout_fusion": gpu and args.bias_dropout_fusion,
+        "apply_rope_fusion": (gpu and args.apply_rope_fusion and args.position_embedding_type == "rope"
+                              and support.te_fused_rope),
+        "persist_layer_norm": (gpu and args.persist_layer_norm and args.normalization == "LayerNorm"
+                               and args.transformer_impl == "local" and support.apex_layer_norm),
+        "masked_softmax_fusion": False,
+        "gradient_accumulation_fusion": False,
+    }
+
+
+def describe_fusions(fields: Dict[str, Any]) -> str:
+    """One start-up log line naming the fusions ``fields`` (from :func:`fusion_config_from_args`)
+    turn on."""
+    names = {"bias_activation_fusion": "bias-activation", "bias_dropout_fusion": "bias-dropout-add",
+             "apply_rope_fusion": "rope", "persist_layer_norm": "persistent layer norm"}
+    on = [label for key, label in names.items() if fields[key]]
+    return f"fused kernels: {', '.join(on) if on else 'none (unfused modules compute the same functions)'}"

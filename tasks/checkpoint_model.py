@@ -169,6 +169,7 @@ def build_model(args) -> torch.nn.Module:
     from megatron.checkpointing import CheckpointError
     from megatron.model.gpt_model import build_gpt_model
     from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer.tokenizer import model_vocab_size
 
     init_single_process()
     args.tokenizer = build_tokenizer(args)
@@ -186,7 +187,8 @@ def build_model(args) -> torch.nn.Module:
         # the rows the checkpoint's softmax covered (else the tokenizer's, set by build_tokenizer)
         real = weights.real_vocab_rows()
         if real:
-            args.vocab_size = min(max(args.tokenizer.vocab_size, real), args.padded_vocab_size)
+            args.vocab_size = model_vocab_size(args.tokenizer.vocab_size, args.padded_vocab_size,
+                                               real)
         model = build_gpt_model(args)
         weights.copy_into(model)
     return model.eval()

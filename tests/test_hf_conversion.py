@@ -286,6 +286,11 @@ def test_hf_tokenizer_travels_with_export_and_import(tp1, tmp_path, hf_tokenizer
     assert build_tokenizer(got).tokenize(text) == ours.tokenize(text)
     # the export kept the tokenizer's 384 real rows of the 512 (the padding takes no probability)
     assert got.pad_vocab_size_to == 384 and got.padded_vocab_size == 384
+    # the imported checkpoint exports again with its tokenizer (kept relative to its root)
+    again = export(tmp_path / "imported", tmp_path / "hf_again")
+    assert "tokenizer.json" in again["tokenizer_files"]
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "hf_again"))(text)["input_ids"] == \
+        ours.tokenize(text)
 
 
 # ---------------------------------------------------------------------------- model flags

@@ -91,6 +91,16 @@ def read_model_args(directory: str) -> Optional[dict]:
     return record
 
 
+def resolve_tokenizer_paths(tokenizer_flags: dict, load_dir: str) -> dict:
+    """A copy of a record's ``tokenizer`` flags with relative paths made relative to the
+    checkpoint root ``load_dir`` (where imported checkpoints keep their tokenizer files)."""
+    flags = dict(tokenizer_flags)
+    for name in TOKENIZER_PATH_NAMES:
+        if flags.get(name) and not os.path.isabs(flags[name]):
+            flags[name] = os.path.normpath(os.path.join(load_dir, flags[name]))
+    return flags
+
+
 # Two spellings of one tokenizer: (type, file flag) -> the canonical pair.
 _TOKENIZER_ALIASES = {("PretrainedFromHF", "tokenizer_name_or_path"):
                       ("HuggingFaceTokenizer", "tokenizer_model")}
@@ -180,10 +190,7 @@ def apply_checkpoint_args(args: argparse.Namespace, parser: argparse.ArgumentPar
     values: Dict[str, object] = dict(record["model"])
     # checkpoints written before the bias-GeLU rule was recorded computed erf GeLU
     values.setdefault("bias_gelu_fusion", False)
-    tokenizer = dict(record.get("tokenizer") or {})
-    for name in TOKENIZER_PATH_NAMES:
-        if tokenizer.get(name) and not os.path.isabs(tokenizer[name]):
-            tokenizer[name] = os.path.normpath(os.path.join(args.load, tokenizer[name]))
+    tokenizer = resolve_tokenizer_paths(record.get("tokenizer") or {}, args.load)
     args.checkpoint_tokenizer_note = None
     if given.intersection(TOKENIZER_ARG_NAMES):
         # tokenizer flags on the command line win (Megatron-LM's load_args_from_checkpoint never

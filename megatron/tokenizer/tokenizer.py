@@ -9,7 +9,7 @@ list[int]`` (no special tokens added; ``--append-eod`` or the dataset adds ``eod
 """
 
 import argparse
-from typing import List
+from typing import List, Optional
 
 from megatron.errors import ConfigError
 from megatron.tokenizer.byte_level import ByteLevelTokenizer
@@ -91,7 +91,8 @@ def build_tokenizer(args: argparse.Namespace):
     tp = getattr(args, "tensor_model_parallel_size", 1)
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, divisible_by, tp,
                                                getattr(args, "pad_vocab_size_to", None))
-    args.vocab_size = model_vocab_size(tokenizer, args)
+    recorded = (getattr(args, "checkpoint_model_args", None) or {}).get("vocab_size")
+    args.vocab_size = model_vocab_size(tokenizer.vocab_size, args.padded_vocab_size, recorded)
     notes = getattr(args, "startup_notes", None)  # printed by the training loop at start-up
     if isinstance(notes, list):
         notes.append(tokenizer_summary(tokenizer, args.padded_vocab_size,
@@ -128,14 +129,14 @@ def check_fits_checkpoint(tokenizer, args: argparse.Namespace) -> None:
             "flags to use the checkpoint's")
 
 
-def model_vocab_size(tokenizer, args: argparse.Namespace) -> int:
+def model_vocab_size(tokenizer_vocab_size: int, padded_vocab_size: int,
+                     recorded: Optional[int] = None) -> int:
     """The number of vocabulary rows that take probability (tokens): the tokenizer's vocabulary,
-    or more when the checkpoint of ``--use-checkpoint-args`` records more real rows (a model
-    imported from Hugging Face whose ``vocab_size`` exceeds its tokenizer's, as BLOOM's), never
-    more than the embedding's ``args.padded_vocab_size`` rows."""
-    recorded = (getattr(args, "checkpoint_model_args", None) or {}).get("vocab_size")
-    rows = max(int(tokenizer.vocab_size), int(recorded or 0))
-    return min(rows, int(args.padded_vocab_size))
+    or more when the checkpoint records more real rows (``recorded``: a model imported from
+    Hugging Face whose ``vocab_size`` exceeds its tokenizer's, as BLOOM's), never more than the
+    embedding's ``padded_vocab_size`` rows."""
+    rows = max(int(tokenizer_vocab_size), int(recorded or 0))
+    return min(rows, int(padded_vocab_size))
 
 
 def tokenizer_summary(tokenizer, padded: int, type_note: str = None) -> str:

@@ -168,20 +168,15 @@ def tokenizer_source(tokenizer_flags: dict) -> Optional[List[str]]:
     return None
 
 
-def special_token_ids(tokenizer_flags: dict, load: str) -> dict:
+def special_token_ids(tokenizer_flags: dict) -> dict:
     """``{"bos_token_id", "eos_token_id"}`` of the run's tokenizer (``model_args.json``
-    ``tokenizer`` flags; relative paths are relative to ``load``, as an imported checkpoint
-    keeps them) for ``config.json``: generation in transformers stops at the eos id."""
+    ``tokenizer`` flags, paths resolved) for ``config.json``: generation in transformers stops
+    at the eos id."""
     import argparse
 
-    from megatron.checkpoint_interop.model_args import TOKENIZER_PATH_NAMES
     from megatron.tokenizer import build_tokenizer
 
-    flags = dict(tokenizer_flags)
-    for name in TOKENIZER_PATH_NAMES:
-        if flags.get(name) and not os.path.isabs(flags[name]):
-            flags[name] = os.path.normpath(os.path.join(load, flags[name]))
-    tokenizer = build_tokenizer(argparse.Namespace(**flags))
+    tokenizer = build_tokenizer(argparse.Namespace(**tokenizer_flags))
     return {"bos_token_id": getattr(tokenizer, "bos", None),
             "eos_token_id": getattr(tokenizer, "eos", None)}
 
@@ -211,6 +206,7 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
     """Export the checkpoint (see the module docstring); returns a summary ``{"family",
     "iteration", "files", "tokenizer_files", "parameters", "bytes"}``."""
     from megatron.checkpoint_interop.full_state import FullStateReader
+    from megatron.checkpoint_interop.model_args import resolve_tokenizer_paths
     from megatron.checkpoint_interop.hf_families import (canonical_names, canonical_shapes,
                                                          check_exportable, hf_config, to_hf)
     from megatron.parallel.resharding import VOCAB_PARAMETERS
@@ -261,8 +257,9 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
             del tensor
         files = writer.finish()
         summary_iteration = reader.iteration
-    tokenizer_flags = reader.model_args.get("tokenizer") or {}
-    config = hf_config(flags, real_rows, dtype, special_token_ids(tokenizer_flags, load))
+    # relative tokenizer paths (an imported checkpoint's) are relative to the checkpoint root
+    tokenizer_flags = resolve_tokenizer_paths(reader.model_args.get("tokenizer") or {}, load)
+    config = hf_config(flags, real_rows, dtype, special_token_ids(tokenizer_flags))
     with open(os.path.join(output, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     tokenizer_files = copy_tokenizer(tokenizer_flags, output)

@@ -123,21 +123,24 @@ def test_tensor_parallel_2_with_recompute_matches_single_rank(tp2_run, single_ra
     assert "parallel_layout.json" in names
 
 
-def test_tp2_dp2_sequence_parallel_full_recompute_zero1_matches_single_rank(
+def test_tp2_dp2_sequence_parallel_full_recompute_zero2_matches_single_rank(
         demo_data, tmp_path, single_rank_layout_losses, single_rank_layout_records,
         single_rank_layout_dir):
-    """4 ranks: TP 2 x DP 2 with --sequence-parallel, full recompute and ZeRO-1 (optimizer states
-    partitioned within each data-parallel group, gradients averaged over it only)."""
+    """4 ranks: TP 2 x DP 2 with --sequence-parallel, full recompute and ZeRO-2 (optimizer states
+    and gradients partitioned within each data-parallel group, gradients reduced over it inside
+    the backward). The sequence-parallel sum then runs on each rank's half of the flat gradient,
+    where a norm's weight or bias may straddle the two halves."""
     losses, proc = run_layout(demo_data, tmp_path, num_ranks=4, extra=TP2 + [
         "--sequence-parallel", "--recompute-granularity", "full", "--recompute-method", "uniform",
-        "--recompute-num-layers", "1", "--zero-stage", "1"])
-    assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 2, ZeRO stage 1, "
+        "--recompute-num-layers", "1", "--zero-stage", "2"])
+    assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 2, ZeRO stage 2, "
             "micro-batches per iteration 2, sequence-parallel, recompute full (uniform, 1 layer)"
             ) in proc.stdout
-    # ZeRO-1: the sequence-parallel sum runs once per step, after accumulation (grads.py)
-    assert "sequence-parallel gradients summed over tensor-parallel ranks once per step" in proc.stdout
+    # ZeRO-2: the sequence-parallel sum runs once per step, on the partition (grads.py)
+    assert ("sequence-parallel gradients summed over tensor-parallel ranks once per step, on this "
+            "rank's ZeRO partition") in proc.stdout
     assert_losses_match(losses, single_rank_layout_losses)
-    _assert_grad_norms_match(tmp_path, single_rank_layout_records)  # ZeRO-1: DeepSpeed's norm
+    _assert_grad_norms_match(tmp_path, single_rank_layout_records)  # ZeRO-2: DeepSpeed's norm
     assert_curriculum_records_match(tmp_path, single_rank_layout_dir)
 
 

@@ -1,6 +1,8 @@
 """The sequence-parallel gradient sum (megatron/parallel/grads.py) on real DeepSpeed engines, in one
 process: it runs once per optimizer step on the accumulated gradients (one flattened all-reduce)
-for ZeRO 0 and 1, plain and pipe engines, fp32 and bf16; ZeRO 2 keeps the per-parameter fallback.
+for ZeRO 0 and 1, plain and pipe engines, fp32 and bf16; under ZeRO 2 once per step on the
+rank's gradient partition (both of DeepSpeed's partition layouts); ZeRO-Offload keeps the
+per-parameter fallback.
 
 The tensor-parallel group is a 1-rank group whose all-reduce is replaced by "times 2", what the sum
 over two tensor-parallel ranks holding the same gradients gives. Each run is compared with plain
@@ -11,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from megatron.parallel.grads import (PER_MICRO_BATCH, PER_STEP,
+from megatron.parallel.grads import (PER_MICRO_BATCH, PER_PARTITION, PER_STEP,
                                      install_sequence_parallel_grad_allreduce)
 
 MICRO_BATCHES, STEPS, LR = 3, 2, 0.1
@@ -73,7 +75,7 @@ def _reference():
     return summed, [p.detach().clone() for p in model.parameters()]
 
 
-def _train(stage, dtype, pipe, tp_group):
+def _train(stage, dtype, pipe, tp_group, zero_extra=None, data_types=None, config_extra=None):
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
@@ -81,7 +83,9 @@ def _train(stage, dtype, pipe, tp_group):
     model = (PipelineModule(layers=layers, num_stages=1, loss_fn=_loss) if pipe
              else torch.nn.Sequential(*layers))
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": MICRO_BATCHES,
-              "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": stage, **(zero_extra or {})},
+              "zero_allow_untested_optimizer": True, "data_types": data_types or {},
+              **(config_extra or {}),
               "gradient_clipping": 0.0, "bf16": {"enabled": dtype == torch.bfloat16}}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
                                       config=config, dist_init_required=False)
@@ -115,10 +119,31 @@ def test_one_reduction_per_step_of_the_accumulated_gradients(tp_all_reduces, tp_
         torch.testing.assert_close(got, expected, **tol)
 
 
-def test_zero2_reduces_each_micro_batch_gradient_as_it_is_produced(tp_all_reduces, tp_group):
-    """ZeRO 2 reduces gradients over data-parallel ranks inside the backward: the per-parameter
-    fallback sums each micro batch's gradient first, which gives the same update."""
-    when, params = _train(2, torch.float32, False, tp_group)
+@pytest.mark.parametrize("dtype,data_types", [
+    (torch.float32, None),  # the partition as a list of parameter slices and pads
+    (torch.bfloat16, {"grad_accum_dtype": "fp32"}),  # the compact fp32 partition buffer
+], ids=["fp32-slice-list", "bf16-fp32-accumulation-compact-buffer"])
+def test_zero2_sums_the_partition_of_the_accumulated_gradients_once_per_step(
+        tp_all_reduces, tp_group, dtype, data_types):
+    """ZeRO 2 reduces each gradient over data-parallel ranks inside the backward; the sum over
+    tensor-parallel ranks runs after it, once per step, on the partition the step then uses."""
+    when, params = _train(2, dtype, False, tp_group, data_types=data_types)
+    summed, want = _reference()
+    assert when == PER_PARTITION
+    assert len(tp_all_reduces) == STEPS  # one flattened all-reduce per step, not per micro batch
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-3)
+    for got, expected in zip(tp_all_reduces, summed):  # LayerNorm weight and bias, whole step
+        torch.testing.assert_close(got, expected, **tol)
+    for got, expected in zip(params, want):
+        torch.testing.assert_close(got, expected, **tol)
+
+
+def test_zero_offload_reduces_each_micro_batch_gradient_as_it_is_produced(tp_all_reduces, tp_group):
+    """ZeRO-Offload fills its partition by asynchronous copies: the per-parameter fallback sums
+    each micro batch's gradient first, which gives the same update."""
+    when, params = _train(2, torch.float32, False, tp_group,
+                          zero_extra={"offload_optimizer": {"device": "cpu"}},
+                          config_extra={"zero_force_ds_cpu_optimizer": False})
     _, want = _reference()
     assert when == PER_MICRO_BATCH
     assert len(tp_all_reduces) == STEPS * MICRO_BATCHES * 2  # LayerNorm weight and bias

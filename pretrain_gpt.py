@@ -13,7 +13,7 @@ from megatron.errors import run_entry_point
 from megatron.data.builder import build_pretraining_data
 from megatron.data.document_segments import with_document_segments
 from megatron.model.gpt_model_pipe import gpt_model_for_layout
-from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer import tokenizer_setup
 from megatron.data.train_data import TrainData
 from megatron.training import pretrain
 
@@ -33,11 +33,13 @@ def datasets_provider(args) -> TrainData:
     return data
 
 
-def main(argv=None):
-    """Parse flags, build the tokenizer, train."""
+def main(argv=None, after_checkpoint_files_written=None):
+    """Parse flags, build the tokenizer, train (``after_checkpoint_files_written``: see
+    ``megatron.training.pretrain``)."""
     args = parse_args(argv)
-    args.tokenizer = build_tokenizer(args)  # also sets args.padded_vocab_size
-    return pretrain(args, datasets_provider, model_provider)
+    tokenizer_setup(args).apply(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
+    return pretrain(args, datasets_provider, model_provider,
+                    after_checkpoint_files_written=after_checkpoint_files_written)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 
 Writes a Llama-style checkpoint (RoPE, RMSNorm, SwiGLU, untied; ~0.95B parameters at the defaults)
 in the training checkpoint format at the given tensor-parallel size, with random weights
-(megatron/checkpoint_interop/write_checkpoint.py, which cuts shards as megatron-core does), then
+(megatron/checkpoint/writer.py, which cuts shards as megatron-core does), then
 runs, each in its own process, ``tools/checkpoint/convert_to_hf.py`` (checkpoint -> transformers
 directory) and ``tools/checkpoint/convert_from_hf.py`` (back), and reports for each the wall time
 and the process's peak resident memory (``wait4`` rusage), against the size of what it reads on
@@ -46,9 +46,9 @@ def make_checkpoint(directory: str, args) -> int:
     """Write the random-weight checkpoint; returns its parameter count."""
     import torch
 
-    from megatron.checkpoint_interop.hf_families import canonical_shapes
-    from megatron.checkpoint_interop.model_args import FORMAT_VERSION
-    from megatron.checkpoint_interop.write_checkpoint import write_checkpoint
+    from megatron.checkpoint.hf import canonical_shapes
+    from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION
+    from megatron.checkpoint.writer import write_checkpoint
 
     heads = args.hidden_size // 128
     flags = {"num_layers": args.num_layers, "hidden_size": args.hidden_size,
@@ -99,7 +99,7 @@ def main(argv=None):
     py = sys.executable
     tools = os.path.join(ROOT, "tools", "checkpoint")
     _, baseline = run_measured([py, "-c", "import sys; sys.argv=['x']; sys.path.insert(0, 'tools/checkpoint'); "
-                                "import convert_to_hf, convert_from_hf; import megatron.checkpoint_interop.full_state"])
+                                "import convert_to_hf, convert_from_hf; import megatron.checkpoint.reader"])
     export_s, export_rss = run_measured([py, os.path.join(tools, "convert_to_hf.py"), "--load", ckpt,
                                          "--output", hf, "--max-shard-size", args.max_shard_size])
     hf_bytes = dir_bytes(hf)

@@ -49,7 +49,7 @@ def model_flags(opts):
 def time_ours(args, opts) -> float:
     from megatron.metrics import MetricsWriter
     from megatron.model.gpt_model import build_gpt_model
-    from megatron.checkpointing import TrainingState
+    from megatron.checkpoint.engine import TrainingState
     from megatron.schedules.units import batch_schedule_from_args
     from megatron.training import (TrainData, gpt_forward_step, setup_model_and_optimizer,
                                    step_functions, train)

@@ -1,8 +1,11 @@
 """Command-line arguments: one parser with Megatron-LM flag names, and ``validate_args``.
 
 Flags keep Megatron-LM's (and the BigScience Megatron-DeepSpeed fork's) names and meanings.
-``validate_args`` fills derived values (data-parallel size, ffn size, padded vocab ...) and rejects
-impossible combinations with an :class:`ArgumentError` that names the flags and values.
+``validate_args`` fills derived values (data-parallel size, ffn size, the iterations of a
+``--train-samples`` run, the attention backend, megatron-core's ``TransformerConfig`` ...) and
+rejects impossible combinations with an :class:`ArgumentError` that names the flags and values. It
+is the last writer of ``args``: only the entry points add the tokenizer and its embedding rows
+(``megatron.tokenizer.tokenizer_setup(args).apply(args)``), which need the tokenizer's files.
 """
 import argparse
 import math
@@ -10,12 +13,9 @@ import os
 from typing import Callable, List, Optional
 
 from megatron import flag_compat
-from megatron.errors import ConfigError
+from megatron.errors import ArgumentError, ConfigError  # noqa: F401 (ArgumentError: raised here)
+from megatron.skip_step import add_skip_step_args, validate_skip_step_args
 from megatron.tokenizer.flags import add_tokenizer_args
-
-
-class ArgumentError(ConfigError):
-    """A bad flag value or flag combination; the message names the flags and the values."""
 
 
 def _value_alias(flag: str) -> Callable[[str], str]:
@@ -323,13 +323,13 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--universal-checkpoint", action="store_true",
                    help="BigScience's flag: load --load through the layout-independent path "
-                        "(megatron/parallel/resharding.py) even on the layout it was saved with. "
+                        "(megatron/checkpoint/reshard.py) even on the layout it was saved with. "
                         "A checkpoint of another TP/PP/DP size or ZeRO stage takes that path "
                         "without the flag.")
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="Take the model and tokenizer flags from the model_args.json of the "
                         "checkpoint in --load; flags given that disagree with it are an error "
-                        "(megatron/checkpoint_interop/model_args.py).")
+                        "(megatron/checkpoint/model_args.py).")
 
 
 def _add_logging_args(parser: argparse.ArgumentParser) -> None:
@@ -510,7 +510,7 @@ def get_parser(extra_args_provider: Optional[Callable] = None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for add in (_add_model_args, _add_training_args, _add_lr_args, _add_data_args,
                 add_tokenizer_args, _add_checkpoint_args, _add_logging_args, _add_parallel_args,
-                _add_run_control_args, _add_bloom_model_args):
+                _add_run_control_args, _add_bloom_model_args, add_skip_step_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser) or parser
@@ -529,7 +529,7 @@ def parse_args(argv: Optional[List[str]] = None, extra_args_provider: Optional[C
     them (megatron.errors.exit_with_error)."""
     import sys
 
-    from megatron.checkpoint_interop.model_args import apply_checkpoint_args
+    from megatron.checkpoint.model_args import apply_checkpoint_args
 
     parser = get_parser(extra_args_provider)
     args, problems, values_ok = parser.parse_collecting(argv)
@@ -656,8 +656,6 @@ def _validate_layout_sizes(args, world_size: int) -> None:
 def _validate_layout(args) -> None:
     """Layouts megatron-core or DeepSpeed cannot run, refused with the values named; recompute
     flags resolved to Megatron-LM's three."""
-    import re
-
     from megatron.parallel.recompute import resolve_recompute_flags
 
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
@@ -678,17 +676,10 @@ def _validate_layout(args) -> None:
                             f"--tensor-model-parallel-size {tp} (needed by --sequence-parallel)")
     if args.no_pipeline_parallel and pp > 1:
         raise ArgumentError(f"--no-pipeline-parallel contradicts --pipeline-model-parallel-size {pp}")
+    from megatron.model.gpt_model_pipe import partition_method_from_args
+
     method = args.pp_partition_method
-    if method.startswith("type:"):
-        try:
-            re.compile(method[len("type:"):], re.IGNORECASE)
-        except re.error as e:
-            raise ArgumentError(f"--pp-partition-method {method}: bad regular expression ({e})") from None
-        if not method[len("type:"):]:
-            raise ArgumentError(f"--pp-partition-method {method}: empty layer-type pattern")
-    elif method not in ("uniform", "parameters"):
-        raise ArgumentError(f"--pp-partition-method {method}: expected uniform, parameters or "
-                            "type:REGEX (e.g. type:transformer)")
+    partition_method_from_args(args)  # the one check of --pp-partition-method (ArgumentError)
     if pp > 1:
         if args.num_layers < pp:
             raise ArgumentError(f"--num-layers {args.num_layers} is fewer than "
@@ -715,7 +706,8 @@ def _resolve_transformer_impl(args) -> None:
     transformer_engine that cannot be met is an error naming why."""
     from megatron.model import transformer_engine_support
 
-    te = transformer_engine_support.transformer_engine_status()
+    # the run's one look for Transformer Engine: the attention backend and the layer spec use it
+    te = args.transformer_engine_status = transformer_engine_support.transformer_engine_status()
     if args.transformer_impl is None:
         args.transformer_impl = "transformer_engine" if te.importable else "local"
         if te.problem is not None:
@@ -727,14 +719,51 @@ def _resolve_transformer_impl(args) -> None:
                             "is used when Transformer Engine is absent)")
 
 
-def _validate_attention_backend(args) -> None:
-    """An explicit Transformer Engine backend (te, flash, fused, unfused) that has no kernel for
-    this run's batches on this machine is refused here, naming what runs instead
-    (megatron/model/attention_backends.py); ``auto`` is resolved and logged at model build."""
-    from megatron.model.attention_backends import TE_BACKENDS, attention_backend_from_args
+def _resolve_attention_backend(args) -> None:
+    """``args.resolved_attention_backend``: the core attention of this run on this machine
+    (megatron/model/attention_backends.py), resolved once, here; the model builds it and logs it.
+    An explicit Transformer Engine backend that cannot run (TE absent or without a GPU, a kernel
+    family with none for this run's batches) is refused here, naming what runs instead. What
+    FlexAttention cannot do (train on a CPU, attention dropout) is refused when a run starts
+    (``check_backend_trains``, before distributed start-up), not by parsing: resolved for
+    forward use, FlexAttention may evaluate on a CPU; one that cannot run at all is left
+    unresolved (None) for the run to refuse."""
+    from megatron.model.attention_backends import TE_BACKENDS, resolve_attention_backend_from_args
 
-    if args.attention_backend in TE_BACKENDS:
-        attention_backend_from_args(args)
+    try:
+        args.resolved_attention_backend = resolve_attention_backend_from_args(
+            args, te=args.transformer_engine_status, training=False)
+    except ArgumentError:
+        if args.attention_backend in TE_BACKENDS:
+            raise
+        args.resolved_attention_backend = None
+
+
+def _build_transformer_config(args) -> None:
+    """``args.transformer_config``: megatron-core's ``TransformerConfig`` of the model flags,
+    layout (TP, sequence parallelism), recompute and precision flags
+    (megatron/model/gpt_model.py ``transformer_config_from_args``); the model is built from it.
+    Its own checks (``ValueError`` from ``__post_init__``) are an ArgumentError here."""
+    from megatron.model.gpt_model import transformer_config_from_args
+
+    try:
+        args.transformer_config = transformer_config_from_args(args)
+    except ValueError as e:
+        raise ArgumentError(f"megatron-core's TransformerConfig refuses the model flags (--num-layers "
+                            f"{args.num_layers}, --hidden-size {args.hidden_size}, "
+                            f"--num-attention-heads {args.num_attention_heads}, "
+                            f"--tensor-model-parallel-size {args.tensor_model_parallel_size}, "
+                            f"recompute and precision flags): {e}") from None
+
+
+def _derive_train_iters(args) -> None:
+    """``args.train_iters`` of a ``--train-samples`` run: the whole global batches that fit
+    (megatron/schedules/units.py ``train_iterations_from_args``, rampup aware), after the
+    ``--train-tokens`` budget; ``--train-iters`` runs keep theirs. Derived last, so the checks
+    above still tell an iteration-based run (``--train-iters`` given) from a sample-based one."""
+    from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
+
+    args.train_iters = train_iterations_from_args(args, batch_schedule_from_args(args))
 
 
 def _validate_rotary(args) -> None:
@@ -786,7 +815,6 @@ def _validate_model(args) -> None:
         value = getattr(args, name)
         if not 0.0 <= value < 1.0:
             raise ArgumentError(f"--{name.replace('_', '-')} {value} must be in [0, 1)")
-    _validate_attention_backend(args)
 
 
 def _validate_training(args) -> None:
@@ -1180,6 +1208,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("batch", ("deepspeed json",), lambda: _validate_batch(args, world_size)),
               ("model", (), lambda: _validate_model(args)),
               ("training", (), lambda: _validate_training(args)),
+              ("skip step", (), lambda: validate_skip_step_args(args)),
               ("run control", ("batch", "training"), lambda: _validate_run_control(args)),
               ("lr", ("batch", "training", "run control"), lambda: _validate_lr_units(args)),
               ("data", (), lambda: _validate_data(args, require_data)),
@@ -1187,7 +1216,13 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("deepspeed", ("batch", "training"), lambda: _validate_deepspeed_config(args)),
               ("layout", ("batch", "model", "deepspeed"), lambda: _validate_layout(args)),
               ("BLOOM model", ("batch",), lambda: _validate_bloom_model(args)),
-              ("logging", (), lambda: _validate_logging(args)))
+              ("logging", (), lambda: _validate_logging(args)),
+              # after the flags they read (bf16/fp16 may come from --deepspeed_config)
+              ("attention", ("model", "deepspeed"), lambda: _resolve_attention_backend(args)),
+              ("transformer config", ("model", "layout", "deepspeed"),
+               lambda: _build_transformer_config(args)),
+              ("train iters", ("batch", "training", "run control", "lr"),
+               lambda: _derive_train_iters(args)))
     failed, errors = set(), []
     for name, needs, check in checks:
         if failed.intersection(needs):

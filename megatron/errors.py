@@ -20,6 +20,18 @@ class ConfigError(ValueError):
     """Bad input from the user; the message says what was given and what is allowed."""
 
 
+class ArgumentError(ConfigError):
+    """A bad flag value or flag combination; the message names the flags and the values."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: missing, incomplete, corrupt or incompatible."""
+
+
+class ReshardError(ConfigError):
+    """The checkpoint cannot be resumed on this layout / model (the message says why)."""
+
+
 def _first_to_report(message: str) -> bool:
     """Whether no other rank of this launch has reported ``message`` yet (counted in the process
     group's key-value store, which needs no collective); True without a process group."""

@@ -2,14 +2,15 @@
 to each writer asked for: ``--metrics-jsonl`` lines (:class:`JsonlWriter`), TensorBoard scalars
 (:class:`TensorBoardWriter`) and a Weights & Biases run (``--wandb-project``:
 megatron/wandb_logging.py). Every writer gets the same record dicts from megatron/training.py and
-computes nothing itself: the scalar tags of a record are :func:`train_scalars` /
-:func:`eval_scalars`, shared by TensorBoard and W&B.
+computes nothing itself: the scalar tags of a record are ``train_scalars`` / ``eval_scalars``
+(megatron/metric_records.py), shared by TensorBoard and W&B.
 """
 import json
 import math
 import os
-from numbers import Number
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
+
+from megatron.metric_records import eval_scalars, train_scalars
 
 # Training-record keys written to TensorBoard only when asked, with the flag that asks (the
 # Megatron-LM/BigScience --log-*-to-tensorboard flags).
@@ -17,7 +18,9 @@ TENSORBOARD_EXTRAS = {"global_batch_size": "log_batch_size_to_tensorboard",
                       "ms_per_iteration": "log_timers_to_tensorboard"}
 # Training-record keys TensorBoard always gets (train/KEY), besides the per-dataset losses.
 TENSORBOARD_TRAIN_KEYS = ("lm_loss", "lr", "weight_decay", "grad_norm", "consumed_samples",
-                          "tokens_per_second")
+                          "tokens_per_second",
+                          # with a skip flag (docs/skip_step.md), absent otherwise
+                          "skipped", "skipped_total")
 
 
 def tensorboard_extras_from_args(args) -> Tuple[str, ...]:
@@ -25,27 +28,6 @@ def tensorboard_extras_from_args(args) -> Tuple[str, ...]:
     iteration) for ``--log-batch-size-to-tensorboard``, ``ms_per_iteration`` (wall time) for
     ``--log-timers-to-tensorboard``."""
     return tuple(key for key, dest in TENSORBOARD_EXTRAS.items() if getattr(args, dest))
-
-
-def train_scalars(record: Dict[str, Any], keys: Optional[Sequence[str]] = None) -> Dict[str, float]:
-    """The scalars of a training record as ``{tag: value}``: ``train/KEY`` for each of ``keys``
-    (None: every numeric key but ``iteration``) whose value is not None, and
-    ``train/per_dataset_loss/NAME`` for each dataset's loss (nats per token). The step they belong
-    to is ``record["iteration"]`` (iterations)."""
-    if keys is None:
-        keys = [k for k, v in record.items()
-                if k != "iteration" and isinstance(v, Number) and not isinstance(v, bool)]
-    out = {f"train/{key}": record[key] for key in keys if record.get(key) is not None}
-    for name, loss in (record.get("per_dataset_loss") or {}).items():
-        out[f"train/per_dataset_loss/{name}"] = loss
-    return out
-
-
-def eval_scalars(record: Dict[str, Any]) -> Dict[str, float]:
-    """The scalars of an evaluation record, under its split and validation group's name:
-    ``{split}/{group}/lm_loss`` (nats per token) and ``{split}/{group}/ppl``."""
-    tag = f"{record['split']}/{record['group']}"
-    return {f"{tag}/lm_loss": record["lm_loss"], f"{tag}/ppl": record["ppl"]}
 
 
 class JsonlWriter:

@@ -12,18 +12,19 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from megatron.checkpointing import TrainingState, load_checkpoint, save_checkpoint
+from megatron.checkpoint.engine import TrainingState, load_checkpoint, save_checkpoint
 from megatron.data.train_data import EvalGroup, TrainData  # noqa: F401 (re-exported)
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.deepspeed_config import deepspeed_config_from_args
-from megatron.initialize import all_reduce_small, initialize_distributed, print_rank_0, set_seeds
+from megatron.initialize import initialize_distributed, set_seeds
+from megatron.rank_utils import all_reduce_small, print_rank_0
 from megatron.learning_rates import build_opt_param_scheduler
 from megatron.metrics import MetricsWriter, metrics_writer_from_args, perplexity
+from megatron.model.attention_backends import check_backend_trains
 from megatron.model.lm_loss import masked_lm_loss
 from megatron.optimizer import build_optimizer
 from megatron.parallel.topology import layout_line
-from megatron.schedules.units import (BatchSchedule, batch_schedule_from_args,
-                                      train_iterations_from_args)
+from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
 
 
 def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -304,13 +305,15 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     return engine, ds_optimizer, scheduler
 
 
-def _maybe_save(engine, args, state: TrainingState, scheduler) -> None:
+def _maybe_save(engine, args, state: TrainingState, scheduler,
+                after_files_written: Optional[Callable[[int], None]] = None) -> None:
     if not args.save:
         return
     state.extra["opt_param_scheduler"] = scheduler.state_dict()
-    from megatron.checkpoint_interop.model_args import model_args_from_args
+    from megatron.checkpoint.model_args import model_args_from_args
 
-    directory = save_checkpoint(engine, args.save, state, model_args_from_args(args))
+    directory = save_checkpoint(engine, args.save, state, model_args_from_args(args),
+                                after_files_written=after_files_written)
     print_rank_0(f"saved checkpoint {directory}")
 
 
@@ -326,7 +329,7 @@ def _restore(engine, args, scheduler) -> TrainingState:
     if args.finetune:
         import os
 
-        from megatron.checkpointing import checkpoint_tag, read_tracker
+        from megatron.checkpoint.format import checkpoint_tag, read_tracker
 
         loaded = read_tracker(args.load)  # the iteration load_checkpoint just loaded
         print_rank_0(f"--finetune: loaded the model weights of "
@@ -353,7 +356,8 @@ def _restore(engine, args, scheduler) -> TrainingState:
 
 
 def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
-                   grad_norm: Optional[float], dataset_names: List[str], batch_size: int) -> None:
+                   grad_norm: Optional[float], dataset_names: List[str], batch_size: int,
+                   skip_fields: Optional[Dict[str, int]] = None) -> None:
     loss, dataset_loss, dataset_count = stats.reduced()
     elapsed = time.perf_counter() - stats.start
     ms_per_iter = 1000.0 * elapsed / max(stats.iterations, 1)
@@ -367,13 +371,16 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
             f"{'n/a' if grad_norm is None else f'{grad_norm:.3f}'}")
     if per_dataset:
         line += " | " + " | ".join(f"{k} loss: {v:.4f}" for k, v in per_dataset.items())
+    if skip_fields is not None:  # megatron/skip_step_engine.py StepSkipper.log_fields
+        line += (f" | skipped iterations: {skip_fields['skipped']} "
+                 f"(total {skip_fields['skipped_total']})")
     print_rank_0(line)
     metrics.train_record({
         "iteration": state.iteration, "consumed_samples": state.consumed_samples,
         "consumed_tokens": state.consumed_samples * args.seq_length, "lr": lr, "weight_decay": wd,
         "lm_loss": loss, "grad_norm": grad_norm, "per_dataset_loss": per_dataset,
         "tokens_per_second": tokens_per_s, "ms_per_iteration": ms_per_iter,
-        "global_batch_size": batch_size})
+        "global_batch_size": batch_size, **(skip_fields or {})})
 
 
 def _unclipped_grad_norm(engine) -> Optional[float]:
@@ -402,10 +409,13 @@ def _grad_norm(engine, stage0_norm: Optional[float]) -> Optional[float]:
 
 
 def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFunctions,
-          state: TrainingState, metrics: MetricsWriter, batch_schedule: BatchSchedule) -> bool:
+          state: TrainingState, metrics: MetricsWriter, batch_schedule: BatchSchedule,
+          after_checkpoint_files_written: Optional[Callable[[int], None]] = None,
+          skipper=None) -> bool:
     """Run iterations ``state.iteration + 1 .. --train-iters`` (updating ``state`` in place) with
     ``steps`` (:func:`step_functions`); returns True when ``--exit-interval`` stopped the run
-    early."""
+    early. ``after_checkpoint_files_written``: see :func:`pretrain`. ``skipper``: the
+    megatron/skip_step_engine.py ``StepSkipper`` of the skip flags, or None."""
     per_step = args.micro_batch_size * args.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
     exit_request = ExitRequest(args)
@@ -419,21 +429,27 @@ def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFuncti
         wd = optimizer.param_groups[0]["weight_decay"]
         num_micro_batches = batch_size // per_step
         logging_now = (state.iteration + 1) % args.log_interval == 0
+        if skipper is not None:
+            skipper.begin_iteration()
         stage0_norm = steps.train_step(engine, iterator, num_micro_batches, stats, logging_now)
         state.iteration += 1
+        if skipper is not None:  # a skipped step still consumes its data and advances the LR
+            skipper.end_iteration(state.iteration)
+            skipper.save_to(state)  # the window goes into every checkpoint's training state
         state.consumed_samples += batch_size
         scheduler.step(increment=batch_size)
         stats.iterations += 1
         stats.samples += batch_size
         if state.iteration % args.log_interval == 0:
             _log_iteration(args, metrics, stats, state, lr, wd, _grad_norm(engine, stage0_norm),
-                           data.dataset_names, batch_size)
+                           data.dataset_names, batch_size,
+                           skipper.log_fields() if skipper is not None else None)
             stats.reset()
         paused = time.perf_counter()  # evaluation and saving stay out of the per-iteration time
         if args.eval_iters and data.eval_groups and state.iteration % args.eval_interval == 0:
             _evaluate_all(engine, args, data.eval_groups, steps, state.iteration, metrics)
         if args.save_interval and state.iteration % args.save_interval == 0:
-            _maybe_save(engine, args, state, scheduler)
+            _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written)
         stats.start += time.perf_counter() - paused
         reason = None
         if args.exit_interval and state.iteration % args.exit_interval == 0:
@@ -442,7 +458,7 @@ def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFuncti
             reason = exit_request.reason
         if reason is not None:
             if not (args.save_interval and state.iteration % args.save_interval == 0):
-                _maybe_save(engine, args, state, scheduler)
+                _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written)
             print_rank_0(f"exiting at iteration {state.iteration}: {reason}")
             return True
     return False
@@ -465,20 +481,24 @@ def _kill_switch_at_start(args) -> bool:
 
 
 def pretrain(args, datasets_provider: Callable, model_provider: Callable,
-             forward_step: Callable = gpt_forward_step) -> TrainingState:
+             forward_step: Callable = gpt_forward_step,
+             after_checkpoint_files_written: Optional[Callable[[int], None]] = None
+             ) -> TrainingState:
     """Set up distributed state, model, engine, scheduler and data, restore ``--load``, train to
     ``--train-iters``, evaluate every group, save, and return the final training state.
 
     ``datasets_provider(args) -> TrainData``; ``model_provider(args) -> torch.nn.Module``.
+    ``after_checkpoint_files_written(iteration)`` runs on every rank once its files of a
+    checkpoint are written, before the tracker names it (a test's fault injection).
     """
+    check_backend_trains(args)  # before start-up: FlexAttention has no backward on a CPU
     initialize_distributed(args)
     for note in args.startup_notes:  # flag compatibility and --deepspeed_config notes
         print_rank_0(note)
     if _kill_switch_at_start(args):
         return TrainingState()
     set_seeds(args.seed)
-    batch_schedule = batch_schedule_from_args(args)
-    args.train_iters = train_iterations_from_args(args, batch_schedule)
+    batch_schedule = batch_schedule_from_args(args)  # args.train_iters: derived by validate_args
     data = datasets_provider(args)
     rank0 = torch.distributed.get_rank() == 0
     metrics = metrics_writer_from_args(args, enabled=rank0)  # jsonl, TensorBoard, W&B
@@ -500,15 +520,20 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     if args.skip_train:
         print_rank_0(f"--eval-only/--skip-train: evaluating the model of iteration "
                      f"{state.iteration} on the validation and test sets, no training")
-    steps = step_functions(engine, forward_step)
+    from megatron.skip_step_engine import step_skipper_from_args
+
+    skipper = step_skipper_from_args(args, engine)  # --grad-norm-skip-threshold, ... or None
+    if skipper is not None:
+        skipper.restore_from(state)
+    steps = step_functions(engine, skipper.recording(forward_step) if skipper else forward_step)
     start_iteration = state.iteration
     exited_early = False
     if not args.skip_train and state.iteration < args.train_iters:
         exited_early = train(args, engine, optimizer, scheduler, data, steps, state, metrics,
-                             batch_schedule)
+                             batch_schedule, after_checkpoint_files_written, skipper)
         if args.save and state.iteration > start_iteration and not exited_early \
                 and not (args.save_interval and state.iteration % args.save_interval == 0):
-            _maybe_save(engine, args, state, scheduler)
+            _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written)
     if not exited_early and args.eval_iters:
         if state.iteration % args.eval_interval != 0 or args.skip_train or state.iteration == start_iteration:
             _evaluate_all(engine, args, data.eval_groups, steps, state.iteration, metrics)

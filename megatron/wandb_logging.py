@@ -1,7 +1,8 @@
 """Weights & Biases logging (``--wandb-project``, ``--wandb-exp-name``, ``--wandb-save-dir``, with
 Megatron-LM's meaning): one run, written by the rank that owns the metrics (rank 0, the one that
 writes ``--metrics-jsonl`` and TensorBoard), whose config is the validated arguments and whose
-history gets every record those get (megatron/metrics.py), at the iteration as the step.
+history gets every record those get (megatron/metrics.py; their tags: megatron/metric_records.py),
+at the iteration as the step.
 
 The run id is kept in ``--save``/:data:`RUN_ID_FILE` (with the experiment name it was started
 under), so a run resumed from its checkpoints continues the same W&B run, unless another
@@ -14,7 +15,7 @@ import sys
 from typing import Any, Dict, Optional, Tuple
 
 from megatron.errors import ConfigError
-from megatron.metrics import eval_scalars, train_scalars
+from megatron.metric_records import eval_scalars, train_scalars
 
 RUN_ID_FILE = "wandb_run_id.txt"
 INSTALL_HINT = "pip install '.[wandb]' (or pip install wandb)"

@@ -40,7 +40,8 @@ from megatron.data.mtf_dataset import pack_sample, truncated_lengths  # noqa: E4
 from megatron.model.masks import (attention_structure_from_batch,  # noqa: E402
                                   collate_with_segment_layout)
 # the model and its checkpoint (any layout); re-exported as this script's Python API
-from tasks.checkpoint_model import MODEL_STATES, build_model, load_model_weights  # noqa: E402,F401
+from megatron.checkpoint.reader import MODEL_STATES, load_model_weights  # noqa: E402,F401
+from tasks.checkpoint_model import build_model  # noqa: E402
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -70,9 +71,13 @@ _DEFAULTS = ["--micro-batch-size", "1", "--train-iters", "1", "--lr", "0"]
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     from megatron.arguments import parse_args
 
+    from megatron.tokenizer import tokenizer_setup
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    return parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,
+    args = parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,
                       require_data=False)
+    tokenizer_setup(args).apply(args)  # the tokenizer and the embedding rows it needs
+    return args
 
 
 def _encode(tokenizer, text: str, append_eod: bool) -> List[int]:

@@ -20,7 +20,7 @@ SLOW_FILES_FIRST = (
     "test_attention_backends.py", "test_checkpoint_safety.py", "test_curriculum_e2e.py",
     "test_run_control_e2e.py", "test_finetune_t0.py", "test_schedule_resume_e2e.py",
     "test_graceful_exit.py", "test_bad_inputs.py", "test_error_reporting.py", "test_cpu_comm.py",
-    "test_hf_conversion.py", "test_rotary.py",
+    "test_merge_checkpoints.py", "test_hf_conversion.py", "test_rotary.py",
 )
 
 

@@ -151,7 +151,8 @@ def test_dense_mask_equals_reference_rule_and_block_mask():
 def test_segment_ids_after_eod_match_megatron_core_reset_attention_mask():
     """The compact form of --reset-attention-mask equals megatron-core's dense mask."""
     from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
-    from megatron.model.masks import attention_structure, dense_allowed_mask, segment_ids_after_eod
+    from megatron.data.document_segments import segment_ids_after_eod
+    from megatron.model.masks import attention_structure, dense_allowed_mask
     eod = 0
     tokens = torch.tensor([5, 6, 0, 7, 8, 9, 0, 0, 4, 3, 2, 0, 1])
     core_mask, _, _ = _get_ltor_masks_and_position_ids(tokens, eod, reset_position_ids=False,

@@ -782,7 +782,8 @@ def test_robustness_doc_names_existing_tests():
 
 
 def test_tracker_with_undecodable_bytes_is_a_checkpoint_error(tmp_path):
-    from megatron.checkpointing import CheckpointError, read_tracker
+    from megatron.checkpoint.format import read_tracker
+    from megatron.errors import CheckpointError
     (tmp_path / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\xfe12")
     with pytest.raises(CheckpointError, match="latest_checkpointed_iteration.txt holds"):
         read_tracker(str(tmp_path))

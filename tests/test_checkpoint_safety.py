@@ -2,9 +2,9 @@
 checkpoint (the next run resumes from the last complete one), and unusable checkpoints give one
 clear ``error: ...`` line from the entry point, never a traceback.
 
-The kill is injected deterministically with the test hook of megatron/checkpointing.py:
-``MEGATRON_FAULT_INJECT=kill_during_save:ITER`` makes every rank SIGKILL itself after the files of
-checkpoint ITER are written and before the tracker is updated.
+The kill is injected deterministically through the hook ``save_checkpoint`` calls once a rank's
+files are written, before the tracker update (megatron/checkpoint/engine.py): tests/kill_during_save.py
+runs pretrain_gpt.py with a hook that makes every rank SIGKILL itself at checkpoint ITER.
 """
 import shutil
 
@@ -32,8 +32,8 @@ def flags(demo_data, run_dir, extra=()):
 def killed_during_save(demo_data, tmp_path_factory):
     """A 2-rank run whose save at iteration KILLED_AT is killed before the tracker update."""
     run_dir = tmp_path_factory.mktemp("killed")
-    proc = run_deepspeed("pretrain_gpt.py", flags(demo_data, run_dir), check=False,
-                         env={"MEGATRON_FAULT_INJECT": f"kill_during_save:{KILLED_AT}"})
+    proc = run_deepspeed("tests/kill_during_save.py", [str(KILLED_AT)] + flags(demo_data, run_dir),
+                         check=False)
     assert proc.returncode != 0, proc.stdout[-3000:]
     return run_dir, read_jsonl(run_dir / "metrics.jsonl")
 

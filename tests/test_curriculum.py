@@ -15,8 +15,8 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatase
 from megatron.core.datasets.utils import Split
 from megatron.data import curriculum
 from megatron.data.blend_config import BlendConfigError, parse_blend_config
-from megatron.data.curriculum import (CurriculumIndex, build_blending_index,
-                                      build_curriculum_dataset, resolve_constituents)
+from megatron.data.curriculum import CurriculumIndex, build_curriculum_dataset, resolve_constituents
+from megatron.data.mtf_dataset import blend_indices as build_blending_index  # the static blend
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.schedules.units import BatchSchedule
 from megatron.tokenizer import ByteLevelTokenizer

@@ -37,7 +37,8 @@ def tiny(tmp_path_factory, dist_group):
     """A random tiny model and its checkpoint (iteration 3; iteration 2 holds other weights)
     in DeepSpeed's layout: {"args", "model", "tokenizer", "load"}."""
     from tasks.eval_harness import evaluate
-    from tasks.checkpoint_model import MODEL_STATES, build_model
+    from megatron.checkpoint.reader import MODEL_STATES
+    from tasks.checkpoint_model import build_model
 
     args = evaluate.parse_eval_args(MODEL + ["--tasks", "unused"])
     model = build_model(args)
@@ -225,8 +226,8 @@ def test_load_iteration_selects_the_checkpoint(tiny):
 def test_checkpoint_of_another_layout_loads_with_its_recorded_flags(tiny, tmp_path):
     """A TP 2 x PP 2 checkpoint (vocabulary padded for TP 2) evaluates with the full TP=1/PP=1
     weights and, with --use-checkpoint-args, the model flags it recorded."""
-    from megatron.checkpoint_interop.model_args import model_args_from_args
-    from megatron.checkpoint_interop.write_checkpoint import write_checkpoint
+    from megatron.checkpoint.model_args import model_args_from_args
+    from megatron.checkpoint.writer import write_checkpoint
     from tasks.eval_harness import evaluate
     tensors = {n: p.detach().clone() for n, p in tiny["model"].named_parameters()}
     emb = tensors["embedding.word_embeddings.weight"]

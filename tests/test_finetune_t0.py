@@ -53,6 +53,7 @@ def test_extra_flags_defaults():
 
 
 def test_weighted_split_groups(tmp_path):
+    from megatron.data import mtf_builder
     from megatron.data.weighted_splits import weighted_split_groups_from_args
     args = argparse.Namespace(
         train_weighted_split_paths=["TRAIN: 0.3 0:0.95 data/a, 0.7 0:0.95 data/b"],
@@ -61,9 +62,9 @@ def test_weighted_split_groups(tmp_path):
         valid_weighted_split_paths=["VA: 1 0.95:1 data/a", "VB: 1 0.95:1 data/b"],
         valid_weighted_split_paths_path=None)
     args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
-    assert finetune_t0.weighted_split_groups(args, "train") == [
+    assert mtf_builder.weighted_split_groups(args, "train") == [
         ("TRAIN", [(0.3, 0.0, 0.95, "data/a"), (0.7, 0.0, 0.95, "data/b")])]
-    assert [g[0] for g in finetune_t0.weighted_split_groups(args, "valid")] == ["VA", "VB"]
+    assert [g[0] for g in mtf_builder.weighted_split_groups(args, "valid")] == ["VA", "VB"]
 
 
 def test_bad_group_is_named(toy, tmp_path):

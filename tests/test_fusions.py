@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron.model.fusions import FusionSupport, describe_fusions, fusion_config_from_args
-from megatron.model.gpt_model import tanh_gelu
+from megatron.model.activations import tanh_gelu
 
 FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
            "persist_layer_norm", "masked_softmax_fusion", "gradient_accumulation_fusion")
@@ -29,7 +29,7 @@ def _fused(fields):
                                    ("--openai-gelu",), ("--no-bias-gelu-fusion",),
                                    ("--disable-bias-linear",)])
 def test_cpu_runs_every_module_unfused_with_the_same_activation(extra):
-    from megatron.model.gpt_model import activation_from_args
+    from megatron.model.activations import activation_from_args
     args = _args(*extra)
     fields = fusion_config_from_args(args, "cpu", EVERYTHING)
     assert _fused(fields) == set()

@@ -1,6 +1,6 @@
-"""Checkpoint interop: full model state from any layout (megatron/checkpoint_interop/full_state.py),
+"""Checkpoint interop: full model state from any layout (megatron/checkpoint/reader.py),
 Hugging Face export/import (tools/checkpoint/convert_to_hf.py, convert_from_hf.py), recorded model
-flags and --use-checkpoint-args (megatron/checkpoint_interop/model_args.py).
+flags and --use-checkpoint-args (megatron/checkpoint/model_args.py).
 
 In-process, fp32 on the CPU: our GPTModel and the exported transformers model give the same logits
 (1e-4) for GPT-2, Llama and BLOOM style models; a checkpoint sharded TP2 x PP2 exactly as
@@ -81,8 +81,8 @@ def tokens(batch=2, length=16, vocab=VOCAB, seed=1):
 
 
 def save_model(model, args, directory, tp=1, pp=1):
-    from megatron.checkpoint_interop.model_args import model_args_from_args
-    from megatron.checkpoint_interop.write_checkpoint import write_checkpoint
+    from megatron.checkpoint.model_args import model_args_from_args
+    from megatron.checkpoint.writer import write_checkpoint
 
     full = {n: p.detach().clone() for n, p in model.named_parameters()}
     return write_checkpoint(str(directory), full, model_args_from_args(args), tp=tp, pp=pp)
@@ -123,8 +123,9 @@ def test_tp2_pp2_checkpoint_exports_the_tp1_files(tp1, tmp_path):
     """Shards cut as megatron-core cuts them (the parameters' partition_dim/stride, as the
     layout-independent initializer draws them) in DeepSpeed's pipe files merge back to the TP1
     tensors, and the export (sharded into several safetensors files) is identical."""
-    from megatron.checkpoint_interop.full_state import (FullStateReader, split_full,
-                                                        tensor_parallel_partition)
+    from megatron.checkpoint.reader import CheckpointReader
+    from megatron.checkpoint.shards import split_full
+    from megatron.model.param_names import tensor_parallel_partition
     from megatron.model.init import _shard
 
     args = our_args(FAMILIES["llama"])  # GQA, SwiGLU (strided fc1), untied output layer
@@ -144,7 +145,7 @@ def test_tp2_pp2_checkpoint_exports_the_tp1_files(tp1, tmp_path):
     save_model(model, args, tmp_path / "tp1")
     save_model(model, args, tmp_path / "tp2pp2", tp=2, pp=2)
     assert any(f.startswith("layer_03-model_01") for f in os.listdir(tmp_path / "tp2pp2" / "iter_0000000"))
-    with FullStateReader(str(tmp_path / "tp2pp2")) as reader:
+    with CheckpointReader(str(tmp_path / "tp2pp2")) as reader:
         assert (reader.layout.tp, reader.layout.pp) == (2, 2)
         assert reader.model_args["model"]["num_query_groups"] == 2
         for name, tensor in reader.items():
@@ -162,7 +163,7 @@ def test_tp2_pp2_checkpoint_exports_the_tp1_files(tp1, tmp_path):
 def test_transformer_engine_names_read_as_the_local_specs(tp1, tmp_path):
     """A checkpoint of Transformer Engine's layer spec (norms fused into linear_qkv/linear_fc1 as
     ``layer_norm_weight``, extra state holding tensors) reads under the local spec's names."""
-    from megatron.checkpoint_interop.full_state import load_full_state_dict
+    from megatron.checkpoint.reader import load_full_state_dict
 
     args = our_args(FAMILIES["llama"])
     model = our_model(args)
@@ -212,7 +213,7 @@ def random_hf_model(family, directory):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_imported_model_scores_as_transformers_and_exports_back(tp1, tmp_path, family):
-    from megatron.checkpoint_interop.full_state import load_full_state_dict
+    from megatron.checkpoint.reader import load_full_state_dict
     from tools.checkpoint.convert_from_hf import convert as import_hf
 
     hf = random_hf_model(family, tmp_path / "hf")
@@ -242,7 +243,7 @@ def test_import_reads_hub_style_gpt2_weights_from_pytorch_model_bin(tp1, tmp_pat
     attention-mask buffers, and some only have ``pytorch_model.bin``: imported all the same."""
     from safetensors.torch import load_file
 
-    from megatron.checkpoint_interop.full_state import load_full_state_dict
+    from megatron.checkpoint.reader import load_full_state_dict
     from tools.checkpoint.convert_from_hf import convert as import_hf
 
     hf = random_hf_model("gpt2", tmp_path / "hf")
@@ -266,12 +267,14 @@ def test_hf_tokenizer_travels_with_export_and_import(tp1, tmp_path, hf_tokenizer
     tokenizer, which --use-checkpoint-args resolves inside the checkpoint."""
     from transformers import AutoTokenizer
 
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import tokenizer_setup
     from tools.checkpoint.convert_from_hf import convert as import_hf
 
     args = our_args(FAMILIES["bloom"] + ["--tokenizer-type", "PretrainedFromHF",
                                          "--tokenizer-name-or-path", hf_tokenizer_dir])
-    ours = build_tokenizer(args)
+    setup = tokenizer_setup(args)
+    setup.apply(args)
+    ours = setup.tokenizer
     args.padded_vocab_size = VOCAB * 2  # 512 rows >= the tokenizer's 384
     save_model(our_model(args), args, tmp_path / "ckpt")
     summary = export(tmp_path / "ckpt", tmp_path / "hf")
@@ -283,7 +286,9 @@ def test_hf_tokenizer_travels_with_export_and_import(tp1, tmp_path, hf_tokenizer
     assert got.tokenizer_type == "PretrainedFromHF"
     assert got.tokenizer_name_or_path == str(tmp_path / "imported" / "tokenizer")
     got.padded_vocab_size = None
-    assert build_tokenizer(got).tokenize(text) == ours.tokenize(text)
+    setup = tokenizer_setup(got)
+    setup.apply(got)
+    assert setup.tokenizer.tokenize(text) == ours.tokenize(text)
     # the export kept the tokenizer's 384 real rows of the 512 (the padding takes no probability)
     assert got.pad_vocab_size_to == 384 and got.padded_vocab_size == 384
     # the imported checkpoint exports again with its tokenizer (kept relative to its root)
@@ -308,7 +313,7 @@ def test_checkpoint_args_fill_model_flags_and_refuse_disagreeing_ones(tp1, tmp_p
                       require_data=False)
     assert same.seq_length == 8 and same.hidden_size == 64
     parser = get_parser()
-    from megatron.checkpoint_interop.model_args import apply_checkpoint_args
+    from megatron.checkpoint.model_args import apply_checkpoint_args
     for flags, named in ((["--hidden-size", "128"], "--hidden-size 128 (command line) vs "
                           "--hidden-size 64 (checkpoint)"),
                          (["--normalization", "LayerNorm"], "--normalization LayerNorm"),
@@ -335,7 +340,7 @@ def test_finetune_t0_takes_the_checkpoint_model_flags(tp1, tmp_path):
 
 
 def test_use_checkpoint_args_bad_inputs(tmp_path):
-    from megatron.checkpoint_interop.model_args import apply_checkpoint_args
+    from megatron.checkpoint.model_args import apply_checkpoint_args
 
     parser = get_parser()
     cases = [([], "--use-checkpoint-args needs --load DIR"),
@@ -490,12 +495,12 @@ def test_finetune_starts_from_an_imported_checkpoint_without_model_flags(demo_da
 def default_flag_args(*extra, load=None):
     """Validated args of a GPT with default flags (byte-level tokenizer, learned positions,
     GeLU by Megatron-LM's rule) and the tokenizer built: 258 real rows, 384 embedding rows."""
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import tokenizer_setup
 
     args = parse_args(BASE + SHAPE + list(extra) + (
         ["--load", load, "--use-checkpoint-args"] if load else []), world_size=1,
         require_data=False)
-    args.tokenizer = build_tokenizer(args)
+    tokenizer_setup(args).apply(args)
     return args
 
 
@@ -536,7 +541,7 @@ def test_default_flag_model_round_trip_scores_as_transformers(tp1, tmp_path):
     import_hf(str(tmp_path / "hf"), str(tmp_path / "back"))
     back_args = our_args([], load=str(tmp_path / "back"))
     assert back_args.openai_gelu and back_args.checkpoint_model_args["vocab_size"] == 258
-    from megatron.checkpoint_interop.full_state import load_full_state_dict
+    from megatron.checkpoint.reader import load_full_state_dict
 
     back_args.vocab_size = 258
     back = our_model(back_args)
@@ -557,9 +562,9 @@ def test_gelu_follows_megatron_lms_bias_gelu_rule(tp1, tmp_path, flags, form, hf
     computes it, the checkpoint records it and the export names it."""
     import torch.nn.functional as F
 
-    from megatron.checkpoint_interop.model_args import read_model_args
+    from megatron.checkpoint.format import read_model_args
     from megatron.model.gelu import gelu_form
-    from megatron.model.gpt_model import activation_from_args
+    from megatron.model.activations import activation_from_args
 
     args = default_flag_args(*flags)
     x = torch.linspace(-4, 4, 101)
@@ -575,7 +580,7 @@ def test_gelu_without_biases_is_erf_and_old_checkpoints_keep_erf(tp1, tmp_path):
     """--disable-bias-linear turns the bias-GeLU fusion off (Megatron-LM's validate_args), so GeLU
     is erf; a checkpoint recorded before bias_gelu_fusion existed computed erf and
     --use-checkpoint-args keeps it."""
-    from megatron.checkpoint_interop.model_args import MODEL_ARGS_FILENAME
+    from megatron.checkpoint.format import MODEL_ARGS_FILENAME
     from megatron.model.gelu import ERF, gelu_form
 
     assert gelu_form(vars(default_flag_args("--disable-bias-linear"))) == ERF
@@ -595,12 +600,12 @@ def test_checkpoint_args_take_the_command_lines_tokenizer(tp1, tmp_path, hf_toke
     BigScience and Megatron-LM spellings of one Hugging Face tokenizer are the same tokenizer (no
     note), another tokenizer is noted, and one with more tokens than the checkpoint's embedding
     rows is one error naming both sizes. Model-shape flags stay strict."""
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import tokenizer_setup
     from tools.checkpoint.convert_from_hf import convert as import_hf
 
     args = our_args(FAMILIES["gpt2"] + ["--tokenizer-type", "PretrainedFromHF",
                                         "--tokenizer-name-or-path", hf_tokenizer_dir])
-    build_tokenizer(args)
+    tokenizer_setup(args).apply(args)
     args.padded_vocab_size = 384  # the tokenizer's 384 tokens, no padding
     save_model(our_model(args), args, tmp_path / "ckpt")
     export(tmp_path / "ckpt", tmp_path / "hf")

@@ -112,7 +112,7 @@ def _fake_transformer_engine(monkeypatch, import_error):
 def test_detection_imports_transformer_engine(monkeypatch):
     """Detection imports TE: found by find_spec but failing to import, it is not available, and the
     import error is what is reported; absent, nothing is imported."""
-    from megatron.model.attention_backends import transformer_engine_available
+    from megatron.model.transformer_engine_support import transformer_engine_available
     from megatron.model.transformer_engine_support import transformer_engine_status
 
     _fake_transformer_engine(monkeypatch, OSError("libcudnn.so.9: cannot open shared object file"))

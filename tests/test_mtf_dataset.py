@@ -404,3 +404,14 @@ def test_prefix_lm_mask_small_case():
     assert allowed[3, 0] and allowed[3, 2] and not allowed[2, 3]  # targets causal
     assert not allowed[4, 3] and not allowed[3, 4] and allowed[5, 4]
     assert not allowed[6, :6].any() and not allowed[:6, 6].any()  # padding: only itself
+
+def test_blend_refuses_samples_without_segment_ids():
+    """The T0 blend (what every layout reads, pipe engine included) refuses a sample that does
+    not carry segment_ids, so attention can never cross packed segments unnoticed."""
+    plain = [{"tokens": torch.zeros(4, dtype=torch.long)}] * 4
+    blend = MTFBlendedDataset([1.0], 4, lambda k, n: plain)
+    with pytest.raises(ValueError, match=r"T0 samples must carry segment_ids \(blend sample 0, "
+                                         r"dataset 0\)"):
+        blend[0]
+    packed = [dict(plain[0], segment_ids=torch.ones(4, dtype=torch.int32))] * 4
+    assert MTFBlendedDataset([1.0], 4, lambda k, n: packed)[3]["segment_ids"].tolist() == [1] * 4

@@ -83,7 +83,7 @@ def test_bf16_checkpoint_resumes_on_another_layout_with_its_optimizer_state(
         bf16_dp2_run, demo_data, tmp_path):
     """The DP 2 BF16_Optimizer checkpoint of iteration SAVE_AT resumed on TP 2 (one data-parallel
     rank: the two partitions of fp32 masters and Adam moments merged, then split by tensor-parallel
-    rank, megatron/parallel/resharding.py): iterations 11-20 give the uninterrupted run's losses
+    rank, megatron/checkpoint/reshard.py): iterations 11-20 give the uninterrupted run's losses
     up to bf16 reduction order (without the moments they are ~2% off)."""
     run_dir, losses, _ = bf16_dp2_run
     ckpt = _checkpoint_at(run_dir / "ckpt", SAVE_AT, tmp_path / "ckpt")
@@ -165,7 +165,7 @@ def test_tp2_resume_gives_the_uninterrupted_losses_exactly(tp2_run, demo_data, t
 
 
 def test_resume_of_another_model_on_another_layout_is_refused(tp2_run, demo_data, tmp_path):
-    """The TP 2 checkpoint resumes on TP 1 (megatron/parallel/resharding.py), but not into a model
+    """The TP 2 checkpoint resumes on TP 1 (megatron/checkpoint/reshard.py), but not into a model
     of another shape: one error naming a parameter, both shapes and the model flags."""
     run_dir, _, _ = tp2_run
     ckpt = _checkpoint_at(run_dir / "ckpt", SAVE_AT, tmp_path / "ckpt")

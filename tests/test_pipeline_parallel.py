@@ -156,12 +156,13 @@ def test_zero1_and_tp2_pp2_checkpoints_hold_the_same_state(tp2_pp2_run, dp2_resu
     """The iteration-20 checkpoints of the TP 2 x PP 2 run (pipe layer files, ZeRO 0) and of its
     DP 2 resume (GPTModel, ZeRO-1 flat partitions), read back as TP 1 tensors: the same weights
     and Adam moments (to float32 reduction-order noise) and the same step."""
-    from megatron.parallel.param_index import read_param_index
-    from megatron.parallel.resharding import VOCAB_PARAMETERS, SavedCheckpoint
+    from megatron.checkpoint.format import read_param_index
+    from megatron.checkpoint.reader import CheckpointReader
+    from megatron.model.param_names import VOCAB_PARAMETERS
 
     tag = f"iter_{LAYOUT_ITERS:07d}"
     dirs = [tp2_pp2_run[0] / "ckpt" / tag, dp2_resume[0] / "saved" / tag]
-    pipe, zero = (SavedCheckpoint(str(d), read_param_index(str(d))) for d in dirs)
+    pipe, zero = (CheckpointReader.at(str(d), read_param_index(str(d))) for d in dirs)
     assert (pipe.format, zero.format) == ("torch", "zero")
     assert set(pipe.sources) == set(zero.sources)
     assert pipe.optimizer_keys() == zero.optimizer_keys() == (["exp_avg", "exp_avg_sq"],

@@ -1,4 +1,4 @@
-"""Resharding a checkpoint to another layout (megatron/parallel/resharding.py), in process: the
+"""Resharding a checkpoint to another layout (megatron/checkpoint/reshard.py), in process: the
 tensor-parallel merge and split invert megatron-core's (strided SwiGLU fc1 included); Adam moments
 of a TP 2 shard pair put together equal the TP 1 moments; padded vocabulary rows; a checkpoint of
 another model is refused naming the parameter. The end-to-end resumes (TP 2 x PP 2 -> DP 2 and
@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from megatron.model.init import _shard
-from megatron.parallel.resharding import (ReshardError, SavedCheckpoint, check_same_model,
-                                          merge_tp_shards, resize_vocab_rows, tp_shard)
+from megatron.checkpoint.reader import CheckpointReader
+from megatron.checkpoint.reshard import check_same_model
+from megatron.checkpoint.shards import merge_tp_shards, resize_vocab_rows, tp_shard
+from megatron.errors import ReshardError
 
 
 def _like(shape, dim, stride):
@@ -71,14 +73,14 @@ def test_padded_vocabulary_rows_keep_every_token_row():
 
 
 def _saved(params, tp=2):
-    """A SavedCheckpoint over an index only (no files are read by the model check)."""
+    """A CheckpointReader over an index only (no files are read by the model check)."""
     index = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1,
              "data_parallel_size": 1, "zero_stage": 0, "optimizer_format": "torch",
              "ranks": [{"tp": t, "pp": 0, "dp": 0, "model_states_file": "m.pt",
                         "optimizer_file": "m.pt", "groups": [list(params)],
                         "params": {n: dict(p, canonical=n, weight=["m.pt", "module", n])
                                    for n, p in params.items()}} for t in range(tp)]}
-    return SavedCheckpoint("/ckpt/iter_0000010", index)
+    return CheckpointReader.at("/ckpt/iter_0000010", index)
 
 
 SAVED = {"embedding.word_embeddings.weight": {"shape": [130, 64], "tp_dim": 0, "tp_stride": 1},
@@ -117,7 +119,8 @@ def test_a_checkpoint_with_parameters_this_model_lacks_is_refused():
 
 
 def test_universal_checkpoint_needs_the_param_index(tmp_path):
-    from megatron.checkpointing import CheckpointError, load_checkpoint
+    from megatron.checkpoint.engine import load_checkpoint
+    from megatron.errors import CheckpointError
 
     directory = tmp_path / "iter_0000004"
     directory.mkdir()
@@ -143,7 +146,7 @@ class FP16_UnfusedOptimizer:  # noqa: N801 (DeepSpeed's class name is what the m
 def test_unreshardable_optimizer_is_refused_naming_it():
     from types import SimpleNamespace
 
-    from megatron.parallel.resharding import load_resharded
+    from megatron.checkpoint.reshard import load_resharded
 
     engine = SimpleNamespace(module=torch.nn.Linear(2, 2), optimizer=FP16_UnfusedOptimizer())
     with pytest.raises(ReshardError) as e:
@@ -157,8 +160,9 @@ def test_unreshardable_optimizer_is_refused_naming_it():
 
 def test_checkpoint_without_index_resumes_only_on_its_own_split(tmp_path):
     """Checkpoints written before param_index.json existed keep the old same-split check."""
-    from megatron.checkpointing import CheckpointError
-    from megatron.parallel.layout_record import check_same_model_split, write_layout
+    from megatron.errors import CheckpointError
+    from megatron.checkpoint.engine import check_same_model_split
+    from megatron.checkpoint.format import write_layout
     from megatron.parallel.topology import ParallelLayout
 
     write_layout(str(tmp_path), ParallelLayout(tp=2, pp=1, dp=1, world=2))
@@ -232,7 +236,7 @@ def test_load_resharded_tp2_checkpoint_into_tp1_model_and_adam(tmp_path, tp1_par
     torch AdamW; the vocabulary (8 padded rows saved) is cut to 6 or grown to 12 with zeros."""
     from types import SimpleNamespace
 
-    from megatron.parallel.resharding import load_resharded
+    from megatron.checkpoint.reshard import load_resharded
 
     torch.manual_seed(3)
     full = {"embedding.word_embeddings.weight": (*torch.randn(3, 8, 4), 0, 1),
@@ -245,7 +249,7 @@ def test_load_resharded_tp2_checkpoint_into_tp1_model_and_adam(tmp_path, tp1_par
     module = _module(shapes)
     engine = SimpleNamespace(module=module, optimizer=torch.optim.AdamW(module.parameters()),
                              zero_optimization_stage=lambda: 0)
-    saved = SavedCheckpoint(str(tmp_path), index)
+    saved = CheckpointReader.at(str(tmp_path), index)
     lines = []
     load_resharded(engine, saved, str(tmp_path), load_optimizer=True, log=lines.append)
     assert saved.client_state("megatron_training_state")["iteration"] == 7
@@ -271,7 +275,7 @@ def test_universal_checkpoint_loads_a_same_layout_checkpoint_through_resharding(
     from types import SimpleNamespace
 
     from megatron.arguments import get_parser
-    from megatron.checkpointing import load_checkpoint
+    from megatron.checkpoint.engine import load_checkpoint
 
     assert get_parser().parse_args(["--universal-checkpoint"]).universal_checkpoint
     assert not get_parser().parse_args([]).universal_checkpoint
@@ -298,14 +302,14 @@ def test_weights_only_into_a_bf16_wrapper_refreshes_its_fp32_masters(tmp_path, t
     master copies are refreshed from them (else its next step would restore the initial weights)."""
     from types import SimpleNamespace
 
-    from megatron.parallel.resharding import load_resharded
+    from megatron.checkpoint.reshard import load_resharded
 
     full = {"decoder.final_layernorm.weight": (*torch.randn(3, 4), None, 1)}
     index = _write_tp2_checkpoint(tmp_path, full)
     module = _module({"decoder.final_layernorm.weight": ((4,), None, 1)})
     engine = SimpleNamespace(module=module, optimizer=FP16_UnfusedOptimizer(),
                              zero_optimization_stage=lambda: 0)
-    load_resharded(engine, SavedCheckpoint(str(tmp_path), index), str(tmp_path),
+    load_resharded(engine, CheckpointReader.at(str(tmp_path), index), str(tmp_path),
                    load_optimizer=False, log=lambda line: None)
     weight = full["decoder.final_layernorm.weight"][0]
     assert torch.equal(next(module.parameters()).detach(), weight)

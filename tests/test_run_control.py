@@ -168,23 +168,25 @@ def test_eval_only_bad_value_exits_2(capsys):
 def test_pad_vocab_size_to_sets_the_embedding_rows(pad_to, tp, want):
     """Megatron-LM's rounding to --make-vocab-size-divisible-by x TP without the flag; exactly N
     rows with it (BLOOM: 250680 tokens padded to 250880)."""
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import tokenizer_setup
 
     extra = ["--tensor-model-parallel-size", str(tp)]
     if pad_to is not None:
         extra += ["--pad-vocab-size-to", str(pad_to)]
     args = _args("--train-iters", "1", *extra, world_size=tp)
-    tokenizer = build_tokenizer(args)
+    setup = tokenizer_setup(args)
+    setup.apply(args)
+    tokenizer = setup.tokenizer
     assert tokenizer.vocab_size <= 300
     assert args.padded_vocab_size == want
 
 
 def test_pad_vocab_size_smaller_than_the_vocabulary_is_refused():
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import tokenizer_setup
 
     args = _args("--train-iters", "1", "--pad-vocab-size-to", "200")
     with pytest.raises(ConfigError) as info:
-        build_tokenizer(args)
+        tokenizer_setup(args)
     assert "--pad-vocab-size-to 200 is smaller than the tokenizer's vocabulary" in str(info.value)
 
 

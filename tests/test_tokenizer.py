@@ -17,6 +17,7 @@ from megatron.tokenizer import (
     HuggingFaceTokenizer,
     build_tokenizer,
     padded_vocab_size,
+    tokenizer_setup,
 )
 
 SENTENCES = [
@@ -81,7 +82,9 @@ def test_default_type_and_padded_vocab_size_attribute():
     args = argparse.Namespace(tokenizer_type=None, vocab_file=None, merge_file=None,
                               tokenizer_model=None, make_vocab_size_divisible_by=128,
                               tensor_model_parallel_size=2, startup_notes=[])
-    tok = build_tokenizer(args)
+    setup = tokenizer_setup(args)
+    setup.apply(args)
+    tok = setup.tokenizer
     assert isinstance(tok, ByteLevelTokenizer)
     assert args.padded_vocab_size == 512  # 258 rounded up to a multiple of 128 * 2
     assert args.startup_notes == ["tokenizer: ByteLevelTokenizer, 258 tokens (eod 256, pad 257); "
@@ -115,7 +118,9 @@ def test_padded_vocab_size_rejects_bad_values():
 def test_gpt2_bpe_from_vocab_and_merges(bpe_files):
     args = ns(tokenizer_type="GPT2BPETokenizer", vocab_file=str(bpe_files / "vocab.json"),
               merge_file=str(bpe_files / "merges.txt"))
-    tok = build_tokenizer(args)
+    setup = tokenizer_setup(args)
+    setup.apply(args)
+    tok = setup.tokenizer
     assert isinstance(tok, GPT2BPETokenizer) and isinstance(tok, BASE)
     vocab = json.loads((bpe_files / "vocab.json").read_text())
     assert tok.eod == vocab["<|endoftext|>"] == tok.eos == tok.pad
@@ -266,7 +271,9 @@ def test_hf_types_match_transformers_and_tokenizers(hf_tokenizer_dir, ttype, fla
 
     path = f"{hf_tokenizer_dir}/tokenizer.json" if as_file else hf_tokenizer_dir
     args = ns(tokenizer_type=ttype, **{flag: path})
-    tok = build_tokenizer(args)
+    setup = tokenizer_setup(args)
+    setup.apply(args)
+    tok = setup.tokenizer
     assert isinstance(tok, GPTTokenizer) and isinstance(tok, HuggingFaceTokenizer)
     assert tok.name == ttype
     hf = AutoTokenizer.from_pretrained(hf_tokenizer_dir, local_files_only=True)
@@ -304,7 +311,9 @@ def test_sentencepiece_types_match_sentencepiece(sentencepiece_model, ttype):
     from megatron.core.tokenizers.text.models import GPTTokenizer
 
     args = ns(tokenizer_type=ttype, tokenizer_model=sentencepiece_model, startup_notes=[])
-    tok = build_tokenizer(args)
+    setup = tokenizer_setup(args)
+    setup.apply(args)
+    tok = setup.tokenizer
     assert isinstance(tok, GPTTokenizer) and tok.name == ttype
     sp = spm.SentencePieceProcessor(model_file=sentencepiece_model)
     assert sp.pad_id() == -1
@@ -481,7 +490,9 @@ def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, c
                        "--seq-length", "64", "--micro-batch-size", "1", "--train-iters", "3",
                        "--lr", "1e-3", "--data-path", "x_text_document", *files], world_size=1)
     assert args.tokenizer_type == "GPT2BPETokenizer"
-    tok = build_tokenizer(args)
+    setup = tokenizer_setup(args)
+    setup.apply(args)
+    tok = setup.tokenizer
     assert isinstance(tok, GPT2BPETokenizer)
     assert args.startup_notes[-1].startswith(
         "tokenizer: GPT2BPETokenizer (no --tokenizer-type: --vocab-file/--merge-file mean "
@@ -512,14 +523,14 @@ def test_file_flags_another_type_ignores_are_noted(hf_tokenizer_dir):
     tokenizer): accepted as Megatron-LM does, with one start-up warning naming them."""
     args = ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=hf_tokenizer_dir,
               vocab_file="gpt2-vocab.json", startup_notes=[])
-    build_tokenizer(args)
+    tokenizer_setup(args).apply(args)
     assert args.startup_notes[1] == ("warning: --vocab-file 'gpt2-vocab.json' not used by "
                                      "--tokenizer-type PretrainedFromHF (it reads "
                                      "--tokenizer-name-or-path)")
     args = ns(tokenizer_type="ByteLevelTokenizer", tokenizer_model="tok.model", startup_notes=[])
-    build_tokenizer(args)
+    tokenizer_setup(args).apply(args)
     assert args.startup_notes[1] == ("warning: --tokenizer-model 'tok.model' not used by "
                                      "--tokenizer-type ByteLevelTokenizer (it reads no files)")
     args = ns(tokenizer_type="ByteLevelTokenizer", startup_notes=[])
-    build_tokenizer(args)
+    tokenizer_setup(args).apply(args)
     assert len(args.startup_notes) == 1

@@ -50,7 +50,8 @@ def add_preview_args(parser):
 
 
 def parse_preview_args(argv: Optional[List[str]] = None):
-    from megatron.arguments import ArgumentError, get_parser, validate_args
+    from megatron.arguments import get_parser, validate_args
+    from megatron.errors import ArgumentError
     parser = get_parser(add_preview_args, deepspeed_args=False)
     args = parser.parse_args(argv)
     try:

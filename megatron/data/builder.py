@@ -11,7 +11,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 from megatron.data.blend_config import indexed_dataset_problem
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.errors import ConfigError
-from megatron.initialize import print_rank_0
+from megatron.rank_utils import print_rank_0
 from megatron.schedules.units import (batch_schedule_from_args, train_iterations_from_args,
                                       train_samples_from_args)
 

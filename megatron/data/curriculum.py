@@ -70,8 +70,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "WeightContext", "weight_schedule", "Constituent", "resolve_constituents", "CurriculumIndex",
-    "CurriculumDataset", "build_curriculum_dataset", "build_blending_index",
-    "build_blend_config_datasets",
+    "CurriculumDataset", "build_curriculum_dataset", "build_blend_config_datasets",
 ]
 
 INDEX_VERSION = "curriculum-index-v2"  # v2: piecewise-linear samples/tokens fast path
@@ -390,23 +389,6 @@ class _KernelState:
         assert out_id.flags.c_contiguous and out_sample.flags.c_contiguous and E.flags.c_contiguous
         return int(self.kernel.build_pl(i0, i1, self.D, starts, S, a, b, self.base, self.counts, E,
                                         self.scratch, out_id, out_sample))
-
-
-def build_blending_index(weights: Sequence[float], size: int, id_dtype=np.uint8,
-                         sample_dtype=np.int32) -> Tuple[np.ndarray, np.ndarray]:
-    """Static-weight blending index (identical to megatron-core's ``build_blending_indices`` for
-    positive weights), in the compact dtypes."""
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    D = len(w)
-    out_id = np.empty(size, dtype=id_dtype)
-    out_sample = np.empty(size, dtype=sample_dtype)
-    state = _KernelState(D, np.full(D, -1), np.zeros(D), True, lead=False,
-                         all_positive=bool((w > 0).all()))
-    rc = state.run(0, size, np.zeros(1, dtype=np.int64), w[:, None], out_id, out_sample)
-    if rc != 0:
-        raise ValueError(f"all weights are zero at sample {-rc - 1}")
-    return out_id, out_sample
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 A pretraining sample concatenates documents separated by EOD tokens. With ``--reset-attention-mask``
 a token attends only to tokens of its own document; the sample says so compactly with per-token
-``segment_ids`` (megatron/model/masks.py ``segment_ids_after_eod``: a new document starts right after
-each EOD), instead of megatron-core's dense ``[1, s, s]`` ``attention_mask``.
+``segment_ids`` (:func:`segment_ids_after_eod`: a new document starts right after each EOD),
+instead of megatron-core's dense ``[1, s, s]`` ``attention_mask``; the model builds each attention
+backend's form of them (megatron/model/masks.py).
 """
 from dataclasses import replace
 from typing import Dict
@@ -11,6 +12,16 @@ from typing import Dict
 import torch
 
 from megatron.data.train_data import TrainData
+
+SEGMENT_IDS_DTYPE = torch.int32
+
+
+def segment_ids_after_eod(tokens: torch.Tensor, eod: int) -> torch.Tensor:
+    """``[b, s]`` int32 segment ids of pretraining samples under ``--reset-attention-mask``: a new
+    document starts right after every EOD token (the EOD belongs to the document it ends), as
+    megatron-core's ``_get_ltor_masks_and_position_ids`` masks. Segments count from 1."""
+    is_eod = (tokens == eod).to(SEGMENT_IDS_DTYPE)
+    return (1 + torch.cumsum(is_eod, dim=-1, dtype=SEGMENT_IDS_DTYPE) - is_eod).to(SEGMENT_IDS_DTYPE)
 
 
 class DocumentSegments(torch.utils.data.Dataset):
@@ -25,8 +36,6 @@ class DocumentSegments(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index) -> Dict[str, torch.Tensor]:
-        from megatron.model.masks import segment_ids_after_eod
-
         sample = dict(self.dataset[index])
         sample.pop("attention_mask", None)
         sample["segment_ids"] = segment_ids_after_eod(torch.as_tensor(sample["tokens"]), self.eod)

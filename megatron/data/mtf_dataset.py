@@ -433,7 +433,10 @@ def blend_indices(weights: Sequence[float], num_samples: int) -> Tuple[np.ndarra
 
 class MTFBlendedDataset(torch.utils.data.Dataset):
     """A weighted, deterministic interleave of datasets, ``num_samples`` long. ``factory(k, n)``
-    builds dataset ``k`` for ``n`` samples (the count the blend draws from it)."""
+    builds dataset ``k`` for ``n`` samples (the count the blend draws from it). Every sample must
+    carry ``segment_ids`` (packed T0 samples do): checked here, where every layout reads its
+    samples (the pipe engine never calls a forward step), so attention can never cross the
+    segments of a packed sample unnoticed."""
 
     def __init__(self, weights: Sequence[float], num_samples: int,
                  factory: Callable[[int, int], torch.utils.data.Dataset], names: Sequence[str] = ()):
@@ -450,4 +453,8 @@ class MTFBlendedDataset(torch.utils.data.Dataset):
         return self.num_samples
 
     def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
-        return self.datasets[int(self.dataset_index[index])][int(self.dataset_sample[index])]
+        sample = self.datasets[int(self.dataset_index[index])][int(self.dataset_sample[index])]
+        if sample.get("segment_ids") is None:
+            raise ValueError(f"T0 samples must carry segment_ids (blend sample {index}, dataset "
+                             f"{int(self.dataset_index[index])})")
+        return sample

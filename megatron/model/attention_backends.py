@@ -18,7 +18,11 @@ and ``te``. What each runs (every one honours the batch's segments, prefixes and
             that with ALiBi (a dense bias for SDPA) ``flex`` comes before ``sdpa``.
 ==========  ==================================================================================
 
-Transformer Engine combinations that have no kernel are refused (by ``validate_args``), naming
+The backend is resolved once, by ``validate_args`` (``args.resolved_attention_backend``); the
+model builds what it names. An explicit choice that cannot run stops the run before distributed
+start-up: Transformer Engine's when the flags are validated, FlexAttention's limits (no CPU
+backward, no dropout) when the run starts (``check_backend_trains``), so tools that only parse
+flags accept them. Transformer Engine combinations that have no kernel are refused, naming
 what runs instead: ``flash`` without a flash-attn package, with attention dropout when only
 flash-attn 3/4 (no dropout) is installed, or for ``--prefix-lm`` batches (their ``arbitrary``
 mask runs on TE's unfused kernels only); ``fused`` for ``--prefix-lm`` batches; ``unfused`` for
@@ -38,6 +42,8 @@ OWN_BACKENDS = ("sdpa", "flex", "te")
 ATTENTION_BACKEND_CHOICES = MEGATRON_LM_BACKENDS + OWN_BACKENDS
 TE_KERNELS = ("flash", "fused", "unfused")
 TE_BACKENDS = ("te",) + TE_KERNELS
+FLEX_NO_CPU_BACKWARD = ("torch's FlexAttention has no backward pass on CPU; CPU training runs "
+                        "--attention-backend sdpa (or auto)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,21 +65,13 @@ class AttentionBackend:
                 f"{self.reason}{cost}]")
 
 
-def transformer_engine_available() -> bool:
-    """True when Transformer Engine imports (GPU installs); never required. Importing is the
-    test: an installed TE that fails to import is not available."""
-    from megatron.model import transformer_engine_support
-
-    return transformer_engine_support.transformer_engine_status().importable
-
-
 def flex_attention_available() -> bool:
     """True when this torch has ``torch.nn.attention.flex_attention``."""
     return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
 def _error(requested: str, why: str):
-    from megatron.arguments import ArgumentError
+    from megatron.errors import ArgumentError
 
     return ArgumentError(f"--attention-backend {requested}: {why}")
 
@@ -147,8 +145,7 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
         if not flex_available:
             raise _error(requested, "this torch has no torch.nn.attention.flex_attention")
         if device_type == "cpu" and training:
-            raise _error(requested, "torch's FlexAttention has no backward pass on CPU; CPU training "
-                                    "runs --attention-backend sdpa (or auto)")
+            raise _error(requested, FLEX_NO_CPU_BACKWARD)
         if attention_dropout > 0:
             raise _error(requested, f"FlexAttention has no attention dropout; set "
                                     f"--attention-dropout 0 (got {attention_dropout})")
@@ -210,18 +207,26 @@ def dense_scores_mib(args) -> float:
     return args.micro_batch_size * heads * args.seq_length ** 2 * element / 2 ** 20
 
 
-def attention_backend_from_args(args, device_type: Optional[str] = None,
-                                training: bool = True) -> AttentionBackend:
-    """:func:`resolve_attention_backend` for parsed flags on this machine (``cuda`` when a GPU is
-    visible, unless ``device_type`` says otherwise), with what importing Transformer Engine found
-    (megatron/model/transformer_engine_support.py)."""
+def _this_device_type() -> str:
     import torch
 
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_attention_backend_from_args(args, te=None, device_type: Optional[str] = None,
+                                        training: bool = True) -> AttentionBackend:
+    """:func:`resolve_attention_backend` for parsed flags on this machine (``cuda`` when a GPU is
+    visible, unless ``device_type`` says otherwise), with what importing Transformer Engine found
+    (``te``: a ``TransformerEngineStatus`` of megatron/model/transformer_engine_support.py; asked
+    for when None). ``validate_args`` calls it once (what runs here, forward at least:
+    ``training=False``) and keeps the result in ``args.resolved_attention_backend``; whether it
+    also trains here is :func:`check_backend_trains`, asked by the training loop before start-up."""
     from megatron.model import transformer_engine_support
 
     if device_type is None:
-        device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    te = transformer_engine_support.transformer_engine_status()
+        device_type = _this_device_type()
+    if te is None:
+        te = transformer_engine_support.transformer_engine_status()
     return resolve_attention_backend(
         args.attention_backend, device_type=device_type,
         te_available=te.importable, transformer_impl=args.transformer_impl,
@@ -231,6 +236,25 @@ def attention_backend_from_args(args, device_type: Optional[str] = None,
         prefix_batches=bool(getattr(args, "prefix_lm", False)), te_version=te.version,
         flash_attn=te.flash_attn, te_problem=te.describe_absence() if te.problem else None,
         dense_scores_mib=dense_scores_mib(args))
+
+
+def attention_backend_from_args(args) -> AttentionBackend:
+    """The backend of ``args``: the one ``validate_args`` resolved
+    (``args.resolved_attention_backend``); one it left unresolved (a FlexAttention choice that
+    cannot run here) or a namespace that never went through validation (built by hand) is
+    resolved now, for training (:func:`resolve_attention_backend_from_args`: ArgumentError when
+    it cannot run)."""
+    resolved = getattr(args, "resolved_attention_backend", None)
+    return resolved if resolved is not None else resolve_attention_backend_from_args(args)
+
+
+def check_backend_trains(args, device_type: Optional[str] = None) -> None:
+    """ArgumentError when the backend of ``args`` cannot train here (FlexAttention on a CPU: no
+    backward pass; or with attention dropout), for the training loop to ask before distributed
+    start-up; evaluation (forward only) may run FlexAttention on a CPU."""
+    backend = attention_backend_from_args(args)  # unresolved by validation: refused here
+    if backend.name == "flex" and (device_type or _this_device_type()) == "cpu":
+        raise _error(backend.requested, FLEX_NO_CPU_BACKWARD)
 
 
 def core_attention_spec(backend: AttentionBackend, alibi: bool):

@@ -19,8 +19,8 @@ Their kernels need a GPU (``torch.compile``d or CUDA kernels of TE/Apex), so on 
 and the unfused modules compute the same function: megatron-core's fused GeLU is the tanh
 approximation and runs only when ``activation_func`` is ``F.gelu``, so which GeLU the model
 computes is decided once, by megatron/model/gelu.py, and this module only picks the kernel that
-computes it (``F.gelu`` + fusion on a GPU, ``tanh_gelu`` otherwise); fused SwiGLU is
-``silu(a) * b`` as megatron-core's unfused GLU; the fused bias-dropout-add, RoPE and LayerNorm are
+computes it (``F.gelu`` + fusion on a GPU, ``tanh_gelu`` of megatron/model/activations.py
+otherwise); fused SwiGLU is ``silu(a) * b`` as megatron-core's unfused GLU; the fused bias-dropout-add, RoPE and LayerNorm are
 the same operations. ``masked_softmax_fusion`` and ``gradient_accumulation_fusion`` stay off
 everywhere: the core attentions here never call megatron-core's fused softmax, and DeepSpeed (not
 megatron-core's DDP with its ``main_grad`` buffers) accumulates the gradients.
@@ -58,8 +58,8 @@ def fusion_config_from_args(args, device_type: str,
     ``device_type`` (``cuda`` or ``cpu``); ``support`` (default :func:`fusion_support`, asked only
     for ``cuda``) says which TE/Apex kernels exist. The MLP computes the same function on every
     device (module docstring)."""
+    from megatron.model.activations import activation_from_args
     from megatron.model.gelu import TANH, gelu_form
-    from megatron.model.gpt_model import activation_from_args
 
     gpu = device_type == "cuda"
     if gpu and support is None:

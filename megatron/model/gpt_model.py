@@ -1,6 +1,14 @@
-"""Build a megatron-core ``GPTModel`` from parsed Megatron-style arguments."""
+"""Build a megatron-core ``GPTModel`` from parsed Megatron-style arguments.
+
+``validate_args`` builds the run's ``TransformerConfig`` (:func:`transformer_config_from_args`,
+kept in ``args.transformer_config``) and resolves its attention backend
+(``args.resolved_attention_backend``); the model is built from those.
+"""
+import copy
+import dataclasses
+import functools
+
 import torch
-import torch.nn.functional as F
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -12,8 +20,7 @@ from megatron.model.init import initialize_parameters
 from megatron.model.norms import sequence_parallel_capable
 from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI, model_position_embedding_type
 from megatron.model.attention_backends import (apply_te_kernel_environment,
-                                               attention_backend_from_args, core_attention_spec,
-                                               transformer_engine_available)
+                                               attention_backend_from_args, core_attention_spec)
 from megatron.model.fusions import describe_fusions, fusion_config_from_args
 from megatron.model.rotary import use_device_rotary_embedding
 from megatron.model.vocab_padding import mask_output_layer_padding
@@ -33,26 +40,31 @@ def params_dtype(args) -> torch.dtype:
     return torch.float32
 
 
-def tanh_gelu(x: torch.Tensor) -> torch.Tensor:
-    """GeLU by its tanh approximation: the function of megatron-core's fused ``bias_gelu_impl``
-    and of ``openai_gelu`` (torch's native kernel, on every device)."""
-    return F.gelu(x, approximate="tanh")
+def _comparable(value):
+    # megatron-core's init methods are functools.partial objects, which compare by identity
+    if isinstance(value, functools.partial):
+        return value.func, value.args, tuple(sorted(value.keywords.items()))
+    return value
 
 
-def activation_from_args(args):
-    """The MLP activation: SiLU (gated) with ``--swiglu``, else GeLU in the form Megatron-LM's
-    rule gives (megatron/model/gelu.py): the tanh approximation by default (with biases and
-    without ``--no-bias-gelu-fusion``) or with ``--openai-gelu``, else the exact erf form."""
-    from megatron.model.gelu import TANH, gelu_form
+class FlagTransformerConfig(TransformerConfig):
+    """The ``TransformerConfig`` of parsed flags, equal to another exactly when every field is
+    (the init-method partials megatron-core's ``__post_init__`` makes compare by function and
+    arguments), so two namespaces validated from the same flags compare equal."""
 
-    if args.swiglu:
-        return F.silu
-    return tanh_gelu if gelu_form(vars(args)) == TANH else F.gelu
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(_comparable(getattr(self, f.name)) == _comparable(getattr(other, f.name))
+                   for f in dataclasses.fields(self))
+
+    __hash__ = None
 
 
 def transformer_config_from_args(args) -> TransformerConfig:
-    """Translate model flags (``--num-layers``, ``--hidden-size`` ...) into a TransformerConfig."""
-    return TransformerConfig(
+    """Translate model flags (``--num-layers``, ``--hidden-size`` ...) into a TransformerConfig
+    (``validate_args`` calls it once; megatron-core's checks raise ValueError)."""
+    return FlagTransformerConfig(
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads,
@@ -81,12 +93,22 @@ def transformer_config_from_args(args) -> TransformerConfig:
     )
 
 
+def model_transformer_config(args) -> TransformerConfig:
+    """The ``TransformerConfig`` a model of ``args`` is built with: a copy of the one
+    ``validate_args`` built (``args.transformer_config``; each model gets its own object, as
+    megatron-core modules keep a reference), or, for a namespace that never went through
+    validation (built by hand), :func:`transformer_config_from_args` now."""
+    config = getattr(args, "transformer_config", None)
+    return copy.copy(config) if config is not None else transformer_config_from_args(args)
+
+
 def layer_spec_from_args(args) -> ModuleSpec:
-    """Layer spec: Transformer Engine's when it imports (and ``--transformer-impl`` allows),
-    else megatron-core's local spec; its core attention is the ``--attention-backend`` one
-    (megatron/model/attention_backends.py), with ALiBi for ``--position-embedding-type alibi``.
-    Logs the backend and why it was chosen."""
-    if args.transformer_impl == "transformer_engine" and transformer_engine_available():
+    """Layer spec: Transformer Engine's with ``--transformer-impl transformer_engine`` (which
+    ``validate_args`` allows only when TE imports), else megatron-core's local spec; its core
+    attention is the ``--attention-backend`` one (megatron/model/attention_backends.py), with
+    ALiBi for ``--position-embedding-type alibi``. Logs the backend and why it was chosen, and the
+    fused kernels of the model's config."""
+    if args.transformer_impl == "transformer_engine":
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
         )
@@ -97,10 +119,10 @@ def layer_spec_from_args(args) -> ModuleSpec:
     else:
         spec = get_gpt_layer_local_spec(normalization=args.normalization)
     backend = attention_backend_from_args(args)
-    from megatron.initialize import print_rank_0
+    from megatron.rank_utils import print_rank_0
 
     print_rank_0(backend.describe())
-    print_rank_0(describe_fusions(fusion_config_from_args(args, _device_type())))
+    print_rank_0(describe_fusions(vars(model_transformer_config(args))))
     apply_te_kernel_environment(backend)
     attention = spec.submodules.self_attention.submodules
     if not hasattr(attention, "core_attention"):
@@ -115,7 +137,7 @@ def build_gpt_model(args) -> GPTModel:
     logits of rows at or beyond ``args.vocab_size``, when set, take no probability),
     its initial weights drawn from ``--seed`` and each parameter's name, the same under every
     tensor/pipeline-parallel layout (megatron/model/init.py)."""
-    config = transformer_config_from_args(args)
+    config = model_transformer_config(args)
     layer_spec = layer_spec_from_args(args)
     if args.sequence_parallel:
         layer_spec = sequence_parallel_capable(layer_spec, config.num_layers)
@@ -132,7 +154,7 @@ def build_gpt_model(args) -> GPTModel:
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
     )
-    # logits of the padding rows (>= args.vocab_size, set by build_tokenizer) are -inf, so every
+    # logits of the padding rows (>= args.vocab_size, from tokenizer_setup) are -inf, so every
     # TP size is the same model (megatron/model/vocab_padding.py)
     mask_output_layer_padding(model.output_layer, getattr(args, "vocab_size", None),
                               args.padded_vocab_size)

@@ -45,6 +45,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
 from megatron.model.vocab_padding import local_padding_start, mask_padding_logits_, tp_coordinates
+from megatron.model.param_names import pipe_key_to_gpt_name
 
 TIED_EMBEDDING_KEY = "embed"
 # What GPTModel's transformer_layer_spec takes: one layer's spec or the block's submodules.
@@ -390,23 +391,20 @@ class GPTModelPipe(PipelineModule):
         """The ``GPTModel`` name of this module's parameter ``name``: ``tied_modules.embed.embedding.X``
         and ``0.embedding.X`` -> ``embedding.X``; ``{k}.layer.X`` (transformer layer k-1) ->
         ``decoder.layers.{k-1}.X``; the final norm -> ``decoder.final_layernorm.X``; the untied
-        output layer -> ``output_layer.X``."""
+        output layer -> ``output_layer.X`` (``param_names.pipe_key_to_gpt_name``, which the
+        checkpoint reader applies to the pipe's layer files)."""
         head, _, rest = name.partition(".")
         if head == "tied_modules":
             _, _, rest = rest.partition(".")  # the tie key
             return rest
-        index = int(head)
         module = self.forward_funcs[self.fwd_map[head]]
-        if isinstance(module, EmbeddingPipe):
-            return rest
-        if isinstance(module, TransformerLayerPipe):
-            assert rest.startswith("layer."), name
-            return f"decoder.layers.{module.layer_number - 1}.{rest[len('layer.'):]}"
-        if isinstance(module, FinalNormPipe):
-            return f"decoder.{rest}"
-        if isinstance(module, OutputLayerPipe):
-            return rest
-        raise KeyError(f"pipe layer {index} ({type(module).__name__}) has no canonical name")
+        if not isinstance(module, PIPE_LAYER_CLASSES):
+            raise KeyError(f"pipe layer {head} ({type(module).__name__}) has no canonical name")
+        # the pipe layer index is the one its checkpoint file carries (megatron/model/param_names.py)
+        gpt_name = pipe_key_to_gpt_name(int(head), rest)
+        assert not isinstance(module, TransformerLayerPipe) or \
+            gpt_name.startswith(f"decoder.layers.{module.layer_number - 1}."), name
+        return gpt_name
 
     def canonical_named_parameters(self) -> Iterator[Tuple[str, torch.nn.Parameter]]:
         """``(GPTModel name, parameter)`` for every parameter this stage holds."""
@@ -439,25 +437,36 @@ PIPE_LAYER_CLASSES = (EmbeddingPipe, TransformerLayerPipe, FinalNormPipe, Output
 
 
 def partition_method_from_args(args) -> str:
-    """DeepSpeed's partition method for ``--pp-partition-method``. ``uniform`` keeps Megatron-LM's
-    meaning, the same number of transformer layers on every stage (``validate_args`` checks that
-    ``--num-layers`` divides), which is DeepSpeed's ``type:TransformerLayerPipe``; DeepSpeed's own
-    ``uniform`` would also count the embedding, final norm and output layer as layers. The others
-    are passed through; a ``type:REGEX`` that matches no layer class is refused (DeepSpeed would
-    fail on every rank at start-up)."""
+    """DeepSpeed's partition method for ``--pp-partition-method``, and the one check of the flag
+    (``validate_args`` calls it). ``uniform`` keeps Megatron-LM's meaning, the same number of
+    transformer layers on every stage (``validate_args`` checks that ``--num-layers`` divides),
+    which is DeepSpeed's ``type:TransformerLayerPipe``; DeepSpeed's own ``uniform`` would also
+    count the embedding, final norm and output layer as layers. ``parameters`` and ``type:REGEX``
+    are passed through; ArgumentError for any other value, an empty or bad pattern, or one that
+    matches no layer class (DeepSpeed would fail on every rank at start-up). Patterns are
+    compiled with the ``regex`` package, as DeepSpeed's partitioner does."""
+    from megatron.errors import ArgumentError
+
     method = args.pp_partition_method
     if method == "uniform":
         return f"type:{TransformerLayerPipe.__name__}"
-    if method.startswith("type:"):
-        import regex  # DeepSpeed's partitioner matches with the regex package
+    if method == "parameters":
+        return method
+    if not method.startswith("type:"):
+        raise ArgumentError(f"--pp-partition-method {method}: expected uniform, parameters or "
+                            "type:REGEX (e.g. type:transformer)")
+    import regex  # DeepSpeed's partitioner matches with the regex package
 
-        names = [cls.__name__ for cls in PIPE_LAYER_CLASSES]
+    if not method[len("type:"):]:
+        raise ArgumentError(f"--pp-partition-method {method}: empty layer-type pattern")
+    try:
         pattern = regex.compile(method[len("type:"):], regex.IGNORECASE)
-        if not any(pattern.search(name) for name in names):
-            from megatron.arguments import ArgumentError
-
-            raise ArgumentError(f"--pp-partition-method {method} matches none of the pipe's layer "
-                                f"classes ({', '.join(names)}); e.g. type:transformer")
+    except regex.error as e:
+        raise ArgumentError(f"--pp-partition-method {method}: bad regular expression ({e})") from None
+    names = [cls.__name__ for cls in PIPE_LAYER_CLASSES]
+    if not any(pattern.search(name) for name in names):
+        raise ArgumentError(f"--pp-partition-method {method} matches none of the pipe's layer "
+                            f"classes ({', '.join(names)}); e.g. type:transformer")
     return method
 
 
@@ -475,12 +484,12 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
     parallel state initialised): same config and layer spec as ``build_gpt_model``, DeepSpeed's
     topology equal to megatron-core's, weights from the layout-independent initializer."""
     from megatron.model.alibi import model_position_embedding_type
-    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
+    from megatron.model.gpt_model import layer_spec_from_args, model_transformer_config
     from megatron.model.init import initialize_parameters
     from megatron.model.norms import sequence_parallel_capable
     from megatron.parallel.topology import ParallelLayout, deepspeed_topology
 
-    config = transformer_config_from_args(args)
+    config = model_transformer_config(args)
     layer_spec = layer_spec_from_args(args)
     if args.sequence_parallel:  # as build_gpt_model: norms that tag their parameters for SP
         layer_spec = sequence_parallel_capable(layer_spec, config.num_layers)
@@ -494,7 +503,7 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
         partition_method=partition_method_from_args(args),
         activation_checkpoint_interval=activation_checkpoint_interval_from_args(args),
         embed_layernorm=args.embed_layernorm,
-        real_vocab_size=getattr(args, "vocab_size", None))  # set by build_tokenizer
+        real_vocab_size=getattr(args, "vocab_size", None))  # from tokenizer_setup
     initialize_parameters(model.canonical_named_parameters(), config, args.seed)
     return model
 

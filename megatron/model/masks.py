@@ -6,7 +6,8 @@ sequence length, ``b`` = micro batch):
 - ``segment_ids`` ``[b, s]`` int32 (optional): the segment (packed document) of each token. A token
   attends only to tokens of its own segment; each segment is one contiguous run of tokens. T0
   packing numbers segments 1..k and padding 0 (padding then attends only to padding, which no loss
-  reads); pretraining with ``--reset-attention-mask`` starts a new segment after every EOD token.
+  reads); pretraining with ``--reset-attention-mask`` starts a new segment after every EOD token
+  (megatron/data/document_segments.py).
 - ``is_prefix`` ``[b, s]`` bool (optional, ``--prefix-lm``): the tokens of each segment's prefix
   (a T0 input). Prefix tokens of one segment attend to each other in both directions; every other
   pair stays causal. This is the per-token form of per-segment prefix lengths (a segment's prefix
@@ -42,7 +43,6 @@ IS_PREFIX_KEY = "is_prefix"
 CU_SEQLENS_KEY = "cu_seqlens"
 SEGMENT_GATHER_INDEX_KEY = "segment_gather_index"
 SEGMENT_LAYOUT_KEY = "segment_layout"
-SEGMENT_IDS_DTYPE = torch.int32
 
 
 @dataclasses.dataclass
@@ -166,14 +166,6 @@ def attention_structure_from_batch(batch: Mapping[str, Tensor]) -> Optional[Atte
                               cu_seqlens=batch[CU_SEQLENS_KEY],
                               segment_gather_index=batch[SEGMENT_GATHER_INDEX_KEY],
                               layout=batch[SEGMENT_LAYOUT_KEY])
-
-
-def segment_ids_after_eod(tokens: Tensor, eod: int) -> Tensor:
-    """``[b, s]`` int32 segment ids of pretraining samples under ``--reset-attention-mask``: a new
-    document starts right after every EOD token (the EOD belongs to the document it ends), as
-    megatron-core's ``_get_ltor_masks_and_position_ids`` masks. Segments count from 1."""
-    is_eod = (tokens == eod).to(SEGMENT_IDS_DTYPE)
-    return (1 + torch.cumsum(is_eod, dim=-1, dtype=SEGMENT_IDS_DTYPE) - is_eod).to(SEGMENT_IDS_DTYPE)
 
 
 # ---------------------------------------------------------------------------- the one rule

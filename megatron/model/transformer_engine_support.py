@@ -71,3 +71,10 @@ def transformer_engine_status() -> TransformerEngineStatus:
     version = get_te_version()
     return TransformerEngineStatus(importable=True, version=(version.major, version.minor),
                                    flash_attn=installed_flash_attn())
+
+
+def transformer_engine_available() -> bool:
+    """True when Transformer Engine imports (GPU installs); never required. Importing is the
+    test: an installed TE that fails to import is not available. A run asks once, in
+    ``validate_args`` (``args.transformer_engine_status``)."""
+    return transformer_engine_status().importable

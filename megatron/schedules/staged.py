@@ -24,8 +24,8 @@ from typing import Mapping
 
 import numpy as np
 
-from megatron.schedules.registry import (Schedule, ScheduleError, _number, build_schedule,
-                                         register_schedule)
+from megatron.schedules.base import (Schedule, ScheduleContext, ScheduleError, _number,
+                                     build_schedule, register_schedule)
 
 
 @register_schedule("staged")
@@ -90,7 +90,6 @@ class Staged(Schedule):
             if end is not None:
                 length = end - starts[i]
                 if context is None:
-                    from megatron.schedules.registry import ScheduleContext
                     sub_context = ScheduleContext(spans={unit: length}, offset=offset)
                 else:
                     sub_context = context.with_span(unit, length if relative else end, offset)

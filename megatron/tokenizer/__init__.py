@@ -1,4 +1,5 @@
-"""Tokenizers for this training stack; ``build_tokenizer(args)`` is the entry point.
+"""Tokenizers for this training stack; ``build_tokenizer(args)`` is the entry point, and
+``tokenizer_setup(args)`` adds the embedding rows (padded vocabulary) a model of ``args`` needs.
 
 Names are resolved lazily, so importing ``megatron.tokenizer.flags`` (argument parsing) does not
 import megatron-core, and only the runs that use the Hugging Face or sentencepiece tokenizers
@@ -18,8 +19,10 @@ __all__ = [
     "SentencePieceTokenizer",
     "add_tokenizer_args",
     "check_tokenizer_args",
+    "TokenizerSetup",
     "build_tokenizer",
     "padded_vocab_size",
+    "tokenizer_setup",
 ]
 
 

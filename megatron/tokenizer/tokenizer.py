@@ -1,4 +1,6 @@
-"""``build_tokenizer(args)``: the tokenizer named by ``--tokenizer-type``; the padded vocabulary.
+"""``build_tokenizer(args)``: the tokenizer named by ``--tokenizer-type``; ``tokenizer_setup(args)``:
+it with the padded vocabulary (embedding rows) and the start-up lines, returned for the caller that
+sets up the run's ``args`` to assign (nothing here writes the sizes into ``args``).
 
 Hugging Face and sentencepiece tokenizers are megatron-core's (``megatron.core.tokenizers``, see
 ``core_tokenizers.py``); the byte-level default and GPT-2 BPE files are the project's own
@@ -9,14 +11,16 @@ list[int]`` (no special tokens added; ``--append-eod`` or the dataset adds ``eod
 """
 
 import argparse
-from typing import List, Optional
+import dataclasses
+from typing import Any, List, Optional, Tuple
 
 from megatron.errors import ConfigError
 from megatron.tokenizer.byte_level import ByteLevelTokenizer
 from megatron.tokenizer.flags import FILE_FLAG_ATTRS, TOKENIZER_FILE_FLAGS, check_tokenizer_args
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
 
-__all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "build_tokenizer", "padded_vocab_size"]
+__all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "TokenizerSetup", "build_tokenizer",
+           "padded_vocab_size", "tokenizer_setup"]
 
 
 def padded_vocab_size(
@@ -26,16 +30,14 @@ def padded_vocab_size(
     """Vocabulary size (number of embedding rows) padded up to the next multiple of
     ``make_vocab_size_divisible_by * tensor_model_parallel_size``, as Megatron-LM's
     ``_vocab_size_with_padding``; with ``pad_vocab_size_to`` (``--pad-vocab-size-to``, BigScience)
-    exactly that many rows, which must be at least ``raw_vocab_size`` and divisible by the
-    tensor-parallel size (ConfigError naming the flag otherwise)."""
+    exactly that many rows, which must be at least ``raw_vocab_size`` (ConfigError naming the flag
+    otherwise; that it is positive and divisible by the tensor-parallel size ``validate_args``
+    checks)."""
     if pad_vocab_size_to is not None:
         if pad_vocab_size_to < raw_vocab_size:
             raise ConfigError(f"--pad-vocab-size-to {pad_vocab_size_to} is smaller than the "
                               f"tokenizer's vocabulary ({raw_vocab_size} tokens); it can only pad "
                               "to a larger size")
-        if pad_vocab_size_to % tensor_model_parallel_size:
-            raise ConfigError(f"--pad-vocab-size-to {pad_vocab_size_to} is not divisible by "
-                              f"--tensor-model-parallel-size {tensor_model_parallel_size}")
         return int(pad_vocab_size_to)
     for name, value in (
         ("raw_vocab_size", raw_vocab_size),
@@ -72,13 +74,11 @@ def build_tokenizer(args: argparse.Namespace):
     """Build the tokenizer named by ``args.tokenizer_type`` (the byte-level default if unset).
 
     Reads ``args.vocab_file``, ``args.merge_file``, ``args.tokenizer_model`` and
-    ``args.tokenizer_name_or_path`` as the type needs (absent attributes count as not given).
-    As Megatron-LM does, also sets ``args.padded_vocab_size`` (number of embedding rows) from
-    ``args.make_vocab_size_divisible_by`` and ``args.tensor_model_parallel_size`` when the
-    namespace has them (Megatron-LM's defaults 128 and 1 otherwise), and ``args.vocab_size``, the
-    rows that take probability (:func:`model_vocab_size`; the others are padding,
-    megatron/model/vocab_padding.py). Raises ConfigError for an
-    unknown type, missing flags or files, or file flags without a type (naming flag and value).
+    ``args.tokenizer_name_or_path`` as the type needs (absent attributes count as not given;
+    ``check_tokenizer_args`` resolves ``args.tokenizer_type`` of a namespace that validation never
+    saw). The embedding rows and the start-up lines come with :func:`tokenizer_setup`. Raises
+    ConfigError for an unknown type, missing flags or files, or file flags without a type (naming
+    flag and value).
     """
     for attr in ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model",
                  "tokenizer_name_or_path"):
@@ -87,24 +87,58 @@ def build_tokenizer(args: argparse.Namespace):
     check_tokenizer_args(args)
     tokenizer = _build(args)
     check_fits_checkpoint(tokenizer, args)
+    return tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSetup:
+    """What a run's tokenizer gives the model, returned by :func:`tokenizer_setup` for the caller
+    that sets up ``args`` (the entry points: ``setup.apply(args)``): ``tokenizer``;
+    ``padded_vocab_size``, the embedding rows (Megatron-LM's rounding, or
+    ``--pad-vocab-size-to``); ``vocab_size``, the rows that take probability
+    (:func:`model_vocab_size`; the others are padding, megatron/model/vocab_padding.py);
+    ``notes``, the start-up lines (the tokenizer summary and its warnings)."""
+
+    tokenizer: Any
+    padded_vocab_size: int
+    vocab_size: int
+    notes: Tuple[str, ...] = ()
+
+    def apply(self, args: argparse.Namespace) -> None:
+        """Assign ``args.tokenizer``, ``args.padded_vocab_size`` and ``args.vocab_size``, and add
+        the notes to ``args.startup_notes`` (printed by the training loop at start-up) when the
+        namespace has that list."""
+        args.tokenizer = self.tokenizer
+        args.padded_vocab_size = self.padded_vocab_size
+        args.vocab_size = self.vocab_size
+        notes = getattr(args, "startup_notes", None)
+        if isinstance(notes, list):
+            notes.extend(self.notes)
+
+
+def tokenizer_setup(args: argparse.Namespace) -> TokenizerSetup:
+    """:func:`build_tokenizer` with the embedding rows for it, as Megatron-LM computes them: the
+    vocabulary padded to a multiple of ``args.make_vocab_size_divisible_by`` x
+    ``args.tensor_model_parallel_size`` (Megatron-LM's defaults 128 and 1 when the namespace lacks
+    them), or ``args.pad_vocab_size_to``; the rows that take probability (more than the
+    tokenizer's with a ``--use-checkpoint-args`` record of more real rows) and the start-up lines.
+    Nothing is written into ``args`` (:meth:`TokenizerSetup.apply` does)."""
+    tokenizer = build_tokenizer(args)
     divisible_by = getattr(args, "make_vocab_size_divisible_by", 128)
     tp = getattr(args, "tensor_model_parallel_size", 1)
-    args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, divisible_by, tp,
-                                               getattr(args, "pad_vocab_size_to", None))
+    padded = padded_vocab_size(tokenizer.vocab_size, divisible_by, tp,
+                               getattr(args, "pad_vocab_size_to", None))
     recorded = (getattr(args, "checkpoint_model_args", None) or {}).get("vocab_size")
-    args.vocab_size = model_vocab_size(tokenizer.vocab_size, args.padded_vocab_size, recorded)
-    notes = getattr(args, "startup_notes", None)  # printed by the training loop at start-up
-    if isinstance(notes, list):
-        notes.append(tokenizer_summary(tokenizer, args.padded_vocab_size,
-                                       getattr(args, "tokenizer_type_note", None)))
-        if getattr(args, "checkpoint_tokenizer_note", None):
-            notes.append(args.checkpoint_tokenizer_note)
-        unused = unused_tokenizer_flags(args)
-        if unused:
-            notes.append(f"warning: {' '.join(unused)} not used by --tokenizer-type "
-                         f"{args.tokenizer_type} (it reads "
-                         f"{' '.join(TOKENIZER_FILE_FLAGS[args.tokenizer_type] or ['no files'])})")
-    return tokenizer
+    notes = [tokenizer_summary(tokenizer, padded, getattr(args, "tokenizer_type_note", None))]
+    if getattr(args, "checkpoint_tokenizer_note", None):
+        notes.append(args.checkpoint_tokenizer_note)
+    unused = unused_tokenizer_flags(args)
+    if unused:
+        notes.append(f"warning: {' '.join(unused)} not used by --tokenizer-type "
+                     f"{args.tokenizer_type} (it reads "
+                     f"{' '.join(TOKENIZER_FILE_FLAGS[args.tokenizer_type] or ['no files'])})")
+    return TokenizerSetup(tokenizer, padded, model_vocab_size(tokenizer.vocab_size, padded, recorded),
+                          tuple(notes))
 
 
 def unused_tokenizer_flags(args: argparse.Namespace) -> List[str]:

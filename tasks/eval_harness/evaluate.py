@@ -114,9 +114,13 @@ def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     from megatron.arguments import parse_args
     from tasks.zero_shot_rank_classification import _DEFAULTS
 
+    from megatron.tokenizer import tokenizer_setup
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    return parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,
+    args = parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,
                       require_data=False)
+    tokenizer_setup(args).apply(args)  # the tokenizer and the embedding rows it needs
+    return args
 
 
 def resolve_tasks(tasks: str, include_path: Sequence[str] = (), include_defaults: bool = False):

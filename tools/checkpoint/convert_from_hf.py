@@ -15,7 +15,7 @@ for the layout T x P (default 1 x 1) with ``model_args.json`` (and, for P = 1,
 (recorded as ``--pad-vocab-size-to``). Tokenizer files found in ``HF_DIR`` are copied to
 ``DIR/tokenizer/`` and recorded as ``--tokenizer-type PretrainedFromHF``. Configurations this
 project cannot build are refused naming the config key
-(megatron/checkpoint_interop/hf_families.py).
+(megatron/checkpoint/hf.py).
 
 Tensors are read one at a time from the files (no memory map), so peak memory is about one copy of
 the weights.
@@ -122,10 +122,10 @@ def _resolver(names: set, get: Callable) -> Callable[[str], torch.Tensor]:
 def convert(hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1) -> dict:
     """Import (see the module docstring); returns ``{"family", "directory", "parameters",
     "tokenizer"}``."""
-    from megatron.checkpoint_interop.hf_families import (canonical_names, check_exportable,
+    from megatron.checkpoint.hf import (canonical_names, check_exportable,
                                                          flags_from_hf_config, from_hf, hf_sources)
-    from megatron.checkpoint_interop.model_args import FORMAT_VERSION
-    from megatron.checkpoint_interop.write_checkpoint import write_checkpoint
+    from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION
+    from megatron.checkpoint.writer import write_checkpoint
 
     config_path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(config_path):

@@ -10,10 +10,10 @@ writes ``HF_DIR/config.json``, the weights as safetensors (``model.safetensors``
 PretrainedFromHF``/``HuggingFaceTokenizer``) or GPT-2 BPE files, the tokenizer files. The family
 follows the recorded model flags (``model_args.json``): learned absolute positions ->
 ``GPT2LMHeadModel``, RoPE -> ``LlamaForCausalLM``, ALiBi -> ``BloomForCausalLM``; flags the class
-cannot represent are refused naming the flag (megatron/checkpoint_interop/hf_families.py).
+cannot represent are refused naming the flag (megatron/checkpoint/hf.py).
 
 Tensors are read one at a time from the memory-mapped checkpoint files (their pages released once
-used, megatron/checkpoint_interop/full_state.py) and streamed into the safetensors files, whose
+used, megatron/checkpoint/reader.py) and streamed into the safetensors files, whose
 headers are planned from the shards' metadata first, so peak memory is about the largest tensor.
 Weights keep the checkpoint's dtype. The vocabulary keeps the rows that take probability (the
 recorded ``vocab_size``, the tokenizer's vocabulary): the padding rows that Megatron adds (a
@@ -205,16 +205,16 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
             max_shard_size: str = "2GB") -> dict:
     """Export the checkpoint (see the module docstring); returns a summary ``{"family",
     "iteration", "files", "tokenizer_files", "parameters", "bytes"}``."""
-    from megatron.checkpoint_interop.full_state import FullStateReader
-    from megatron.checkpoint_interop.model_args import resolve_tokenizer_paths
-    from megatron.checkpoint_interop.hf_families import (canonical_names, canonical_shapes,
+    from megatron.checkpoint.reader import CheckpointReader
+    from megatron.checkpoint.model_args import resolve_tokenizer_paths
+    from megatron.checkpoint.hf import (canonical_names, canonical_shapes,
                                                          check_exportable, hf_config, to_hf)
-    from megatron.parallel.resharding import VOCAB_PARAMETERS
+    from megatron.model.param_names import VOCAB_PARAMETERS
 
     max_bytes = parse_size(max_shard_size)
     if os.path.isdir(output) and os.listdir(output):
         raise ConfigError(f"--output {output} exists and is not empty; give a new directory")
-    with FullStateReader(load, iteration) as reader:
+    with CheckpointReader(load, iteration) as reader:
         if reader.model_args is None:
             raise ConfigError(f"--load {load}: checkpoint {reader.directory} has no model_args.json "
                               "(written before checkpoints recorded their model flags), so its "

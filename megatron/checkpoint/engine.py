@@ -1,39 +1,37 @@
-"""Atomic checkpoint save and exact resume on top of DeepSpeed's engine checkpoints.
+"""Atomic checkpoint save and exact resume through DeepSpeed's engine.
 
-Layout: ``DIR/iter_NNNNNNN/`` holds DeepSpeed's model/optimizer files, the training state in the
-client state (iteration, consumed samples, scheduler) and one ``rng_state_rank{R}.pt`` per rank.
-``DIR/latest_checkpointed_iteration.txt`` is written last, atomically (temporary file + rename), after
-every rank has finished writing, so it never points at an incomplete checkpoint: a run killed
-during a save resumes from the previous complete checkpoint.
+Layout (megatron/checkpoint/format.py): ``DIR/iter_NNNNNNN/`` holds DeepSpeed's model/optimizer
+files, the training state in the client state (iteration, consumed samples, scheduler), one
+``rng_state_rank{R}.pt`` per rank and the JSON records. ``DIR/latest_checkpointed_iteration.txt``
+is written last, atomically (temporary file + rename), after every rank has finished writing, so it
+never points at an incomplete checkpoint: a run killed during a save resumes from the previous
+complete checkpoint.
 
-Test hook (fault injection): with ``MEGATRON_FAULT_INJECT=kill_during_save:ITER`` in the environment,
-every rank sends itself SIGKILL after DeepSpeed and the RNG files of the checkpoint of iteration
-``ITER`` are written but before the tracker is updated (tests/test_checkpoint_safety.py). Unset in
-normal runs; any other value is ignored.
+A checkpoint of another layout (or any, with ``--universal-checkpoint``) is resharded into this
+run's engine from its ``param_index.json`` (megatron/checkpoint/reshard.py); otherwise DeepSpeed
+loads its own files.
+
+``save_checkpoint``'s ``after_files_written`` is called on every rank once that rank's files are
+written, before the tracker update (tests/test_checkpoint_safety.py kills the run there).
 """
 import os
 import random
-import signal
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
 
-from megatron.atomic_io import atomic_path, atomic_write_text
-from megatron.errors import ConfigError
-from megatron.initialize import all_reduce_small
-from megatron.parallel.layout_record import check_same_model_split, current_layout, write_layout
-from megatron.parallel.param_index import read_param_index, write_param_index
+from megatron.checkpoint.engine_index import write_param_index
+from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, checkpoint_tag,
+                                        read_layout, read_param_index, read_tracker,
+                                        write_layout, write_model_args, write_tracker)
+from megatron.errors import CheckpointError, ReshardError
+from megatron.parallel.topology import ParallelLayout
+from megatron.rank_utils import all_reduce_small, print_rank_0
 
-TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 1
 CLIENT_STATE_KEY = "megatron_training_state"  # our state inside DeepSpeed's client state
-FAULT_INJECT_ENV = "MEGATRON_FAULT_INJECT"  # test hook, see the module docstring
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used: missing, incomplete, corrupt or incompatible."""
 
 
 @dataclass
@@ -44,16 +42,6 @@ class TrainingState:
     iteration: int = 0
     consumed_samples: int = 0
     extra: Dict[str, Any] = field(default_factory=dict)
-
-
-def checkpoint_tag(iteration: int) -> str:
-    """Directory name of the checkpoint after ``iteration`` iterations."""
-    return f"iter_{iteration:07d}"
-
-
-def _atomic_torch_save(obj: Any, path: str) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
 
 
 def rng_state() -> Dict[str, Any]:
@@ -71,12 +59,9 @@ def rng_state() -> Dict[str, Any]:
 def _cuda_rng_tracker_states() -> Dict[str, Any]:
     """megatron-core's tensor-parallel CUDA RNG tracker streams (dropout inside model-parallel
     regions), which ``torch.cuda.get_rng_state`` does not cover; empty when there is none."""
-    try:
-        from megatron.core import tensor_parallel
+    from megatron.core import tensor_parallel
 
-        return dict(tensor_parallel.get_cuda_rng_tracker().get_states())
-    except Exception:  # tracker not initialised / not available
-        return {}
+    return dict(tensor_parallel.get_cuda_rng_tracker().get_states())
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
@@ -106,10 +91,12 @@ def _barrier() -> None:
 
 
 def save_checkpoint(engine, save_dir: str, state: TrainingState,
-                    model_args: Optional[dict] = None) -> str:
+                    model_args: Optional[dict] = None,
+                    after_files_written: Optional[Callable[[int], None]] = None) -> str:
     """Write the checkpoint of ``state.iteration`` under ``save_dir``; returns its directory.
-    ``model_args`` (megatron/checkpoint_interop/model_args.py ``model_args_from_args``) is
-    written beside ``parallel_layout.json`` as ``model_args.json``.
+    ``model_args`` (megatron/checkpoint/model_args.py ``model_args_from_args``) is
+    written beside ``parallel_layout.json`` as ``model_args.json``. ``after_files_written``
+    (iteration) runs on each rank once its files are written, before the tracker update.
 
     All ranks must call this. The tracker file is updated only after every rank has written.
     """
@@ -123,32 +110,16 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState,
     if _rank() == 0:
         write_layout(directory, current_layout())
         if model_args is not None:
-            from megatron.checkpoint_interop.model_args import write_model_args
-
             write_model_args(directory, model_args)
     write_param_index(engine, directory)  # what a resume on another layout reads
-    _atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
-    if os.environ.get(FAULT_INJECT_ENV, "") == f"kill_during_save:{state.iteration}":
-        os.kill(os.getpid(), signal.SIGKILL)  # test hook, see the module docstring
+    atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
+    if after_files_written is not None:
+        after_files_written(state.iteration)
     _barrier()
     if _rank() == 0:
-        atomic_write_text(os.path.join(save_dir, TRACKER_FILENAME), f"{state.iteration}\n", fsync=True)
+        write_tracker(save_dir, state.iteration, fsync=True)
     _barrier()
     return directory
-
-
-def read_tracker(load_dir: str) -> Optional[int]:
-    """The iteration recorded in ``load_dir``'s tracker file, or None when there is none."""
-    path = os.path.join(load_dir, TRACKER_FILENAME)
-    if not os.path.isfile(path):
-        return None
-    with open(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace").strip()
-    try:
-        return int(text)
-    except ValueError:
-        raise CheckpointError(f"--load {load_dir}: {TRACKER_FILENAME} holds {text!r}, "
-                              "not an iteration number") from None
 
 
 def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimizer: bool = True,
@@ -157,7 +128,7 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
 
     A checkpoint written with another tensor-, pipeline- or data-parallel size or ZeRO stage (or
     any checkpoint with ``universal``, ``--universal-checkpoint``) is resharded to this run's
-    layout from its ``param_index.json`` (megatron/parallel/resharding.py); otherwise DeepSpeed
+    layout from its ``param_index.json`` (megatron/checkpoint/reshard.py); otherwise DeepSpeed
     loads its own files (and the per-rank RNG states are restored).
     Returns the saved :class:`TrainingState` (iteration 0 and no extra state with ``finetune``, which
     loads weights only), or None when ``load_dir`` holds no checkpoint yet.
@@ -226,6 +197,35 @@ def _load_rng(directory: str, load_dir: str) -> None:
     _raise_on_any_rank(error, load_dir)
 
 
+def current_layout() -> ParallelLayout:
+    """This run's layout from megatron-core's parallel state."""
+    import torch
+    from megatron.core import parallel_state
+
+    return ParallelLayout(tp=parallel_state.get_tensor_model_parallel_world_size(),
+                          pp=parallel_state.get_pipeline_model_parallel_world_size(),
+                          dp=parallel_state.get_data_parallel_world_size(),
+                          world=torch.distributed.get_world_size())
+
+
+def check_same_model_split(directory: str, load_dir: str, layout: ParallelLayout) -> None:
+    """Raise :class:`CheckpointError` naming both layouts when the checkpoint in ``directory``
+    (one without ``param_index.json``) was written with another tensor or pipeline-parallel
+    size."""
+    saved = read_layout(directory)
+    if saved is None:
+        saved_tp, saved_pp = 1, 1
+        described = "tensor-parallel 1, pipeline-parallel 1 (it has no parallel_layout.json)"
+    else:
+        saved_tp, saved_pp, described = saved.tp, saved.pp, saved.describe()
+    if (saved_tp, saved_pp) != (layout.tp, layout.pp):
+        raise CheckpointError(
+            f"--load {load_dir}: checkpoint {directory} was saved with {described} and this "
+            f"run has {layout.describe()}; it has no param_index.json (written before checkpoints "
+            f"carried one), so it resumes only on its own split (use --tensor-model-parallel-size "
+            f"{saved_tp} --pipeline-model-parallel-size {saved_pp})")
+
+
 def _layout_changed(index: Dict[str, Any], engine) -> bool:
     """True when the checkpoint described by ``index`` was written with another tensor-, pipeline-
     or data-parallel size or ZeRO stage than ``engine``'s (DeepSpeed's loader needs the same)."""
@@ -237,13 +237,13 @@ def _layout_changed(index: Dict[str, Any], engine) -> bool:
 
 def _load_resharded(engine, load_dir: str, directory: str, index: Dict[str, Any], finetune: bool,
                     load_optimizer: bool) -> TrainingState:
-    """:func:`load_checkpoint` through megatron/parallel/resharding.py: weights, optimizer state
+    """:func:`load_checkpoint` through megatron/checkpoint/reshard.py: weights, optimizer state
     and training state. On another layout the RNG states (per rank of the old layout) are not
     restored: the generators keep this run's --seed streams."""
-    from megatron.initialize import print_rank_0
-    from megatron.parallel.resharding import ReshardError, SavedCheckpoint, load_resharded
+    from megatron.checkpoint.reader import CheckpointReader
+    from megatron.checkpoint.reshard import load_resharded
 
-    saved = SavedCheckpoint(directory, index)
+    saved = CheckpointReader(load_dir, directory=directory, weights=False, index=index)
     error, ours = None, None
     try:
         load_resharded(engine, saved, load_dir, load_optimizer and not finetune, log=print_rank_0)

@@ -1,6 +1,7 @@
 """The model flags a checkpoint records (``model_args.json``) and ``--use-checkpoint-args``.
 
-Every checkpoint directory ``DIR/iter_NNNNNNN/`` holds ``model_args.json`` beside
+Every checkpoint directory ``DIR/iter_NNNNNNN/`` holds ``model_args.json`` (read and written by
+megatron/checkpoint/format.py) beside
 ``parallel_layout.json``: the flags that shape the model (``--num-layers``, ``--hidden-size``,
 ``--swiglu`` ...) and the tokenizer (``--tokenizer-type`` and its files), after ``validate_args``
 filled derived values (``--ffn-hidden-size``, ``--num-query-groups``, ``--kv-channels``), plus the
@@ -24,14 +25,13 @@ sequence length is legitimate. Relative tokenizer paths are relative to the ``--
 (imported checkpoints keep their tokenizer files there, tools/checkpoint/convert_from_hf.py).
 """
 import argparse
-import json
 import os
 from typing import Dict, Iterable, List, Optional, Set
 
-from megatron.atomic_io import atomic_write_text
-
-MODEL_ARGS_FILENAME = "model_args.json"
-FORMAT_VERSION = 1
+from megatron.checkpoint.format import (MODEL_ARGS_FILENAME, checkpoint_tag, read_model_args,
+                                        read_tracker)
+from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION
+from megatron.errors import ArgumentError
 # Flags (argparse dests) that shape the model; each recorded when this parser defines it.
 MODEL_ARG_NAMES = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -62,33 +62,6 @@ def model_args_from_args(args: argparse.Namespace) -> dict:
             "tokenizer": tokenizer, "defaults": pick(DEFAULT_ARG_NAMES),
             "padded_vocab_size": getattr(args, "padded_vocab_size", None),
             "vocab_size": getattr(args, "vocab_size", None)}
-
-
-def write_model_args(directory: str, record: dict) -> None:
-    """Write ``directory/model_args.json`` atomically (call on one rank)."""
-    atomic_write_text(os.path.join(directory, MODEL_ARGS_FILENAME),
-                      json.dumps(record, indent=1, sort_keys=True) + "\n")
-
-
-def read_model_args(directory: str) -> Optional[dict]:
-    """The record in ``directory/model_args.json`` (an ``iter_*`` directory), or None when the
-    checkpoint predates recorded model flags. Raises :class:`megatron.errors.ConfigError` for a
-    file that is not such a record."""
-    from megatron.errors import ConfigError
-
-    path = os.path.join(directory, MODEL_ARGS_FILENAME)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a readable JSON file ({e})") from None
-    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION \
-            or not isinstance(record.get("model"), dict):
-        raise ConfigError(f"{path}: not a model_args.json record of format_version "
-                          f"{FORMAT_VERSION} (expected keys format_version, model, tokenizer)")
-    return record
 
 
 def resolve_tokenizer_paths(tokenizer_flags: dict, load_dir: str) -> dict:
@@ -168,9 +141,6 @@ def apply_checkpoint_args(args: argparse.Namespace, parser: argparse.ArgumentPar
     the record, or None without ``--use-checkpoint-args``. Raises ``ArgumentError`` naming the flag,
     the command line's value and the checkpoint's when they disagree, and when ``--load`` holds no
     checkpoint or one without recorded model flags. Call before ``validate_args``."""
-    from megatron.arguments import ArgumentError
-    from megatron.checkpointing import checkpoint_tag, read_tracker
-
     if not getattr(args, "use_checkpoint_args", False):
         return None
     if not args.load:

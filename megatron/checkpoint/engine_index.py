@@ -1,11 +1,13 @@
-"""The parameter index a checkpoint carries so that it can be resumed on another layout.
+"""The parameter index of a training run's checkpoint (``param_index.json``), so that any layout can
+read it.
 
 ``DIR/iter_N/param_index.json`` (written by rank 0 at every save, after gathering every rank's
 part) says, for each rank that wrote files, where each of its parameters lives on disk and what it
 is in layout-independent terms:
 
 - the parameter's *canonical name* (its name in the tensor-parallel 1, pipeline-parallel 1
-  ``GPTModel``, megatron/model/init.py), its local shape and its tensor-parallel split
+  ``GPTModel`` of the local layer spec, megatron/model/param_names.py: Transformer Engine's fused
+  norm names are recorded under the local spec's), its local shape and its tensor-parallel split
   (``tp_dim``: megatron-core's ``partition_dim``, or null for replicated parameters; ``tp_stride``:
   ``partition_stride``, 2 for the SwiGLU ``linear_fc1`` whose rank holds ``[gate_r; up_r]``);
 - the file and key of its weight (``mp_rank_XX_model_states.pt`` ``module`` for ``GPTModel``,
@@ -15,20 +17,17 @@ is in layout-independent terms:
   ``zero_pp_rank_D_mp_rank_XX_optim_states.pt`` at stages 1 and 2, whose ``param_slice_mappings``
   locate each parameter in the flat partitions).
 
-megatron/parallel/resharding.py reads it back. Only metadata is written (no tensor is copied).
+megatron/checkpoint/reader.py reads it back (megatron/checkpoint/format.py writes the file). Only
+metadata is written (no tensor is copied).
 """
-import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
-from megatron.atomic_io import atomic_write_text
-
-INDEX_FILENAME = "param_index.json"
-INDEX_VERSION = 1
-TORCH_OPTIMIZER = "torch"  # optimizer_format: a plain torch optimizer (ZeRO stage 0, fp32)
-ZERO_OPTIMIZER = "zero"  # DeepSpeed's ZeRO stage 1/2 optimizer (flat fp32 partitions)
+from megatron.checkpoint.format import INDEX_VERSION, TORCH_OPTIMIZER, ZERO_OPTIMIZER
+from megatron.checkpoint.format import write_param_index as write_param_index_file
+from megatron.model.param_names import canonical_weight_name
 
 
 def optimizer_format(engine) -> str:
@@ -49,9 +48,11 @@ def optimizer_format(engine) -> str:
 
 
 def canonical_namer(module):
-    """``local name -> canonical name`` for ``module`` (a ``GPTModelPipe`` maps its stage-local
-    names; ``GPTModel``'s names are canonical)."""
-    return getattr(module, "canonical_name", lambda name: name)
+    """``local name -> canonical name`` for ``module``'s parameters: a ``GPTModelPipe`` maps its
+    stage-local names to ``GPTModel``'s, and Transformer Engine's fused norm names become the
+    local spec's (megatron/model/param_names.py)."""
+    gpt_name = getattr(module, "canonical_name", lambda name: name)
+    return lambda name: canonical_weight_name(gpt_name(name))
 
 
 def _weight_locations(engine, directory: str) -> Dict[str, List[str]]:
@@ -139,20 +140,10 @@ def write_param_index(engine, directory: str) -> None:
         if r["dp"] != 0:  # the same parameters as their data-parallel rank 0
             del r["groups"], r["params"], r["model_states_file"]
     ps = parallel_state
-    index = {"version": INDEX_VERSION,
+    write_param_index_file(directory, {"version": INDEX_VERSION,
              "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
              "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
              "data_parallel_size": parallel_state.get_data_parallel_world_size(),
              "zero_stage": int(engine.zero_optimization_stage()),
              "optimizer_format": optimizer_format(engine),
-             "ranks": sorted(records, key=lambda r: (r["pp"], r["tp"], r["dp"]))}
-    atomic_write_text(os.path.join(directory, INDEX_FILENAME), json.dumps(index) + "\n")
-
-
-def read_param_index(directory: str) -> Optional[Dict[str, Any]]:
-    """The index of the checkpoint in ``directory``, or None for checkpoints written without one."""
-    path = os.path.join(directory, INDEX_FILENAME)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+             "ranks": sorted(records, key=lambda r: (r["pp"], r["tp"], r["dp"]))})

@@ -1,0 +1,26 @@
+"""The scalars of a training or evaluation record under their tags, shared by every writer that
+logs scalars: TensorBoard (megatron/metrics.py) and Weights & Biases (megatron/wandb_logging.py).
+A leaf: the writers import it, it imports none of them."""
+from numbers import Number
+from typing import Any, Dict, Optional, Sequence
+
+
+def train_scalars(record: Dict[str, Any], keys: Optional[Sequence[str]] = None) -> Dict[str, float]:
+    """The scalars of a training record as ``{tag: value}``: ``train/KEY`` for each of ``keys``
+    (None: every numeric key but ``iteration``) whose value is not None, and
+    ``train/per_dataset_loss/NAME`` for each dataset's loss (nats per token). The step they belong
+    to is ``record["iteration"]`` (iterations)."""
+    if keys is None:
+        keys = [k for k, v in record.items()
+                if k != "iteration" and isinstance(v, Number) and not isinstance(v, bool)]
+    out = {f"train/{key}": record[key] for key in keys if record.get(key) is not None}
+    for name, loss in (record.get("per_dataset_loss") or {}).items():
+        out[f"train/per_dataset_loss/{name}"] = loss
+    return out
+
+
+def eval_scalars(record: Dict[str, Any]) -> Dict[str, float]:
+    """The scalars of an evaluation record, under its split and validation group's name:
+    ``{split}/{group}/lm_loss`` (nats per token) and ``{split}/{group}/ppl``."""
+    tag = f"{record['split']}/{record['group']}"
+    return {f"{tag}/lm_loss": record["lm_loss"], f"{tag}/ppl": record["ppl"]}

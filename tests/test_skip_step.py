@@ -135,6 +135,22 @@ class Tiny(torch.nn.Module):
         return self.linear(x.to(self.linear.weight.dtype)).float().pow(2).mean()
 
 
+def _tiny_engine(args):
+    """(a Tiny model, its one-rank DeepSpeed engine) of the training flags ``args``."""
+    import deepspeed
+
+    from megatron.deepspeed_config import deepspeed_config_from_args
+    from megatron.optimizer import build_optimizer
+    from megatron.parallel.topology import MegatronCoreMPU
+
+    model = Tiny()
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=build_optimizer(args, model),
+        config=deepspeed_config_from_args(args, args.global_batch_size), mpu=MegatronCoreMPU(),
+        dist_init_required=False)
+    return model, engine
+
+
 def _tensors(obj, prefix=""):
     """Every tensor inside ``obj`` (nested dicts, lists) by its path, cloned."""
     if torch.is_tensor(obj):
@@ -188,23 +204,15 @@ def test_a_skipped_step_changes_no_parameter_and_no_optimizer_state(
     gradient norm (~1e3, the first's ~1) is above it, so after it every parameter, fp32 master
     weight, Adam moment and Adam step count equals, bit for bit, what the first left; the third
     trains (Adam's count says 2 steps after it). The norm decided on is the one DeepSpeed logs."""
-    import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.deepspeed_config import deepspeed_config_from_args
-    from megatron.optimizer import build_optimizer
-    from megatron.parallel.topology import MegatronCoreMPU
     from megatron.skip_step_engine import step_skipper_from_args
 
     if "--fp16" in flags:
         monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: True)
     monkeypatch.setenv("LOCAL_RANK", "0")
     args = parse(flags + ["--grad-norm-skip-threshold", "100"])  # --clip-grad 1 by default
-    model = Tiny()
-    engine, *_ = deepspeed.initialize(
-        model=model, optimizer=build_optimizer(args, model),
-        config=deepspeed_config_from_args(args, args.global_batch_size), mpu=MegatronCoreMPU(),
-        dist_init_required=False)
+    model, engine = _tiny_engine(args)
     assert type(engine.optimizer).__name__ == wrapper
     skipper = step_skipper_from_args(args, engine)
     first = _iteration(engine, skipper, 1, 1.0)
@@ -231,23 +239,15 @@ def test_deepspeed_overflow_skip_is_counted(one_rank_model_parallel, monkeypatch
     """fp16 with a static loss scale: an input that overflows fp16 makes DeepSpeed skip the step
     before the torch optimizer is called; the iteration is counted as skipped and its values
     stay out of the z-score window."""
-    import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.deepspeed_config import deepspeed_config_from_args
-    from megatron.optimizer import build_optimizer
-    from megatron.parallel.topology import MegatronCoreMPU
     from megatron.skip_step_engine import step_skipper_from_args
 
     monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: True)
     monkeypatch.setenv("LOCAL_RANK", "0")
     args = parse(["--fp16", "--loss-scale", "1024", "--skip-step-zscore-threshold", "6",
                   "--skip-step-zscore-window", "4"])
-    model = Tiny()
-    engine, *_ = deepspeed.initialize(
-        model=model, optimizer=build_optimizer(args, model),
-        config=deepspeed_config_from_args(args, args.global_batch_size), mpu=MegatronCoreMPU(),
-        dist_init_required=False)
+    model, engine = _tiny_engine(args)
     skipper = step_skipper_from_args(args, engine)
     forward = skipper.recording(lambda engine, x: (engine(x), None))
     outcomes = []
@@ -271,21 +271,13 @@ def test_a_skipped_first_step_leaves_deepspeeds_optimizer_state_links_working(
     after their first step call; skipped before any state exists, the link is made after the
     next (applied) step, so DeepSpeed's safe_get_full_optimizer_state (and what reads through
     it) finds the moments."""
-    import deepspeed
     from deepspeed.utils import safe_get_full_optimizer_state
 
-    from megatron.deepspeed_config import deepspeed_config_from_args
-    from megatron.optimizer import build_optimizer
-    from megatron.parallel.topology import MegatronCoreMPU
     from megatron.skip_step_engine import step_skipper_from_args
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     args = parse(flags + ["--grad-norm-skip-threshold", "100"])
-    model = Tiny()
-    engine, *_ = deepspeed.initialize(
-        model=model, optimizer=build_optimizer(args, model),
-        config=deepspeed_config_from_args(args, args.global_batch_size), mpu=MegatronCoreMPU(),
-        dist_init_required=False)
+    model, engine = _tiny_engine(args)
     skipper = step_skipper_from_args(args, engine)
     assert _iteration(engine, skipper, 1, 30.0).skipped
     assert not _iteration(engine, skipper, 2, 1.0).skipped

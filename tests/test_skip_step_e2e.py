@@ -22,6 +22,7 @@ import torch
 
 from conftest import free_port
 from e2e_helpers import read_jsonl, run_deepspeed
+from test_skip_step import _tensors
 from wandb_helpers import offline_runs, read_run, wandb_env
 
 ITERS = 10
@@ -87,19 +88,6 @@ def skip_run(spike_data, tmp_path_factory):
 def _applied(iteration: int) -> int:
     """Optimizer steps applied in iterations 1..``iteration``."""
     return iteration - sum(s <= iteration for s in SKIPPED)
-
-
-def _tensors(obj, prefix=""):
-    if torch.is_tensor(obj):
-        return {prefix: obj}
-    found = {}
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            found.update(_tensors(value, f"{prefix}/{key}"))
-    elif isinstance(obj, (list, tuple)):
-        for i, value in enumerate(obj):
-            found.update(_tensors(value, f"{prefix}[{i}]"))
-    return found
 
 
 def _checkpoint_tensors(ckpt, iteration):

@@ -9,14 +9,8 @@ A schedule is a pure, numpy-vectorised function of training progress in one unit
     schedule(np.arange(1000))         # array of values; schedule(5) gives a float
 
 Nothing here knows about optimizers or LR flags: the same language gives learning rates, weight
-decay and dataset weights. A new kind registers itself::
-
-    @register_schedule("my-kind")
-    class MyKind(Schedule):
-        keys = {"value": REQUIRED, "period": 100}       # config keys and defaults
-        def __init__(self, unit, value, period): ...
-        def values(self, progress):                     # progress: float64 array in self.unit
-            return ...
+decay and dataset weights. A new kind registers itself with :func:`register_schedule` (the
+example is in megatron/schedules/registry.py).
 
 The total length of training ("span") in each unit comes from a :class:`ScheduleContext`.
 

@@ -42,13 +42,10 @@ def run_measured(cmd):
     return wall, usage.ru_maxrss * 1024  # kilobytes on Linux
 
 
-def make_checkpoint(directory: str, args) -> int:
-    """Write the random-weight checkpoint; returns its parameter count."""
-    import torch
-
-    from megatron.checkpoint.hf import canonical_shapes
-    from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION
-    from megatron.checkpoint.writer import write_checkpoint
+def model_record(args) -> dict:
+    """The model_args.json record of the benchmark's Llama-style model (``args``: hidden size,
+    layers, ffn size, vocabulary)."""
+    from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION
 
     heads = args.hidden_size // 128
     flags = {"num_layers": args.num_layers, "hidden_size": args.hidden_size,
@@ -57,13 +54,26 @@ def make_checkpoint(directory: str, args) -> int:
              "normalization": "RMSNorm", "norm_epsilon": 1e-5, "swiglu": True, "openai_gelu": False,
              "position_embedding_type": "rope", "rotary_percent": 1.0, "rotary_base": 10000,
              "untie_embeddings_and_output_weights": True, "disable_bias_linear": True,
-             "make_vocab_size_divisible_by": 128, "pad_vocab_size_to": None, "embed_layernorm": False}
+             "make_vocab_size_divisible_by": 128, "pad_vocab_size_to": None,
+             "embed_layernorm": False}
+    return {"format_version": MODEL_ARGS_FORMAT_VERSION, "model": flags, "tokenizer": {},
+            "defaults": {"seq_length": 2048}, "padded_vocab_size": args.vocab,
+            "vocab_size": args.vocab}
+
+
+def make_checkpoint(directory: str, args) -> int:
+    """Write the random-weight checkpoint; returns its parameter count."""
+    import torch
+
+    from megatron.checkpoint.hf import canonical_shapes
+    from megatron.checkpoint.writer import write_checkpoint
+
+    record = model_record(args)
+    flags = record["model"]
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     gen = torch.Generator().manual_seed(0)
     tensors = {name: (0.02 * torch.randn(shape, generator=gen)).to(dtype)
                for name, shape in canonical_shapes(flags, args.vocab).items()}
-    record = {"format_version": FORMAT_VERSION, "model": flags, "tokenizer": {},
-              "defaults": {"seq_length": 2048}, "padded_vocab_size": args.vocab}
     write_checkpoint(directory, tensors, record, tp=args.tensor_model_parallel_size)
     return sum(t.numel() for t in tensors.values())
 

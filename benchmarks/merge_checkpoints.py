@@ -29,10 +29,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 sys.path.insert(0, ROOT)
 
-
-def dir_bytes(path: str) -> int:
-    """Bytes of all files under ``path``."""
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+from benchmarks.checkpoint_conversion import dir_bytes, model_record  # noqa: E402
 
 
 def run_with_rusage(cmd):
@@ -48,23 +45,6 @@ def run_with_rusage(cmd):
     if status != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{text[-2000:]}\n{errors[-2000:]}")
     return wall, usage.ru_maxrss * 1024, text  # kilobytes on Linux
-
-
-def model_record(args) -> dict:
-    from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION
-
-    heads = args.hidden_size // 128
-    flags = {"num_layers": args.num_layers, "hidden_size": args.hidden_size,
-             "ffn_hidden_size": args.ffn_hidden_size, "num_attention_heads": heads,
-             "num_query_groups": heads, "kv_channels": 128, "max_position_embeddings": 2048,
-             "normalization": "RMSNorm", "norm_epsilon": 1e-5, "swiglu": True, "openai_gelu": False,
-             "position_embedding_type": "rope", "rotary_percent": 1.0, "rotary_base": 10000,
-             "untie_embeddings_and_output_weights": True, "disable_bias_linear": True,
-             "make_vocab_size_divisible_by": 128, "pad_vocab_size_to": None,
-             "embed_layernorm": False}
-    return {"format_version": MODEL_ARGS_FORMAT_VERSION, "model": flags, "tokenizer": {},
-            "defaults": {"seq_length": 2048}, "padded_vocab_size": args.vocab,
-            "vocab_size": args.vocab}
 
 
 def write_source(directory: str, iteration: int, args) -> int:

@@ -40,7 +40,6 @@ from megatron.data.mtf_dataset import pack_sample, truncated_lengths  # noqa: E4
 from megatron.model.masks import (attention_structure_from_batch,  # noqa: E402
                                   collate_with_segment_layout)
 # the model and its checkpoint (any layout); re-exported as this script's Python API
-from megatron.checkpoint.reader import MODEL_STATES, load_model_weights  # noqa: E402,F401
 from tasks.checkpoint_model import build_model  # noqa: E402
 
 

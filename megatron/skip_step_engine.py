@@ -186,12 +186,9 @@ class StepSkipper:
         engine.clip_fp32_gradients = clip_fp32_gradients
 
     def _stage0_grad_norm(self) -> float:
-        from megatron.parallel.grads import global_grad_norm
-        from megatron.parallel.pipe import unique_parameters
-        from megatron.parallel.topology import MegatronCoreMPU
+        from megatron.parallel.pipe import model_grad_norm
 
-        params = [p for p in self.engine.module.parameters() if p.grad is not None]
-        return global_grad_norm(unique_parameters(params), MegatronCoreMPU())
+        return model_grad_norm(self.engine.module)
 
     def _grad_norm(self) -> float:
         if self._wrapper is not None:

@@ -387,15 +387,15 @@ def _unclipped_grad_norm(engine) -> Optional[float]:
     """L2 norm of the whole model's (data-parallel averaged) gradient before clipping. ZeRO stages
     keep it in the engine; at stage 0 (fp32 only: mixed precision runs at stage 1 at least,
     megatron/precision.py) DeepSpeed does not, so it is computed from the module's gradients,
-    which hold the averaged values between the boundary backward and the optimizer step: each
-    tensor-parallel shard once, summed over the model-parallel group."""
-    from megatron.parallel.grads import global_grad_norm
+    which hold the averaged values between the boundary backward and the optimizer step
+    (``megatron.parallel.pipe.model_grad_norm``)."""
+    from megatron.parallel.pipe import model_grad_norm
 
     if engine.zero_optimization_stage() > 0:
         return None
     if not any(p.grad is not None for p in engine.module.parameters()):
         return None
-    return global_grad_norm(engine.module.parameters(), engine.mpu)
+    return model_grad_norm(engine.module)
 
 
 def _grad_norm(engine, stage0_norm: Optional[float]) -> Optional[float]:

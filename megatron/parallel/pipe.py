@@ -105,21 +105,30 @@ def unique_parameters(parameters):
     return [p for p in parameters if not getattr(p, "ds_pipe_replicated", False)]
 
 
+def model_grad_norm(module) -> float:
+    """L2 norm of the whole model's gradient from ``module``'s gradients (a ``GPTModel`` or this
+    rank's pipe stage): each tensor-parallel shard once, the tied copy of a later stage not at all
+    (:func:`unique_parameters`), squares summed over the model-parallel group
+    (``megatron.parallel.grads.global_grad_norm``; a collective)."""
+    from megatron.parallel.grads import global_grad_norm
+    from megatron.parallel.topology import MegatronCoreMPU
+
+    params = [p for p in module.parameters() if p.grad is not None]
+    return global_grad_norm(unique_parameters(params), MegatronCoreMPU())
+
+
 def install_model_grad_clipping(engine) -> None:
     """At ZeRO stage 0 in fp32, make the pipe engine clip by the whole model's gradient norm
-    (``megatron.parallel.grads.global_grad_norm`` of :func:`unique_parameters`, recorded as
+    (:func:`model_grad_norm`, recorded as
     ``engine.get_global_grad_norm()``) instead of DeepSpeed's ``clip_grad_norm_``, which with the
     pipe grid as ``mpu`` counts replicated parameters on the first stage only. ZeRO stage 1 and the
     mixed-precision optimizers compute the norm themselves (by tensor-parallel rank, skipping the
     replicated tied copy) and are left alone."""
     if engine.zero_optimization_stage() > 0 or engine.fp16_enabled() or engine.bfloat16_enabled():
         return
-    from megatron.parallel.grads import global_grad_norm
-    from megatron.parallel.topology import MegatronCoreMPU
-
     def clip_fp32_gradients(self):
         params = [p for p in self.module.parameters() if p.grad is not None]
-        norm = global_grad_norm(unique_parameters(params), MegatronCoreMPU())
+        norm = model_grad_norm(self.module)
         self._global_grad_norm = norm
         coefficient = min(1.0, self.gradient_clipping() / (norm + 1e-6))
         if coefficient < 1.0:

@@ -368,6 +368,11 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron-LM sequence parallelism: split norm/dropout activations along "
                         "the sequence over the tensor-parallel group (needs TP > 1).")
+    g.add_argument("--ds-sequence-parallel-size", type=int, default=1,
+                   help="DeepSpeed-Ulysses sequence parallelism (Microsoft Megatron-DeepSpeed): each "
+                        "of N ranks holds 1/N of every sequence; an all-to-all around the core "
+                        "attention gives each the whole sequence for 1/N of the heads. Data-parallel "
+                        "size = world / (TP x PP x N).")
     g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
                    help="Activation recompute: 'full' recomputes whole layers (with "
                         "--recompute-method/--recompute-num-layers), 'selective' the core attention.")
@@ -640,17 +645,19 @@ def _validate_batch(args, world_size: int) -> None:
 
 
 def _validate_layout_sizes(args, world_size: int) -> None:
-    """Data-parallel size = world / (TP x PP)."""
+    """Data-parallel size = world / (TP x PP x Ulysses SP)."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if tp < 1 or pp < 1:
-        raise ArgumentError(f"--tensor-model-parallel-size {tp} and --pipeline-model-parallel-size "
-                            f"{pp} must be positive")
-    if world_size % (tp * pp):
+    sp = args.ds_sequence_parallel_size
+    if tp < 1 or pp < 1 or sp < 1:
+        raise ArgumentError(f"--tensor-model-parallel-size {tp}, --pipeline-model-parallel-size "
+                            f"{pp} and --ds-sequence-parallel-size {sp} must be positive")
+    if world_size % (tp * pp * sp):
+        with_sp = f" x --ds-sequence-parallel-size {sp}" if sp > 1 else ""
         raise ArgumentError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
-            f"--pipeline-model-parallel-size {pp} (= {tp * pp})")
+            f"--pipeline-model-parallel-size {pp}{with_sp} (= {tp * pp * sp})")
     args.world_size = world_size
-    args.data_parallel_size = world_size // (tp * pp)
+    args.data_parallel_size = world_size // (tp * pp * sp)
 
 
 def _validate_layout(args) -> None:
@@ -676,6 +683,11 @@ def _validate_layout(args) -> None:
                             f"--tensor-model-parallel-size {tp} (needed by --sequence-parallel)")
     if args.no_pipeline_parallel and pp > 1:
         raise ArgumentError(f"--no-pipeline-parallel contradicts --pipeline-model-parallel-size {pp}")
+    from megatron.parallel.ulysses import ulysses_layout_problem
+
+    problem = ulysses_layout_problem(args)
+    if problem:
+        raise ArgumentError(problem)
     from megatron.model.gpt_model_pipe import partition_method_from_args
 
     method = args.pp_partition_method

@@ -25,7 +25,7 @@ Data structure (what ``docs/compatibility.md`` is generated from):
   - ``accepted_values``: only for an alias that takes a value: the values it accepts (any other
     is an error naming the flag, the value and these);
   - ``inert_values``: only for ``refused`` flags that some scripts give with a value that asks
-    for nothing (``--ds-sequence-parallel-size 1``): those values are accepted as inert, any
+    for nothing (``--context-parallel-size 1``): those values are accepted as inert, any
     other is refused;
   - ``note``: one sentence saying why (what the flag does elsewhere, why it has no effect here,
     or what is not built).
@@ -191,23 +191,20 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
     _inert("--overlap-param-gather", (MLM,), False,
            "Overlap of the distributed optimizer's parameter gather; DeepSpeed owns it here."),
     # ------------------------------------------------------------------------------ refused
-    _refused("--ds-sequence-parallel-size",
-             "--sequence-parallel with --tensor-model-parallel-size N (Megatron-LM sequence "
-             "parallelism), or a shorter --seq-length", (MS,), True,
-             "DeepSpeed-Ulysses sequence parallelism (all-to-all attention over sequence shards) "
-             "is not built here.", inert_values=("1",)),
-    _refused("--ds-sequence-parallel-fpdt", "--recompute-granularity full (activation memory)",
+    _refused("--ds-sequence-parallel-fpdt",
+             "--ds-sequence-parallel-size N (DeepSpeed-Ulysses) with --recompute-granularity full",
              (MS,), False,
-             "FPDT (Ulysses with chunked, offloaded attention) is not built here."),
+             "FPDT (Ulysses with chunked, offloaded attention) is not built here; plain Ulysses is."),
     _refused("--ds-sequence-parallel-fpdt-chunk-size",
-             "--recompute-granularity full (activation memory)", (MS,), True,
-             "FPDT chunk size; FPDT is not built here."),
+             "--ds-sequence-parallel-size N (DeepSpeed-Ulysses) with --recompute-granularity full",
+             (MS,), True, "FPDT chunk size; FPDT is not built here."),
     _refused("--ds-sequence-parallel-fpdt-offloading",
-             "--recompute-granularity full (activation memory)", (MS,), False,
-             "FPDT CPU offloading; FPDT is not built here."),
-    _refused("--context-parallel-size", "--sequence-parallel with --tensor-model-parallel-size N",
-             (MLM,), True, "Megatron-LM context parallelism is not built here.",
-             inert_values=("1",)),
+             "--ds-sequence-parallel-size N (DeepSpeed-Ulysses) with --recompute-granularity full",
+             (MS,), False, "FPDT CPU offloading; FPDT is not built here."),
+    _refused("--context-parallel-size",
+             "--ds-sequence-parallel-size N (DeepSpeed-Ulysses sequence parallelism)",
+             (MLM,), True, "Megatron-LM context parallelism (ring attention) is not built here; "
+             "DeepSpeed-Ulysses splits the sequence instead.", inert_values=("1",)),
     _refused("--num-experts", "a dense MLP (drop the flag)", (MS, MLM), True,
              "Mixture-of-experts layers are not built here.", inert_values=("1",)),
     _refused("--expert-model-parallel-size", "a dense MLP (drop the flag)", (MLM,), True,

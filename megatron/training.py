@@ -34,15 +34,21 @@ def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tens
     compact attention structure ``segment_ids`` / ``is_prefix`` (absent: plain causal attention)
     with the segment layout the loader's collate computed (megatron/model/masks.py
     ``with_segment_layout``), which the model's core attention turns into its own mask form. The
-    batch goes to the device in one non-blocking copy (megatron/data/device_transfer.py).
+    batch goes to the device in one non-blocking copy (megatron/data/device_transfer.py). Under
+    DeepSpeed-Ulysses each rank keeps its slice of the per-token fields (the attention structure
+    stays whole) and the losses are those of the whole sequences (megatron/parallel/ulysses.py).
     """
     from megatron.data.device_transfer import batch_to_device
     from megatron.model.masks import attention_structure_from_batch, with_segment_layout
+    from megatron.parallel.ulysses import (sequence_parallel_group, sequence_rank_and_size,
+                                           slice_batch_for_sequence_rank)
 
-    batch = batch_to_device(with_segment_layout(batch), engine.device)
+    rank, size = sequence_rank_and_size()
+    batch = slice_batch_for_sequence_rank(with_segment_layout(batch), size, rank)
+    batch = batch_to_device(batch, engine.device)
     per_token = engine(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                        packed_seq_params=attention_structure_from_batch(batch))
-    return masked_lm_loss(per_token, batch["loss_mask"])
+    return masked_lm_loss(per_token, batch["loss_mask"], sequence_parallel_group())
 
 
 def _loader(dataset, consumed: int, args, total: Optional[int] = None) -> Iterator[Dict]:

@@ -142,7 +142,6 @@ def test_original_fp16_is_refused_on_cpu_in_one_line(name, compat_data, tmp_path
 
 
 REFUSED = [  # extra flags given to the sequence-parallel script, and the flags among them
-    (["--ds-sequence-parallel-size", "4"], ["--ds-sequence-parallel-size"]),
     (["--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-fpdt-chunk-size", "65536",
       "--ds-sequence-parallel-fpdt-offloading"],
      ["--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-fpdt-chunk-size",
@@ -150,12 +149,11 @@ REFUSED = [  # extra flags given to the sequence-parallel script, and the flags 
 ]
 
 
-@pytest.mark.parametrize("extra,named", REFUSED, ids=["ulysses", "fpdt"])
-def test_sequence_parallel_script_refuses_deepspeed_ulysses(extra, named, compat_data, tmp_path,
-                                                            monkeypatch, capsys):
-    """The original scripts' DeepSpeed-Ulysses/FPDT flags (left out of the runnable script) fail
-    together in one line naming each of them and what to use instead (Megatron-LM sequence
-    parallelism for Ulysses)."""
+@pytest.mark.parametrize("extra,named", REFUSED, ids=["fpdt"])
+def test_sequence_parallel_script_refuses_fpdt(extra, named, compat_data, tmp_path,
+                                               monkeypatch, capsys):
+    """The 6.7B script's FPDT flags (left out of the runnable script) fail together in one line
+    naming each of them and what to use instead (plain DeepSpeed-Ulysses)."""
     from megatron.flag_compat import compat_flag
 
     flags = script_flags("ms_sequence_parallel", compat_data, str(tmp_path), extra=extra)
@@ -166,8 +164,7 @@ def test_sequence_parallel_script_refuses_deepspeed_ulysses(extra, named, compat
     assert len(err.splitlines()) == 1, err
     for flag in named:
         assert flag in err and compat_flag(flag).use_instead in err, (flag, err)
-    if "--ds-sequence-parallel-size" in named:
-        assert "--sequence-parallel with --tensor-model-parallel-size" in err, err
+    assert "--ds-sequence-parallel-size N (DeepSpeed-Ulysses)" in err, err
 
 
 def test_split_without_documents_is_an_error(demo_data):
@@ -352,7 +349,7 @@ def test_refused_flags_of_the_table_stop_the_run(flag_parser, compat_data, tmp_p
     from tools.compat_table import statuses
 
     refused = sorted(f for f, status in statuses(flag_parser).items() if status == "refused")
-    assert "--ds-sequence-parallel-size" in refused
+    assert "--ds-sequence-parallel-fpdt" in refused and "--ds-sequence-parallel-size" not in refused
     flags = script_flags("ms_sequence_parallel", compat_data, str(tmp_path))
     for flag in refused:
         info = compat_flag(flag)

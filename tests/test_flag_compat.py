@@ -142,12 +142,12 @@ def _argv(c, value="x"):
 
 def test_every_inert_flag_accepted_and_listed_in_one_startup_line():
     argv = [a for c in INERT for a in _argv(c)]
-    args = parse(argv + ["--ds-sequence-parallel-size", "1"])
+    args = parse(argv + ["--context-parallel-size", "1"])
     lines = [n for n in args.startup_notes if n.startswith("accepted without effect here")]
     assert len(lines) == 1
     listed = lines[0].split(": ", 1)[1].split(", ")
     assert listed == [c.flag + (" x" if c.takes_value else "") for c in INERT] + \
-        ["--ds-sequence-parallel-size 1"]
+        ["--context-parallel-size 1"]
     assert not any(n.startswith("accepted without effect") for n in parse([]).startup_notes)
 
 
@@ -161,22 +161,22 @@ def test_every_refused_flag_names_itself_and_what_to_use(flag, capsys):
 
 
 def test_refused_unknown_and_bad_values_reported_together(capsys):
-    line = one_error_line(BASE + ["--ds-sequence-parallel-size", "4", "--ds-sequence-parallel-fpdt",
+    line = one_error_line(BASE + ["--context-parallel-size", "4", "--ds-sequence-parallel-fpdt",
                                   "--no-such-flag", "--lr", "abc"], capsys)
     assert line.startswith("error: unrecognized arguments: --no-such-flag; ")
     for fragment in ("argument --lr: invalid float value: 'abc'",
-                     "--ds-sequence-parallel-size 4 is not supported: DeepSpeed-Ulysses",
-                     "Use --sequence-parallel with --tensor-model-parallel-size N",
+                     "--context-parallel-size 4 is not supported: Megatron-LM context parallelism",
+                     "Use --ds-sequence-parallel-size N (DeepSpeed-Ulysses sequence parallelism)",
                      "--ds-sequence-parallel-fpdt is not supported: FPDT"):
         assert fragment in line, line
 
 
 def test_unknown_refused_and_validation_errors_reported_together(capsys):
     """With every value parsed, validation runs too and its problems join the same line."""
-    line = one_error_line(BASE + ["--ds-sequence-parallel-size", "4", "--hidden-size", "66",
+    line = one_error_line(BASE + ["--context-parallel-size", "4", "--hidden-size", "66",
                                   "--unknown-flag"], capsys)
     for fragment in ("unrecognized arguments: --unknown-flag",
-                     "--ds-sequence-parallel-size 4 is not supported",
+                     "--context-parallel-size 4 is not supported",
                      "--hidden-size 66 is not divisible by --num-attention-heads 4"):
         assert fragment in line, line
 

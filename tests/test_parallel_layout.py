@@ -172,9 +172,29 @@ def test_deepspeed_topology_matches_megatron_core_rank_generator(tp, pp, dp):
             tp_group.index(rank), dp_group.index(rank), pp_group.index(rank))
 
 
+@pytest.mark.parametrize("tp, sp, dp", [(1, 2, 4), (2, 2, 2), (2, 4, 1), (4, 2, 1)])
+def test_ulysses_topology_matches_megatron_core_context_parallel_ranks(tp, sp, dp):
+    """With DeepSpeed-Ulysses, the sequence axis of the topology is megatron-core's
+    context-parallel dimension (between tensor and data parallel in tp-cp-ep-dp-pp): the same
+    groups and coordinates for every rank of a world of 8."""
+    from megatron.core.parallel_state import RankGenerator
+    from megatron.parallel.topology import ParallelLayout, deepspeed_topology
+
+    layout = ParallelLayout(tp=tp, pp=1, dp=dp, world=tp * sp * dp, sp=sp)
+    assert layout.zero_partitions == dp * sp
+    topo = deepspeed_topology(layout)
+    gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=1, cp=sp, order="tp-cp-ep-dp-pp")
+    for ours, axis in (("tp", "model"), ("dp", "data"), ("cp", "sequence")):
+        assert sorted(map(sorted, gen.get_ranks(ours))) == sorted(
+            map(sorted, topo.get_axis_comm_lists(axis))), axis
+    for rank in range(layout.world):
+        cp_group = next(g for g in gen.get_ranks("cp") if rank in g)
+        assert topo.get_coord(rank).sequence == cp_group.index(rank)
+
+
 def test_mpu_adapter_answers_every_call_deepspeed_makes(dist_group):
-    """The adapter has each mpu method DeepSpeed 0.19 calls (except Ulysses sequence-parallel ones,
-    deliberately absent) and answers from parallel_state for a 1-rank world."""
+    """The adapter has each mpu method DeepSpeed 0.19 calls (the Ulysses sequence-parallel ones
+    included) and answers from parallel_state for a 1-rank world."""
     import os
     import re
 
@@ -194,8 +214,11 @@ def test_mpu_adapter_answers_every_call_deepspeed_makes(dist_group):
                     with open(os.path.join(dirpath, name)) as f:
                         called |= set(re.findall(r"mpu\.(get_[a-z_]+)\(", f.read()))
     absent = {m for m in called if not hasattr(MegatronCoreMPU, m)}
-    assert absent == {m for m in called if "sequence" in m}, absent
+    assert absent == set(), absent
+    assert {"get_sequence_parallel_world_size", "get_sequence_data_parallel_group"} <= called
     mpu = MegatronCoreMPU()
+    assert mpu.get_sequence_parallel_world_size() == mpu.get_sequence_data_parallel_world_size() == 1
+    assert mpu.get_sequence_data_parallel_group() is mpu.get_data_parallel_group()
     assert mpu.get_model_parallel_world_size() == mpu.get_data_parallel_world_size() == 1
     assert mpu.get_data_parallel_group_ranks() == [0]
     assert mpu.get_tensor_model_parallel_rank() == mpu.get_pipe_parallel_rank() == 0

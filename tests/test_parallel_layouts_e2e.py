@@ -1,7 +1,8 @@
 """Parallel layouts end to end through the deepspeed launcher (CPU, gloo): the per-iteration losses
-of tensor and sequence parallelism (with activation recompute) and of TP 2 x DP 2 equal the
-single-rank run's; under --bf16 (one rank, TP 2, DP 2) and --fp16 (TP 2) they stay within the
-issue's bounds of the fp32 single rank (docs/precision.md); exact resume under TP 2; a checkpoint of
+of tensor, Megatron-LM sequence and DeepSpeed-Ulysses sequence parallelism (with activation
+recompute), and of TP 2 x Ulysses SP 2, equal the single-rank run's; under --bf16 (one rank, TP 2,
+Ulysses SP 2, DP 2) and --fp16 (TP 2) they stay within the issue's bounds of the fp32 single rank
+(docs/precision.md); exact resume under TP 2; an SP 2 checkpoint resumes at SP 1; a checkpoint of
 another model is refused on another layout."""
 import shutil
 
@@ -13,6 +14,7 @@ from parallel_helpers import (CLIP_GRAD, LAYOUT_ITERS, assert_curriculum_records
                               layout_flags, run_layout, train_records)
 
 TP2 = ["--tensor-model-parallel-size", "2"]
+SP2 = ["--ds-sequence-parallel-size", "2"]
 TP2_RECOMPUTE = ["--checkpoint-activations", "--distribute-saved-activations"]
 SAVE_AT = 10
 
@@ -38,9 +40,11 @@ FP16_LINE = ("precision: fp16 parameters and activations, fp32 master weights an
                     "micro-batches per iteration 4"),
     ("bf16", 2, TP2 + ["--sequence-parallel"], "tensor-parallel 2, pipeline-parallel 1, "
      "data-parallel 1, ZeRO stage 1, micro-batches per iteration 4, sequence-parallel"),
+    ("bf16", 2, SP2, "tensor-parallel 1, pipeline-parallel 1, Ulysses sequence-parallel 2, "
+                     "data-parallel 1, ZeRO stage 1, micro-batches per iteration 4"),
     ("fp16", 2, TP2, "tensor-parallel 2, pipeline-parallel 1, data-parallel 1, ZeRO stage 1, "
                      "micro-batches per iteration 4"),
-], ids=["bf16-one-rank", "bf16-tp2-sequence-parallel", "fp16-tp2"])
+], ids=["bf16-one-rank", "bf16-tp2-sequence-parallel", "bf16-ulysses-sp2", "fp16-tp2"])
 def test_mixed_precision_stays_near_the_fp32_single_rank(precision, num_ranks, layout,
                                                          layout_line, demo_data, tmp_path,
                                                          single_rank_layout_dir):
@@ -123,25 +127,65 @@ def test_tensor_parallel_2_with_recompute_matches_single_rank(tp2_run, single_ra
     assert "parallel_layout.json" in names
 
 
-def test_tp2_dp2_sequence_parallel_full_recompute_zero2_matches_single_rank(
+def test_tp2_ulysses_sp2_sequence_parallel_full_recompute_zero2_matches_single_rank(
         demo_data, tmp_path, single_rank_layout_losses, single_rank_layout_records,
         single_rank_layout_dir):
-    """4 ranks: TP 2 x DP 2 with --sequence-parallel, full recompute and ZeRO-2 (optimizer states
-    and gradients partitioned within each data-parallel group, gradients reduced over it inside
-    the backward). The sequence-parallel sum then runs on each rank's half of the flat gradient,
-    where a norm's weight or bias may straddle the two halves."""
-    losses, proc = run_layout(demo_data, tmp_path, num_ranks=4, extra=TP2 + [
+    """4 ranks: TP 2 x DeepSpeed-Ulysses SP 2, with Megatron-LM's --sequence-parallel inside each
+    TP group, full recompute and ZeRO-2 (optimizer states and gradients partitioned over the
+    sequence-data-parallel group of 2, gradients reduced over it inside the backward). The
+    Megatron sequence-parallel sum then runs on each rank's half of the flat gradient, where a
+    norm's weight or bias may straddle the two halves."""
+    losses, proc = run_layout(demo_data, tmp_path, num_ranks=4, extra=TP2 + SP2 + [
         "--sequence-parallel", "--recompute-granularity", "full", "--recompute-method", "uniform",
         "--recompute-num-layers", "1", "--zero-stage", "2"])
-    assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 2, ZeRO stage 2, "
-            "micro-batches per iteration 2, sequence-parallel, recompute full (uniform, 1 layer)"
-            ) in proc.stdout
+    assert ("tensor-parallel 2, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 1, "
+            "ZeRO stage 2, micro-batches per iteration 4, sequence-parallel, recompute full "
+            "(uniform, 1 layer)") in proc.stdout
     # ZeRO-2: the sequence-parallel sum runs once per step, on the partition (grads.py)
     assert ("sequence-parallel gradients summed over tensor-parallel ranks once per step, on this "
             "rank's ZeRO partition") in proc.stdout
     assert_losses_match(losses, single_rank_layout_losses)
     _assert_grad_norms_match(tmp_path, single_rank_layout_records)  # ZeRO-2: DeepSpeed's norm
     assert_curriculum_records_match(tmp_path, single_rank_layout_dir)
+
+
+@pytest.fixture(scope="module")
+def sp2_run(demo_data, tmp_path_factory):
+    """DeepSpeed-Ulysses SP 2 on 2 ranks (each rank a half of every sequence, the same samples),
+    saving at iteration SAVE_AT."""
+    run_dir = tmp_path_factory.mktemp("sp2")
+    losses, proc = run_layout(demo_data, run_dir, num_ranks=2, extra=SP2 + [
+        "--save", str(run_dir / "ckpt"), "--save-interval", str(SAVE_AT)])
+    return run_dir, losses, proc
+
+
+def test_ulysses_sp2_matches_single_rank(sp2_run, single_rank_layout_losses,
+                                         single_rank_layout_records, single_rank_layout_dir):
+    """Losses, gradient norms, per-dataset losses and every validation group's loss of SP 2 equal
+    the single rank's: the loss of each rank is its share of the whole sequence's, DeepSpeed sums
+    the shares' gradients over the sequence-data-parallel group."""
+    run_dir, losses, proc = sp2_run
+    assert ("tensor-parallel 1, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 1, "
+            "ZeRO stage 0, micro-batches per iteration 4") in proc.stdout
+    assert_losses_match(losses, single_rank_layout_losses)
+    _assert_grad_norms_match(run_dir, single_rank_layout_records)
+    assert_curriculum_records_match(run_dir, single_rank_layout_dir)
+
+
+def test_ulysses_sp2_checkpoint_resumes_at_sp1(sp2_run, demo_data, tmp_path):
+    """SP does not change the parameters: the SP 2 checkpoint of iteration SAVE_AT resumes on one
+    rank (SP 1) with its optimizer state and gives the uninterrupted run's losses."""
+    run_dir, losses, _ = sp2_run
+    ckpt = _checkpoint_at(run_dir / "ckpt", SAVE_AT, tmp_path / "ckpt")
+    flags = layout_flags(demo_data, tmp_path, ["--load", str(ckpt)])
+    flags[flags.index("--data-cache-path") + 1] = str(run_dir / "cache")
+    proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=1)
+    assert ("(tensor-parallel 1, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 1, "
+            "ZeRO stage 0) to tensor-parallel 1, pipeline-parallel 1, data-parallel 1, ZeRO stage 0"
+            ) in proc.stdout
+    resumed = train_records(tmp_path)
+    assert [r["iteration"] for r in resumed] == list(range(SAVE_AT + 1, LAYOUT_ITERS + 1))
+    assert_losses_match([r["lm_loss"] for r in resumed], losses[SAVE_AT:], 1e-5)
 
 
 def _checkpoint_at(src, iteration, dst):

@@ -7,18 +7,19 @@
 #   bash examples/compat/microsoft_sequence_parallel.sh [OUTPUT_DIR] [extra flags]
 #                                     (default runs/compat/ms-seq-parallel; 3 iterations)
 #
-# The originals split the sequence with DeepSpeed-Ulysses (--ds-sequence-parallel-size N) and,
-# in the 6.7B script, FPDT (--ds-sequence-parallel-fpdt, --ds-sequence-parallel-fpdt-chunk-size,
-# --ds-sequence-parallel-fpdt-offloading). This project does not build those: each is refused with
-# one line naming the flag and the replacement, Megatron-LM sequence parallelism
-# (--tensor-model-parallel-size N --sequence-parallel), which this script uses instead (as
-# examples_deepspeed/deepspeed4science/megatron_long_seq_support/ does). Kept otherwise: the
-# token-based budget and LR schedule, --hysteresis, ZeRO 1, --no-pipeline-parallel, rotary
-# embeddings on a quarter of each head with base 1e8, activation checkpointing (with
-# --checkpoint-in-cpu), the TensorBoard extras, the original JSON template, --vocab-file and
-# --merge-file without --tokenizer-type (GPT-2 BPE, as in the original). --fp16 becomes --bf16 on CPU (PRECISION=fp16
-# restores it and the template's fp16 section; see microsoft_gpt_pretrain.sh). Changed otherwise:
-# sizes (2 layers, hidden 64, seq 64 instead of 32k), the data (tools/make_compat_data.py).
+# The originals split the sequence with DeepSpeed-Ulysses (--ds-sequence-parallel-size N), as this
+# script does (SP 2 over the 2 ranks; the 1.3B original has mp_size=1, sp_size=4). The 6.7B
+# script's FPDT (--ds-sequence-parallel-fpdt, --ds-sequence-parallel-fpdt-chunk-size,
+# --ds-sequence-parallel-fpdt-offloading) is not built here: each is refused with one line naming
+# the flag and plain Ulysses as the replacement. Kept otherwise: the token-based budget and LR
+# schedule, --hysteresis, ZeRO 1, --no-pipeline-parallel, rotary embeddings on a quarter of each
+# head with base 1e8, activation checkpointing (with --checkpoint-in-cpu), the TensorBoard extras,
+# the original JSON template, --vocab-file and --merge-file without --tokenizer-type (GPT-2 BPE, as
+# in the original). --fp16 becomes --bf16 on CPU (PRECISION=fp16 restores it and the template's
+# fp16 section; see microsoft_gpt_pretrain.sh). Changed otherwise: sizes (2 layers, hidden 64, seq
+# 64 instead of 32k), the data (tools/make_compat_data.py). TP_SIZE=2 SP_SIZE=1 runs Megatron-LM
+# sequence parallelism (--sequence-parallel) instead, as
+# examples_deepspeed/deepspeed4science/megatron_long_seq_support/ does.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../tools/cpu_env.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -44,9 +45,9 @@ lr_warmup_tokens=$seq_len
 lr_decay_tokens=$train_tokens
 lr_decay_style="cosine"
 
-## The original: mp_size=1, sp_size=4 (Ulysses). Here: TP 2 with Megatron-LM sequence parallelism.
-mp_size=${TP_SIZE:-2}
-# sp_size=4    # --ds-sequence-parallel-size: refused here (see above)
+## The original: mp_size=1, sp_size=4 (Ulysses). Here SP 2 on the 2 ranks.
+mp_size=${TP_SIZE:-1}
+sp_size=${SP_SIZE:-2}
 pp_size=1
 no_pp="true"
 zero_stage=1
@@ -83,7 +84,7 @@ megatron_options=(
     --adam-beta1 0.9
     --adam-beta2 0.95
     --tensor-model-parallel-size $mp_size
-    --sequence-parallel                        # instead of --ds-sequence-parallel-size ${sp_size}
+    --ds-sequence-parallel-size $sp_size
     # --ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size 65536
     # --ds-sequence-parallel-fpdt-offloading   (6.7B FPDT script; refused here)
     --init-method-std $init_std
@@ -128,6 +129,9 @@ megatron_options=(
     --log-validation-ppl-to-tensorboard
     --tensorboard-dir "$tensorboard_path"
 )
+if [[ $mp_size -gt 1 && $sp_size -eq 1 ]]; then
+    megatron_options+=(--sequence-parallel)   # Megatron-LM sequence parallelism instead
+fi
 if [ "${activation_checkpoint}" = "true" ]; then
     megatron_options+=(--checkpoint-activations)
 fi

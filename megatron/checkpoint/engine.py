@@ -27,7 +27,7 @@ from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, che
                                         read_layout, read_param_index, read_tracker,
                                         write_layout, write_model_args, write_tracker)
 from megatron.errors import CheckpointError, ReshardError
-from megatron.parallel.topology import ParallelLayout
+from megatron.parallel.topology import ParallelLayout, current_layout
 from megatron.rank_utils import all_reduce_small, print_rank_0
 
 CHECKPOINT_VERSION = 1
@@ -126,7 +126,8 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
                     load_rng: bool = True, universal: bool = False) -> Optional[TrainingState]:
     """Load the latest complete checkpoint of ``load_dir`` into ``engine``.
 
-    A checkpoint written with another tensor-, pipeline- or data-parallel size or ZeRO stage (or
+    A checkpoint written with another tensor-, pipeline-, sequence- or data-parallel size or ZeRO
+    stage (or
     any checkpoint with ``universal``, ``--universal-checkpoint``) is resharded to this run's
     layout from its ``param_index.json`` (megatron/checkpoint/reshard.py); otherwise DeepSpeed
     loads its own files (and the per-rank RNG states are restored).
@@ -197,17 +198,6 @@ def _load_rng(directory: str, load_dir: str) -> None:
     _raise_on_any_rank(error, load_dir)
 
 
-def current_layout() -> ParallelLayout:
-    """This run's layout from megatron-core's parallel state."""
-    import torch
-    from megatron.core import parallel_state
-
-    return ParallelLayout(tp=parallel_state.get_tensor_model_parallel_world_size(),
-                          pp=parallel_state.get_pipeline_model_parallel_world_size(),
-                          dp=parallel_state.get_data_parallel_world_size(),
-                          world=torch.distributed.get_world_size())
-
-
 def check_same_model_split(directory: str, load_dir: str, layout: ParallelLayout) -> None:
     """Raise :class:`CheckpointError` naming both layouts when the checkpoint in ``directory``
     (one without ``param_index.json``) was written with another tensor or pipeline-parallel
@@ -227,12 +217,14 @@ def check_same_model_split(directory: str, load_dir: str, layout: ParallelLayout
 
 
 def _layout_changed(index: Dict[str, Any], engine) -> bool:
-    """True when the checkpoint described by ``index`` was written with another tensor-, pipeline-
-    or data-parallel size or ZeRO stage than ``engine``'s (DeepSpeed's loader needs the same)."""
+    """True when the checkpoint described by ``index`` was written with another tensor-, pipeline-,
+    Ulysses sequence- or data-parallel size or ZeRO stage than ``engine``'s (DeepSpeed's loader
+    needs the same)."""
     layout = current_layout()
     saved = (index["tensor_model_parallel_size"], index["pipeline_model_parallel_size"],
-             index["data_parallel_size"], index["zero_stage"])
-    return saved != (layout.tp, layout.pp, layout.dp, engine.zero_optimization_stage())
+             index.get("sequence_parallel_size", 1), index["data_parallel_size"],
+             index["zero_stage"])
+    return saved != (layout.tp, layout.pp, layout.sp, layout.dp, engine.zero_optimization_stage())
 
 
 def _load_resharded(engine, load_dir: str, directory: str, index: Dict[str, Any], finetune: bool,

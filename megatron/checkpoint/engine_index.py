@@ -17,6 +17,10 @@ is in layout-independent terms:
   ``zero_pp_rank_D_mp_rank_XX_optim_states.pt`` at stages 1 and 2, whose ``param_slice_mappings``
   locate each parameter in the flat partitions).
 
+A rank's ``dp`` is its rank in the group its ZeRO states are partitioned over: the data-parallel
+group, or with DeepSpeed-Ulysses (``sequence_parallel_size`` > 1) the sequence-data-parallel group
+of ``data_parallel_size x sequence_parallel_size`` ranks, which all hold the same parameters.
+
 megatron/checkpoint/reader.py reads it back (megatron/checkpoint/format.py writes the file). Only
 metadata is written (no tensor is copied).
 """
@@ -119,7 +123,8 @@ def rank_record(engine, directory: str) -> Dict[str, Any]:
         optimizer_file = os.path.basename(engine._get_zero_ckpt_name(tag_dir, tag))
     return {"tp": parallel_state.get_tensor_model_parallel_rank(),
             "pp": parallel_state.get_pipeline_model_parallel_rank(),
-            "dp": parallel_state.get_data_parallel_rank(),
+            "dp": parallel_state.get_data_parallel_rank(
+                with_context_parallel=parallel_state.get_context_parallel_world_size() > 1),
             "model_states_file": model_states_file, "optimizer_file": optimizer_file,
             "groups": _groups(engine, names), "params": params}
 
@@ -144,6 +149,7 @@ def write_param_index(engine, directory: str) -> None:
              "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
              "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
              "data_parallel_size": parallel_state.get_data_parallel_world_size(),
+             "sequence_parallel_size": parallel_state.get_context_parallel_world_size(),
              "zero_stage": int(engine.zero_optimization_stage()),
              "optimizer_format": optimizer_format(engine),
              "ranks": sorted(records, key=lambda r: (r["pp"], r["tp"], r["dp"]))})

@@ -183,6 +183,8 @@ class CheckpointReader:
         index = self.index
         self.tp_size = index["tensor_model_parallel_size"]
         self.dp_size = index["data_parallel_size"]
+        # ranks each replica's ZeRO partitions are spread over (data x Ulysses sequence parallel)
+        self.zero_partitions = self.dp_size * index.get("sequence_parallel_size", 1)
         self.format = index["optimizer_format"]
         for r in index["ranks"]:
             self._ranks[(r["pp"], r["tp"], r["dp"])] = r
@@ -216,7 +218,7 @@ class CheckpointReader:
 
     def _zero_fragments(self, pp: int, tp: int, local: str, numel: int, kind: str) -> torch.Tensor:
         pieces = []
-        for dp in range(self.dp_size):
+        for dp in range(self.zero_partitions):
             osd = self._load_raw(self._ranks[(pp, tp, dp)]["optimizer_file"])["optimizer_state_dict"]
             for group, mapping in enumerate(osd["param_slice_mappings"]):
                 if local in mapping:

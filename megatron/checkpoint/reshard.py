@@ -146,10 +146,11 @@ def load_resharded(engine, saved: CheckpointReader, load_dir: str, load_optimize
                 engine.optimizer.state[p]["step"] = torch.tensor(step, dtype=torch.float32)
     if fmt not in (TORCH_OPTIMIZER, ZERO_OPTIMIZER):  # older fp16 wrappers, weights only:
         engine.optimizer.refresh_fp32_params()  # their fp32 masters from the loaded weights
-    log(f"resharded {saved.directory} (tensor-parallel {saved.tp_size}, pipeline-parallel "
-        f"{saved.index['pipeline_model_parallel_size']}, data-parallel {saved.dp_size}, ZeRO stage "
-        f"{saved.index['zero_stage']}) to tensor-parallel {tp_size}, pipeline-parallel "
-        f"{parallel_state.get_pipeline_model_parallel_world_size()}, data-parallel "
-        f"{parallel_state.get_data_parallel_world_size()}, ZeRO stage "
-        f"{engine.zero_optimization_stage()}"
+    from megatron.parallel.topology import ParallelLayout, current_layout
+
+    index = saved.index
+    was = ParallelLayout(tp=saved.tp_size, pp=index["pipeline_model_parallel_size"],
+                         dp=saved.dp_size, world=0, sp=index.get("sequence_parallel_size", 1))
+    log(f"resharded {saved.directory} ({was.describe()}, ZeRO stage {index['zero_stage']}) to "
+        f"{current_layout().describe()}, ZeRO stage {engine.zero_optimization_stage()}"
         + ("" if load_optimizer else " (weights only)"))

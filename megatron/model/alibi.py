@@ -10,7 +10,9 @@ alone. With ``--prefix-lm`` the same formula holds over the bidirectional prefix
 query get a positive bias there, as in BigScience's non-causal ALiBi runs).
 
 Under tensor parallelism each rank holds ``heads / TP`` consecutive heads and uses their slopes
-(:func:`alibi_slopes_for_partition`).
+(:func:`alibi_slopes_for_partition`); under DeepSpeed-Ulysses sequence parallelism each
+sequence-parallel rank attends with ``1 / SP`` consecutive heads of its tensor-parallel rank's and
+uses theirs.
 """
 import math
 from typing import List
@@ -43,15 +45,35 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(alibi_slope_list(num_heads), dtype=torch.float32)
 
 
-def alibi_slopes_for_partition(num_heads: int, tp_size: int = 1, tp_rank: int = 0) -> torch.Tensor:
-    """Slopes of the heads that tensor-parallel rank ``tp_rank`` of ``tp_size`` holds: heads
-    ``[tp_rank * heads / tp_size, (tp_rank + 1) * heads / tp_size)`` of all ``num_heads``."""
-    if num_heads % tp_size:
-        raise ValueError(f"{num_heads} heads do not split over tensor-parallel size {tp_size}")
-    if not 0 <= tp_rank < tp_size:
-        raise ValueError(f"tensor-parallel rank {tp_rank} outside [0, {tp_size})")
-    per_rank = num_heads // tp_size
-    return alibi_slopes(num_heads)[tp_rank * per_rank:(tp_rank + 1) * per_rank]
+def alibi_head_range(num_heads: int, tp_size: int = 1, tp_rank: int = 0, sp_size: int = 1,
+                     sp_rank: int = 0) -> range:
+    """The heads (of all ``num_heads``) that tensor-parallel rank ``tp_rank`` of ``tp_size`` holds,
+    and of those the ones Ulysses sequence-parallel rank ``sp_rank`` of ``sp_size`` attends with:
+    ``heads / TP`` consecutive heads per tensor-parallel rank, split into ``SP`` consecutive runs
+    (the order of DeepSpeed's head all-to-all)."""
+    if num_heads % (tp_size * sp_size):
+        raise ValueError(f"{num_heads} heads do not split over tensor-parallel size {tp_size} x "
+                         f"sequence-parallel size {sp_size}")
+    if not 0 <= tp_rank < tp_size or not 0 <= sp_rank < sp_size:
+        raise ValueError(f"tensor-parallel rank {tp_rank} outside [0, {tp_size}) or "
+                         f"sequence-parallel rank {sp_rank} outside [0, {sp_size})")
+    per_sp = num_heads // (tp_size * sp_size)
+    start = tp_rank * (num_heads // tp_size) + sp_rank * per_sp
+    return range(start, start + per_sp)
+
+
+def alibi_slope_list_for_partition(num_heads: int, tp_size: int = 1, tp_rank: int = 0,
+                                   sp_size: int = 1, sp_rank: int = 0) -> List[float]:
+    """The slopes of the heads :func:`alibi_head_range` gives (a Python list of floats)."""
+    heads = alibi_head_range(num_heads, tp_size, tp_rank, sp_size, sp_rank)
+    return alibi_slope_list(num_heads)[heads.start:heads.stop]
+
+
+def alibi_slopes_for_partition(num_heads: int, tp_size: int = 1, tp_rank: int = 0,
+                               sp_size: int = 1, sp_rank: int = 0) -> torch.Tensor:
+    """``[heads of this rank]`` float32 tensor of :func:`alibi_slope_list_for_partition`."""
+    return torch.tensor(alibi_slope_list_for_partition(num_heads, tp_size, tp_rank, sp_size,
+                                                       sp_rank), dtype=torch.float32)
 
 
 def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:

@@ -127,15 +127,18 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
                               te_version: Optional[Tuple[int, int]] = None,
                               flash_attn: Tuple[str, ...] = (),
                               te_problem: Optional[str] = None,
-                              dense_scores_mib: Optional[float] = None) -> AttentionBackend:
+                              dense_scores_mib: Optional[float] = None,
+                              sequence_parallel_size: int = 1) -> AttentionBackend:
     """The backend for ``requested`` (one of :data:`ATTENTION_BACKEND_CHOICES`) on ``device_type``
     (``cpu``/``cuda``), given whether TE imports (``te_problem``: why not, when installed), its
     ``te_version`` (major, minor) and the installed ``flash_attn`` distributions,
     ``--transformer-impl``, whether batches carry segments or prefixes (and prefixes:
     ``--prefix-lm``), ``--attention-dropout``, whether the model trains and whether it uses
     ALiBi (see the module docstring); ``dense_scores_mib``: the size of one ``[b, h, s, s]``
-    tensor of this run (MiB), for the cost note. Raises ArgumentError when an explicit choice
-    cannot run."""
+    tensor of this run (MiB), for the cost note; ``sequence_parallel_size``:
+    ``--ds-sequence-parallel-size`` (Transformer Engine's attention is not run inside the Ulysses
+    all-to-all: refused when asked for, passed over by ``auto``). Raises ArgumentError when an
+    explicit choice cannot run."""
     if requested not in ATTENTION_BACKEND_CHOICES:
         raise _error(requested, f"unknown; choose one of {', '.join(ATTENTION_BACKEND_CHOICES)}")
     if requested in ("sdpa", "local"):
@@ -152,6 +155,10 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
         return AttentionBackend("flex", requested, "explicit")
     unfused_cost = _unfused_cost(dense_scores_mib) if prefix_batches else ""
     if requested in TE_BACKENDS:
+        if sequence_parallel_size > 1:
+            raise _error(requested, f"Transformer Engine's attention does not run inside the "
+                                    f"DeepSpeed-Ulysses all-to-all here (--ds-sequence-parallel-size "
+                                    f"{sequence_parallel_size}); use sdpa, flex or auto")
         if not te_available:
             why = te_problem or "Transformer Engine is not installed (pip install transformer-engine[pytorch])"
             raise _error(requested, f"{why}; use sdpa or flex")
@@ -171,7 +178,8 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
     # auto
     if device_type != "cuda":
         return AttentionBackend("sdpa", requested, "CPU: SDPA (FlexAttention has no CPU backward)")
-    te_ok = te_available and transformer_impl == "transformer_engine"
+    te_ok = (te_available and transformer_impl == "transformer_engine"
+             and sequence_parallel_size == 1)
     if structured_batches:
         if flex_available and attention_dropout == 0:
             return AttentionBackend("flex", requested, "GPU, packed/prefix batches: block-sparse FlexAttention")
@@ -201,9 +209,10 @@ def batches_have_structure(args) -> bool:
 
 def dense_scores_mib(args) -> float:
     """MiB of one ``[b, h, s, s]`` tensor of attention probabilities of this run: micro batch x
-    this rank's heads x seq-length squared, in the parameters' dtype."""
+    this rank's heads (over TP x Ulysses SP) x seq-length squared, in the parameters' dtype."""
     element = 2 if (getattr(args, "bf16", False) or getattr(args, "fp16", False)) else 4
-    heads = args.num_attention_heads / max(args.tensor_model_parallel_size, 1)
+    heads = args.num_attention_heads / (max(args.tensor_model_parallel_size, 1)
+                                        * getattr(args, "ds_sequence_parallel_size", 1))
     return args.micro_batch_size * heads * args.seq_length ** 2 * element / 2 ** 20
 
 
@@ -235,7 +244,8 @@ def resolve_attention_backend_from_args(args, te=None, device_type: Optional[str
         alibi=args.position_embedding_type == "alibi",
         prefix_batches=bool(getattr(args, "prefix_lm", False)), te_version=te.version,
         flash_attn=te.flash_attn, te_problem=te.describe_absence() if te.problem else None,
-        dense_scores_mib=dense_scores_mib(args))
+        dense_scores_mib=dense_scores_mib(args),
+        sequence_parallel_size=getattr(args, "ds_sequence_parallel_size", 1))
 
 
 def attention_backend_from_args(args) -> AttentionBackend:
@@ -257,8 +267,10 @@ def check_backend_trains(args, device_type: Optional[str] = None) -> None:
         raise _error(backend.requested, FLEX_NO_CPU_BACKWARD)
 
 
-def core_attention_spec(backend: AttentionBackend, alibi: bool):
-    """The core-attention ``ModuleSpec`` of ``backend`` (``alibi``: add ALiBi biases)."""
+def core_attention_spec(backend: AttentionBackend, alibi: bool, sequence_parallel_size: int = 1):
+    """The core-attention ``ModuleSpec`` of ``backend`` (``alibi``: add ALiBi biases); with
+    DeepSpeed-Ulysses (``sequence_parallel_size`` > 1) the backend inside
+    megatron/parallel/ulysses.py's ``UlyssesAttention``."""
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     if backend.name == "sdpa":
@@ -276,6 +288,11 @@ def core_attention_spec(backend: AttentionBackend, alibi: bool):
         from megatron.model.core_attention import SharedAttentionForms
 
         params["shared_forms"] = SharedAttentionForms()
+    if sequence_parallel_size > 1:
+        from megatron.parallel.ulysses import UlyssesAttention
+
+        return ModuleSpec(module=UlyssesAttention,
+                          params={"local_attention": cls, "local_params": params})
     return ModuleSpec(module=cls, params=params)
 
 

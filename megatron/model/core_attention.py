@@ -10,7 +10,7 @@ model-parallel RNG stream (:meth:`StructuredCoreAttention.dropout_rng`), as its
 ``DotProductAttention`` does.
 """
 import contextlib
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -20,7 +20,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
-from megatron.model.alibi import alibi_slope_list
+from megatron.model.alibi import alibi_slope_list_for_partition
 from megatron.model.masks import AttentionStructure
 
 
@@ -41,7 +41,9 @@ class SharedAttentionForms:
 
 class StructuredCoreAttention(DotProductAttention):
     """Base class: megatron-core's constructor (head partitioning, softmax scale, dropout) plus
-    ``alibi`` (ALiBi slopes of this rank's heads) and ``shared_forms`` (a
+    ``alibi`` (ALiBi slopes of this rank's heads), ``sequence_shard`` ((rank, size) in the
+    DeepSpeed-Ulysses group: this module then attends with that share of the tensor-parallel
+    rank's heads, megatron/parallel/ulysses.py) and ``shared_forms`` (a
     :class:`SharedAttentionForms` shared with the other layers; a private one when not given);
     subclasses implement :meth:`attend`."""
 
@@ -50,18 +52,18 @@ class StructuredCoreAttention(DotProductAttention):
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
                  attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
                  cp_comm_type: Optional[str] = None, pg_collection=None, alibi: bool = False,
-                 shared_forms: Optional[SharedAttentionForms] = None):
+                 shared_forms: Optional[SharedAttentionForms] = None,
+                 sequence_shard: Tuple[int, int] = (0, 1)):
         super().__init__(config, layer_number, attn_mask_type, attention_type,
                          attention_dropout=attention_dropout, softmax_scale=softmax_scale,
                          cp_comm_type=cp_comm_type, pg_collection=pg_collection)
         self.shared_forms = shared_forms if shared_forms is not None else SharedAttentionForms()
         self.alibi_slope_values = None
         if alibi:
-            tp_size, tp_rank = self.tp_group.size(), self.tp_group.rank()
-            per_rank = self.num_attention_heads_per_partition
-            self.alibi_slope_values = alibi_slope_list(config.num_attention_heads)[
-                tp_rank * per_rank:(tp_rank + 1) * per_rank]
-            assert len(self.alibi_slope_values) * tp_size == config.num_attention_heads
+            sp_rank, sp_size = sequence_shard
+            self.alibi_slope_values = alibi_slope_list_for_partition(
+                config.num_attention_heads, self.tp_group.size(), self.tp_group.rank(),
+                sp_size, sp_rank)
         self._slopes_on: Dict[torch.device, Tensor] = {}
 
     def alibi_slopes(self, device) -> Optional[Tensor]:

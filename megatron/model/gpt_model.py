@@ -128,7 +128,8 @@ def layer_spec_from_args(args) -> ModuleSpec:
     if not hasattr(attention, "core_attention"):
         raise AttributeError("layer spec has no self_attention.submodules.core_attention to set")
     attention.core_attention = core_attention_spec(
-        backend, alibi=args.position_embedding_type == ALIBI)
+        backend, alibi=args.position_embedding_type == ALIBI,
+        sequence_parallel_size=getattr(args, "ds_sequence_parallel_size", 1))
     return spec
 
 
@@ -158,7 +159,8 @@ def build_gpt_model(args) -> GPTModel:
     # TP size is the same model (megatron/model/vocab_padding.py)
     mask_output_layer_padding(model.output_layer, getattr(args, "vocab_size", None),
                               args.padded_vocab_size)
-    use_device_rotary_embedding(model)  # --position-embedding-type rope without a GPU too
+    # --position-embedding-type rope without a GPU too, at each Ulysses rank's global positions
+    use_device_rotary_embedding(model, sequence_parallel=getattr(args, "ds_sequence_parallel_size", 1) > 1)
     if args.embed_layernorm:  # BLOOM: LayerNorm on the word embeddings
         add_embedding_layernorm(model.embedding, config)
     initialize_parameters(model.named_parameters(), config, args.seed)

@@ -18,15 +18,32 @@ def vocab_parallel_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tor
     return loss.transpose(0, 1).contiguous()
 
 
-def masked_lm_loss(per_token: torch.Tensor,
-                   loss_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def masked_lm_loss(per_token: torch.Tensor, loss_mask: torch.Tensor,
+                   sequence_group=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(loss, per-sample loss) of one micro batch: ``loss = sum(per_token * mask) / sum(mask)`` over
     the micro batch (a weighted mask, as T0's ``--norm-target-loss`` makes, weights each token), and
     per sample ``sum(per_token * mask) / sum(mask)`` over its tokens (detached, for per-dataset
-    logging). Both in float32; empty masks count as one token so nothing divides by zero."""
+    logging). Both in float32; empty masks count as one token so nothing divides by zero.
+
+    ``sequence_group``: the DeepSpeed-Ulysses group when each rank holds a slice of every sequence
+    (megatron/parallel/ulysses.py). The sums and token counts are then summed over the group (one
+    all-reduce on the device), so both values are those of the whole sequences, the same on every
+    rank of the group; the gradient of ``loss`` is that of this rank's share (its masked sum over
+    the whole token count), which DeepSpeed's sum over the group makes the whole loss's gradient.
+    """
     mask = loss_mask.float()
     per_token = per_token.float() * mask
+    sample_sums = per_token.sum(dim=1)
     tokens_per_sample = mask.sum(dim=1)
-    loss = per_token.sum() / tokens_per_sample.sum().clamp(min=1.0)
-    per_sample = per_token.sum(dim=1) / tokens_per_sample.clamp(min=1.0)
-    return loss, per_sample.detach()
+    if sequence_group is None:
+        loss = per_token.sum() / tokens_per_sample.sum().clamp(min=1.0)
+        per_sample = sample_sums / tokens_per_sample.clamp(min=1.0)
+        return loss, per_sample.detach()
+    totals = torch.cat([sample_sums.detach(), tokens_per_sample])
+    torch.distributed.all_reduce(totals, group=sequence_group)
+    b = sample_sums.numel()
+    whole_sums, whole_tokens = totals[:b], totals[b:]
+    count = whole_tokens.sum().clamp(min=1.0)
+    share = sample_sums.sum() / count  # this rank's part of the loss: carries the gradient
+    loss = share + (whole_sums.sum() / count - share.detach())  # value: the whole loss
+    return loss, (whole_sums / whole_tokens.clamp(min=1.0)).detach()

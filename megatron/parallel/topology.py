@@ -1,4 +1,5 @@
-"""The parallel layout (tensor x pipeline x data parallel) and its one owner of process groups.
+"""The parallel layout (tensor x pipeline x DeepSpeed-Ulysses sequence x data parallel) and its one
+owner of process groups.
 
 megatron-core's ``parallel_state`` creates every process group; DeepSpeed sees them through
 :class:`MegatronCoreMPU` (the ``mpu`` object Megatron-DeepSpeed passes to ``deepspeed.initialize``)
@@ -6,6 +7,15 @@ and, for its pipeline engine, through :func:`deepspeed_topology`, whose rank -> 
 coordinates are the same as ``parallel_state``'s (checked by :func:`check_topology_matches`).
 Rank order is megatron-core's default ``tp-cp-ep-dp-pp``: tensor-parallel ranks are adjacent,
 pipeline stages are farthest apart, which is DeepSpeed's ``['pipe', 'data', 'model']`` axis order.
+
+DeepSpeed-Ulysses sequence parallelism (``--ds-sequence-parallel-size``, megatron/parallel/ulysses.py)
+runs on megatron-core's context-parallel dimension: its groups are the ranks that hold slices of
+one sequence (``cp`` in the rank order, between tensor and data parallel), so the
+sequence-parallel group is ``parallel_state``'s context-parallel group and the
+sequence-data-parallel group (over which DeepSpeed reduces gradients and partitions ZeRO states)
+is its data-parallel group with context parallelism. The model itself is built with
+``context_parallel_size`` 1 in its ``TransformerConfig``: megatron-core's ring attention never
+runs, the Ulysses all-to-all does.
 """
 from dataclasses import dataclass
 
@@ -14,33 +24,46 @@ import torch
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """How ``world`` ranks are split: ``tp`` x ``pp`` x ``dp`` = ``world``."""
+    """How ``world`` ranks are split: ``tp`` x ``pp`` x ``sp`` x ``dp`` = ``world`` (``sp``: the
+    DeepSpeed-Ulysses sequence-parallel size, ``--ds-sequence-parallel-size``)."""
 
     tp: int
     pp: int
     dp: int
     world: int
+    sp: int = 1
 
     @classmethod
     def from_args(cls, args) -> "ParallelLayout":
         """The layout validated by ``validate_args`` (``args.data_parallel_size`` is set there)."""
         return cls(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                   dp=args.data_parallel_size, world=args.world_size)
+                   dp=args.data_parallel_size, world=args.world_size,
+                   sp=getattr(args, "ds_sequence_parallel_size", 1))
 
     def describe(self) -> str:
-        """``tensor-parallel T, pipeline-parallel P, data-parallel D`` (the start-up line's part)."""
-        return f"tensor-parallel {self.tp}, pipeline-parallel {self.pp}, data-parallel {self.dp}"
+        """``tensor-parallel T, pipeline-parallel P[, Ulysses sequence-parallel S], data-parallel
+        D`` (the start-up line's part; the Ulysses size only when above 1)."""
+        ulysses = f", Ulysses sequence-parallel {self.sp}" if self.sp > 1 else ""
+        return (f"tensor-parallel {self.tp}, pipeline-parallel {self.pp}{ulysses}, "
+                f"data-parallel {self.dp}")
+
+    @property
+    def zero_partitions(self) -> int:
+        """Ranks one model replica's ZeRO states are partitioned over (and its gradients reduced
+        over): data x Ulysses sequence parallel."""
+        return self.dp * self.sp
 
     def as_dict(self) -> dict:
         """The layout as stored in checkpoints."""
         return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": self.pp,
-                "data_parallel_size": self.dp, "world_size": self.world}
+                "sequence_parallel_size": self.sp, "data_parallel_size": self.dp,
+                "world_size": self.world}
 
 
 def initialize_model_parallel(args) -> None:
-    """Create megatron-core's tensor/pipeline/data-parallel groups for ``args``' layout (once;
-    ``torch.distributed`` must be initialised) and check that DeepSpeed's pipeline topology puts
-    every rank at the same coordinates."""
+    """Create megatron-core's tensor/pipeline/(context = Ulysses sequence)/data-parallel groups
+    for ``args``' layout (once; ``torch.distributed`` must be initialised) and check that
+    DeepSpeed's topology puts every rank at the same coordinates."""
     from megatron.core import parallel_state
     from megatron.parallel.cpu_buffers import allocate_megatron_core_buffers_on_cpu
 
@@ -51,15 +74,31 @@ def initialize_model_parallel(args) -> None:
                            f"{torch.distributed.get_world_size()}")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp)
+            tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+            context_parallel_size=layout.sp)
     check_topology_matches(layout)
+
+
+def current_layout() -> ParallelLayout:
+    """This run's layout from megatron-core's parallel state (initialised)."""
+    from megatron.core import parallel_state
+
+    return ParallelLayout(tp=parallel_state.get_tensor_model_parallel_world_size(),
+                          pp=parallel_state.get_pipeline_model_parallel_world_size(),
+                          dp=parallel_state.get_data_parallel_world_size(),
+                          world=torch.distributed.get_world_size(),
+                          sp=parallel_state.get_context_parallel_world_size())
 
 
 def deepspeed_topology(layout: ParallelLayout):
     """DeepSpeed's ``PipeModelDataParallelTopology`` for ``layout`` (what ``PipelineModule`` takes
-    as ``topology=``)."""
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    as ``topology=``); with Ulysses sequence parallelism (no pipe then) a ``ProcessTopology`` with
+    a ``sequence`` axis between ``data`` and ``model``, megatron-core's rank order."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, ProcessTopology
 
+    if layout.sp > 1:
+        return ProcessTopology(axes=["pipe", "data", "sequence", "model"],
+                               dims=[layout.pp, layout.dp, layout.sp, layout.tp])
     return PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
 
 
@@ -74,16 +113,20 @@ def check_topology_matches(layout: ParallelLayout) -> None:
     coord = topo.get_coord(me)
     ours = (parallel_state.get_pipeline_model_parallel_rank(),
             parallel_state.get_data_parallel_rank(),
+            parallel_state.get_context_parallel_rank(),
             parallel_state.get_tensor_model_parallel_rank())
-    if (coord.pipe, coord.data, coord.model) != ours:
-        raise RuntimeError(f"rank {me}: DeepSpeed topology (pipe, data, model) = "
-                           f"{(coord.pipe, coord.data, coord.model)} but megatron-core parallel_state "
-                           f"(pipeline, data, tensor) = {ours}")
+    theirs = (coord.pipe, coord.data, getattr(coord, "sequence", 0), coord.model)
+    if theirs != ours:
+        raise RuntimeError(f"rank {me}: DeepSpeed topology (pipe, data, sequence, model) = "
+                           f"{theirs} but megatron-core parallel_state (pipeline, data, context, "
+                           f"tensor) = {ours}")
     groups = {
         "model": parallel_state.get_tensor_model_parallel_group(),
         "data": parallel_state.get_data_parallel_group(),
         "pipe": parallel_state.get_pipeline_model_parallel_group(),
     }
+    if layout.sp > 1:
+        groups["sequence"] = parallel_state.get_context_parallel_group()
     for axis, group in groups.items():
         ours = sorted(torch.distributed.get_process_group_ranks(group))
         theirs = sorted(topo.get_axis_comm_lists(axis)[_index_of(topo.get_axis_comm_lists(axis), me)])
@@ -141,6 +184,28 @@ class MegatronCoreMPU:
 
     def get_data_parallel_group_ranks(self):
         return torch.distributed.get_process_group_ranks(self.get_data_parallel_group())
+
+    # DeepSpeed-Ulysses sequence (megatron-core's context-parallel dimension)
+    def get_sequence_parallel_group(self):
+        return self._ps().get_context_parallel_group()
+
+    def get_sequence_parallel_world_size(self) -> int:
+        return self._ps().get_context_parallel_world_size()
+
+    def get_sequence_parallel_rank(self) -> int:
+        return self._ps().get_context_parallel_rank()
+
+    # data x sequence: where DeepSpeed reduces gradients and partitions ZeRO states
+    def get_sequence_data_parallel_group(self):
+        if self.get_sequence_parallel_world_size() == 1:
+            return self.get_data_parallel_group()
+        return self._ps().get_data_parallel_group(with_context_parallel=True)
+
+    def get_sequence_data_parallel_world_size(self) -> int:
+        return torch.distributed.get_world_size(self.get_sequence_data_parallel_group())
+
+    def get_sequence_data_parallel_rank(self) -> int:
+        return torch.distributed.get_rank(self.get_sequence_data_parallel_group())
 
     # tensor
     def get_tensor_model_parallel_group(self):

@@ -206,32 +206,48 @@ def t0_flags(toy, run_dir, extra=()):
         "--prefix-lm", "--norm-target-loss", *extra]
 
 
-def test_t0_prefix_lm_under_pp2_equals_pp1(toy, tmp_path):
+@pytest.mark.parametrize("name, ranks, extra, layout", [
+    ("pp2", 4, ["--pipeline-model-parallel-size", "2"],
+     "tensor-parallel 1, pipeline-parallel 2, data-parallel 2, ZeRO stage 1"),
+    ("ulysses-sp2", 2, ["--ds-sequence-parallel-size", "2"],
+     "tensor-parallel 1, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 1"),
+], ids=["pp2", "ulysses-sp2"])
+def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, extra, layout, toy, tmp_path,
+                                                     t0_one_rank):
     """Packed prefix-LM batches (segment_ids, is_prefix), --norm-target-loss weights, per-dataset
-    losses, named validation groups and a batch-size rampup (the pipe engine's micro-batch count
-    changes between iterations) under PP 2 x DP 2 (ZeRO stage 1, 4 ranks) give the PP 1 numbers."""
-    runs, logs = {}, {}
-    for name, ranks, extra in (("pp1", 1, []), ("pp2", 4, ["--pipeline-model-parallel-size", "2"])):
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        proc = run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, extra), num_ranks=ranks)
-        logs[name] = proc.stdout
-        runs[name] = read_jsonl(run_dir / "metrics.jsonl")
-    assert "tensor-parallel 1, pipeline-parallel 2, data-parallel 2, ZeRO stage 1" in logs["pp2"]
+    losses, named validation groups and a batch-size rampup give the one-rank numbers under PP 2 x
+    DP 2 (ZeRO stage 1, 4 ranks: the pipe engine's micro-batch count changes between iterations)
+    and under DeepSpeed-Ulysses SP 2 (each rank half of every packed sequence, attention over the
+    whole sequence for half the heads; ALiBi and RoPE there: tests/test_ulysses.py)."""
+    reference = t0_one_rank
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    proc = run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, extra), num_ranks=ranks)
+    assert layout in proc.stdout
+    runs = {"layout": read_jsonl(run_dir / "metrics.jsonl"), "one": reference}
     train = {k: [r for r in v if "split" not in r] for k, v in runs.items()}
-    assert [r["iteration"] for r in train["pp2"]] == list(range(1, T0_ITERS + 1))
-    assert [r["global_batch_size"] for r in train["pp2"]][:2] == [4, 4]
-    assert train["pp2"][-1]["global_batch_size"] == 8
-    assert_losses_match([r["lm_loss"] for r in train["pp2"]], [r["lm_loss"] for r in train["pp1"]])
-    for got, ref in zip(train["pp2"], train["pp1"]):  # per-dataset losses come from the last stage
+    assert [r["iteration"] for r in train["layout"]] == list(range(1, T0_ITERS + 1))
+    assert [r["global_batch_size"] for r in train["layout"]][:2] == [4, 4]
+    assert train["layout"][-1]["global_batch_size"] == 8
+    assert_losses_match([r["lm_loss"] for r in train["layout"]],
+                        [r["lm_loss"] for r in train["one"]])
+    for got, ref in zip(train["layout"], train["one"]):  # per-dataset losses (PP: the last stage)
         assert set(got["per_dataset_loss"]) == set(ref["per_dataset_loss"]) != set()
         assert got["per_dataset_loss"] == pytest.approx(ref["per_dataset_loss"], rel=1e-4)
     evals = {k: [(r["iteration"], r["group"], r["lm_loss"]) for r in v if r.get("split") == "valid"]
              for k, v in runs.items()}
     expected = [(it, g) for it in (10, 20) for g in ("animal_or_object", "copy_valid")]
-    assert [(it, g) for it, g, _ in evals["pp2"]] == expected
-    assert [loss for *_, loss in evals["pp2"]] == pytest.approx([loss for *_, loss in evals["pp1"]],
-                                                                rel=1e-4)
+    assert [(it, g) for it, g, _ in evals["layout"]] == expected
+    assert [loss for *_, loss in evals["layout"]] == pytest.approx(
+        [loss for *_, loss in evals["one"]], rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def t0_one_rank(toy, tmp_path_factory):
+    """The metrics records of the one-rank T0 run the layouts are compared with."""
+    run_dir = tmp_path_factory.mktemp("t0_one_rank")
+    run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir), num_ranks=1)
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def test_tied_embedding_gradient_is_the_sum_over_both_stages(tmp_path):

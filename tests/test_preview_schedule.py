@@ -183,3 +183,17 @@ def test_preview_refuses_non_finite_schedule_values(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"'lr'\[2\] is nan"):
         preview_schedule._write_json({"lr": np.asarray([0.1, 0.2, np.nan])}, str(out))
     assert not out.exists()
+
+
+def test_preview_under_ulysses_counts_data_parallel_ranks_only(tmp_path):
+    """--ds-sequence-parallel-size splits sequences, not batches: 4 ranks at SP 2 preview the same
+    rampup and schedule as 2 data-parallel ranks, and a layout it cannot run is refused."""
+    flags = BASE + ("--global-batch-size 16 --rampup-batch-size 4 4 64 --train-iters 20 --lr 1e-3 "
+                    "--lr-decay-style cosine").split()
+    sp = preview_schedule.preview(preview_schedule.parse_preview_args(
+        flags + ["--world-size", "4", "--ds-sequence-parallel-size", "2"]))
+    dp = preview_schedule.preview(preview_schedule.parse_preview_args(flags + ["--world-size", "2"]))
+    assert sp == dp
+    with pytest.raises(SystemExit):
+        preview_schedule.parse_preview_args(flags + ["--world-size", "6",
+                                                     "--ds-sequence-parallel-size", "3"])

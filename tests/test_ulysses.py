@@ -106,8 +106,11 @@ def test_data_parallel_size_is_world_over_tp_pp_sp():
     (["2"], 3, ["world size 3 is not divisible by --tensor-model-parallel-size 1 x "
                 "--pipeline-model-parallel-size 1 x --ds-sequence-parallel-size 2 (= 2)"]),
     (["0"], 2, ["--ds-sequence-parallel-size 0 must be positive"]),
+    (["2", "--zero-stage", "3"], 2, ["--ds-sequence-parallel-size 2 with ZeRO stage 3: DeepSpeed's "
+                                     "ZeRO-3 reduce-scatter averages the gradients over the "
+                                     "sequence-parallel ranks", "use --zero-stage 1 or 2"]),
 ], ids=["heads", "heads-per-tp-rank", "query-groups", "seq-length", "pipeline", "with-megatron-sp",
-        "world", "zero"])
+        "world", "zero", "zero-3"])
 def test_impossible_ulysses_layouts_are_refused_naming_the_values(extra, world, fragments):
     from megatron.errors import ArgumentError
 
@@ -156,3 +159,18 @@ def test_model_at_sp2_equals_the_whole_sequence_on_one_rank(tmp_path):
     slopes = alibi_slope_list(4)
     assert records[0]["alibi_packed_prefix"]["alibi_slopes"] == slopes[:2]
     assert records[1]["alibi_packed_prefix"]["alibi_slopes"] == slopes[2:]
+
+
+def test_deepspeed_json_sequence_parallel_size_must_agree_with_the_flag(tmp_path):
+    """A --deepspeed_config naming another sequence_parallel_size than the flag is an error that
+    names both; agreeing values pass."""
+    from megatron.errors import ArgumentError
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"sequence_parallel_size": 2}))
+    assert parse(ULYSSES + ["2", "--deepspeed_config", str(path)],
+                 world_size=2).ds_sequence_parallel_size == 2
+    with pytest.raises(ArgumentError, match=r"sequence_parallel_size=2 disagrees with "
+                                            r"--ds-sequence-parallel-size 1 .*give "
+                                            r"--ds-sequence-parallel-size 2"):
+        parse(["--deepspeed_config", str(path)], world_size=2)

@@ -38,7 +38,8 @@ def ulysses_layout_problem(args) -> Optional[str]:
     """Why ``--ds-sequence-parallel-size`` cannot run with the other flags of ``args`` (one
     sentence naming the values and what works instead), or None. Checks the heads (and query
     groups) of each tensor-parallel rank and the sequence length against the size, and refuses
-    pipeline parallelism."""
+    pipeline parallelism and ZeRO stage 3 (whose gradient reduction DeepSpeed does not adjust
+    for Ulysses)."""
     sp = args.ds_sequence_parallel_size
     if sp == 1:
         return None
@@ -50,6 +51,10 @@ def ulysses_layout_problem(args) -> Optional[str]:
                 "group Ulysses needs; use --pipeline-model-parallel-size 1 (with "
                 "--tensor-model-parallel-size for the model's memory)")
     problems = []
+    if getattr(args, "zero_stage", None) == 3:
+        problems.append(f"{flag} with ZeRO stage 3: DeepSpeed's ZeRO-3 reduce-scatter averages the "
+                        "gradients over the sequence-parallel ranks where they must be summed (its "
+                        "stage 1/2 and stage 0 reductions sum them); use --zero-stage 1 or 2")
     heads, groups = args.num_attention_heads, args.num_query_groups or args.num_attention_heads
     if heads % tp == 0 and groups % tp == 0:
         per_rank_heads, per_rank_groups = heads // tp, groups // tp

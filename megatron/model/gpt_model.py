@@ -127,9 +127,10 @@ def layer_spec_from_args(args) -> ModuleSpec:
     attention = spec.submodules.self_attention.submodules
     if not hasattr(attention, "core_attention"):
         raise AttributeError("layer spec has no self_attention.submodules.core_attention to set")
+    ulysses = getattr(args, "ds_sequence_parallel_size", 1)
     attention.core_attention = core_attention_spec(
         backend, alibi=args.position_embedding_type == ALIBI,
-        sequence_parallel_size=getattr(args, "ds_sequence_parallel_size", 1))
+        **({"sequence_parallel_size": ulysses} if ulysses > 1 else {}))
     return spec
 
 

@@ -3,7 +3,9 @@ a GPU machine, through the deepspeed launcher and the real training loop (bf16, 
 
 Layouts (each skipped when the machine has fewer GPUs than it needs; the rest of the GPUs are
 data parallel): TP 1; TP 1 + full recompute; TP 2; TP 2 + sequence parallel; PP 2 (DeepSpeed's
-pipe engine); TP 2 x PP 2. Per layout: median tokens/s over the iterations after ``--warmup``
+pipe engine); TP 2 x PP 2; DeepSpeed-Ulysses SP 2 (``--ds-sequence-parallel-size 2``, the
+all-to-all around core attention; for long sequences, e.g. ``--seq-length 8192
+--micro-batch-size 1``). Per layout: median tokens/s over the iterations after ``--warmup``
 (from the loop's own ``--metrics-jsonl``, one record per iteration, so the first iterations,
 which compile the fused kernels and FlexAttention, are not timed), tokens/s/GPU, and MFU = model
 FLOPs per token x tokens/s/GPU / peak FLOP/s of the GPU (:data:`PEAK_TFLOPS`, dense bf16).
@@ -12,7 +14,7 @@ for this dense GPT: each GEMM counted 3 times (forward, weight and data gradient
 multiply-add, causal attention as half the square, recompute not counted.
 
     python benchmarks/gpu/layouts_throughput.py [--gpus N] [--peak-tflops 989] [--iters 20]
-        [--warmup 5] [--layouts tp1 tp2 tp2-sp pp2] [--micro-batch-size 4] [--json F]
+        [--warmup 5] [--layouts tp1 tp2 tp2-sp pp2 sp2] [--micro-batch-size 4] [--json F]
     python benchmarks/gpu/layouts_throughput.py --device cpu --tiny   # dry run of the script
 
 The data is the embedded byte-level demo corpus (tools/make_demo_data.py), so the vocabulary is
@@ -28,15 +30,22 @@ import tempfile
 from statistics import median
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-LAYOUTS = {  # name: (tensor-parallel, pipeline-parallel, extra flags)
-    "tp1": (1, 1, []),
-    "tp1-recompute": (1, 1, ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                             "--recompute-num-layers", "1"]),
-    "tp2": (2, 1, []),
-    "tp2-sp": (2, 1, ["--sequence-parallel"]),
-    "pp2": (1, 2, []),
-    "tp2-pp2": (2, 2, []),
+LAYOUTS = {  # name: (tensor-parallel, pipeline-parallel, Ulysses sequence-parallel, extra flags)
+    "tp1": (1, 1, 1, []),
+    "tp1-recompute": (1, 1, 1, ["--recompute-granularity", "full", "--recompute-method",
+                                "uniform", "--recompute-num-layers", "1"]),
+    "tp2": (2, 1, 1, []),
+    "tp2-sp": (2, 1, 1, ["--sequence-parallel"]),
+    "pp2": (1, 2, 1, []),
+    "tp2-pp2": (2, 2, 1, []),
+    "sp2": (1, 1, 2, []),
 }
+
+
+def gpus_per_replica(name: str) -> int:
+    """GPUs one model replica of layout ``name`` spans: TP x PP x Ulysses SP."""
+    tp, pp, sp, _ = LAYOUTS[name]
+    return tp * pp * sp
 # Dense bf16 tensor-core peak per GPU (TFLOP/s, NVIDIA data sheets, no sparsity); the first name
 # contained in torch.cuda.get_device_name() wins, so the specific ones come first.
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4),
@@ -84,10 +93,10 @@ def validate(opts) -> None:
 
 def run_layout(opts, name: str, data_prefix: str, work: str):
     """(median tokens/s, tp) of one layout, or None when it does not fit the GPUs or fails."""
-    tp, pp, extra = LAYOUTS[name]
-    if opts.gpus % (tp * pp):
+    tp, pp, sp, extra = LAYOUTS[name]
+    if opts.gpus % gpus_per_replica(name):
         return None
-    dp = opts.gpus // (tp * pp)
+    dp = opts.gpus // gpus_per_replica(name)
     metrics = os.path.join(work, f"{name}.jsonl")
     cpu = opts.device == "cpu"
     flags = [
@@ -101,7 +110,8 @@ def run_layout(opts, name: str, data_prefix: str, work: str):
         "--data-path", data_prefix, "--split", "98,1,1", "--eval-iters", "0",
         "--data-cache-path", os.path.join(work, "cache"), "--log-interval", "1",
         "--metrics-jsonl", metrics, "--tensor-model-parallel-size", str(tp),
-        "--pipeline-model-parallel-size", str(pp), *([] if cpu else ["--bf16"]), *extra]
+        "--pipeline-model-parallel-size", str(pp), "--ds-sequence-parallel-size", str(sp),
+        *([] if cpu else ["--bf16"]), *extra]
     launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     cmd = [launcher, "--num_gpus", str(opts.gpus), "--master_port", str(free_port()),
            os.path.join(ROOT, "pretrain_gpt.py")] + flags
@@ -179,7 +189,7 @@ def main(argv=None):
             result = run_layout(opts, layout, data["web"], work)
             if result is None:
                 print(f"{layout:14s}: skipped (needs a multiple of "
-                      f"{LAYOUTS[layout][0] * LAYOUTS[layout][1]} GPUs, or failed)")
+                      f"{gpus_per_replica(layout)} GPUs, or failed)")
                 continue
             tokens_per_s, tp = result
             per_gpu = tokens_per_s / opts.gpus

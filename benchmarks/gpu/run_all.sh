@@ -6,6 +6,9 @@
 #                    (compiling) call excluded; TE per kernel family when TE imports
 #   throughput.json  tokens/s/GPU and MFU of a ~1.3B GPT (24 x 2048, seq 2048, bf16, ZeRO 1) in
 #                    the real training loop, first iterations (compilation) excluded
+#   throughput_sp.json  the same model at seq 8192, TP 1 against DeepSpeed-Ulysses SP 2
+#                    (--ds-sequence-parallel-size 2) on 2 GPUs; only where 2 GPUs are visible
+#                    (adds at most 200 s), skipped with a line on a 1-GPU machine
 #   sync_*.log       5 training steps under torch.cuda.set_sync_debug_mode("error")
 #   summary.md       all of it as tables (benchmarks/gpu/summarize.py), also printed at the end
 #
@@ -46,6 +49,9 @@ if [ "$DRY" = 1 ]; then
   DEVICE=(--device cpu)
   ATTENTION=(--device cpu --tiny)
   THROUGHPUT=(--device cpu --tiny --layouts tp1 --iters 3 --warmup 1 --num-workers 1 --timeout 170)
+  THROUGHPUT_SP=(--device cpu --tiny --gpus 2 --layouts sp2 --iters 3 --warmup 1 --num-workers 1
+                 --timeout 170)
+  SP_GPUS=2
   MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64
          --micro-batch-size 2 --global-batch-size 4)
   DATA_MB=0.5
@@ -55,6 +61,9 @@ else
              --dtype bf16 --iters 20 --warmup 3)
   THROUGHPUT=(--device cuda --gpus 1 --layouts tp1 --iters 12 --warmup 4 --num-workers 2
               --timeout 160)
+  THROUGHPUT_SP=(--device cuda --gpus 2 --layouts tp1 sp2 --seq-length 8192 --micro-batch-size 1
+                 --iters 10 --warmup 3 --num-workers 2 --timeout 95)
+  SP_GPUS="$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)"
   MODEL=(--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
          --micro-batch-size 4 --global-batch-size 8 --bf16)
   DATA_MB=5
@@ -86,6 +95,13 @@ fi
 
 step throughput 170 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT[@]}" \
   --json "$OUT/throughput.json"
+
+if [ "$SP_GPUS" -ge 2 ]; then
+  step throughput_sp 200 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT_SP[@]}" \
+    --json "$OUT/throughput_sp.json"
+else
+  echo "[run_all] $SP_GPUS GPU(s) visible: the Ulysses SP 2 throughput step needs 2, skipped"
+fi
 
 step data 20 "$PY" -c "import sys; sys.path.insert(0, '.'); from tools.make_demo_data import make_demo_data; make_demo_data('$OUT/data', size_mb=$DATA_MB, verbose=False)"
 TRAIN=("${MODEL[@]}" --train-iters 5 --lr 1e-4 --data-path "$OUT/data/web_text_document"

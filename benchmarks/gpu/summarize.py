@@ -1,4 +1,5 @@
 """The summary of one benchmarks/gpu/run_all.sh run: reads the results folder (``throughput.json``,
+``throughput_sp.json`` where the Ulysses step ran,
 ``attention*.json``, the ``sync_*.log`` files, ``steps.tsv``) and prints, and writes as
 ``summary.md``, tokens/s/GPU and MFU, each attention backend against SDPA-dense per batch kind,
 and whether the sync-debug runs found a host synchronisation.
@@ -12,13 +13,14 @@ import sys
 from typing import List
 
 
-def _throughput(out: str) -> List[str]:
-    path = os.path.join(out, "throughput.json")
+def _throughput(out: str, name: str = "throughput") -> List[str]:
+    path = os.path.join(out, f"{name}.json")
     if not os.path.exists(path):
-        return ["throughput: no result (see throughput.log)"]
+        return [f"{name}: no result (see {name}.log)"]
     data = json.load(open(path))
     peak = data.get("peak_tflops")
-    lines = [f"### Training throughput: {data['gpus']} x {data['device']} (peak "
+    seq = data.get("config", {}).get("seq_length")
+    lines = [f"### Training throughput, seq {seq}: {data['gpus']} x {data['device']} (peak "
              f"{peak if peak else 'n/a'} TFLOP/s dense bf16)", "",
              "| layout | tokens/s | tokens/s/GPU | model TFLOP/s/GPU | MFU |", "| --- | --- | --- | --- | --- |"]
     for name, r in data["layouts"].items():
@@ -82,8 +84,10 @@ def main(argv=None) -> int:
     if len(argv) != 1 or not os.path.isdir(argv[0]):
         raise SystemExit("usage: python benchmarks/gpu/summarize.py RESULTS_DIR")
     out = argv[0]
-    text = "\n".join(["## GPU benchmarks", ""] + _throughput(out) + _attention(out) + _sync(out)
-                     + _steps(out)) + "\n"
+    sequence_parallel = (_throughput(out, "throughput_sp") + [""]
+                         if os.path.exists(os.path.join(out, "throughput_sp.json")) else [])
+    text = "\n".join(["## GPU benchmarks", ""] + _throughput(out) + [""] + sequence_parallel
+                     + _attention(out) + _sync(out) + _steps(out)) + "\n"
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(text)
     print(text)

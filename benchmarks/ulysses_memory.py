@@ -1,0 +1,241 @@
+"""DeepSpeed-Ulysses sequence parallelism: activation memory per rank and time per iteration of SP 2
+(``--ds-sequence-parallel-size 2``, 2 CPU ranks) against SP 1 (1 rank) on the same model and batch.
+
+Each setting is one launch of this script through the real ``deepspeed`` launcher (gloo, CPU
+ranks, a free port per launch). Each rank builds the real model path: ``megatron.arguments``
+parse/validate for its world size, ``megatron.initialize.initialize_distributed`` (megatron-core's
+groups, the context-parallel one being the Ulysses group), ``build_gpt_model``; every iteration
+runs ``megatron.training.gpt_forward_step`` (each SP rank keeps its half of the sequence, the
+all-to-all around core attention gives it the whole sequence for half the heads), backward, sums
+the gradients over the sequence-parallel group (one ``all_reduce`` per parameter, what DeepSpeed's
+reduction over the sequence-data-parallel group does) and steps a plain ``torch.optim.AdamW`` (no
+DeepSpeed engine: only the model's forward/backward and that reduction differ between settings).
+Printed per setting, per rank (the largest over the ranks):
+
+* saved-for-backward bytes: the distinct storages (weights excluded) autograd keeps between
+  forward and backward for one micro batch (``torch.autograd.graph.saved_tensors_hooks``);
+* peak RSS growth of the rank from the model and optimizer being built (after the distributed
+  start-up) to the end of the iterations;
+* ms per iteration (forward + backward + gradient all-reduce + optimizer step): the median of
+  ``--iters`` after one warm-up, the slowest rank's, best of ``--repeats`` interleaved rounds;
+* the loss of the first iteration (the whole sequence's: it must agree between settings).
+
+and the ratios SP 2 / SP 1. Threads: one torch thread per rank in both settings (``--threads``),
+so SP 2 uses both cores and SP 1 one; with free communication SP 2 would take half of SP 1's time
+per iteration, and overhead = (t_SP2 - t_SP1 / 2) / t_SP2 is the share of an SP 2 iteration not
+explained by the split work (the all-to-alls, the gradient all-reduce and the optimizer step on
+replicated parameters, which SP does not split). Memory does not depend on the threads.
+
+    DS_ACCELERATOR=cpu python benchmarks/ulysses_memory.py [--num-layers 2 --hidden-size 256
+        --seq-length 4096 --iters 3]
+
+Needs one free CPU core per rank; run on an otherwise idle machine.
+"""
+import argparse
+import glob
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from statistics import median
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from launch import ROOT, free_port  # noqa: E402
+
+SETTINGS = {"SP 1 (1 rank)": 1, "SP 2 (2 ranks)": 2}
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def worker(opts) -> None:
+    """One rank of a launch: writes ``OUT/rank{R}.json``."""
+    sys.path.insert(0, ROOT)
+    import torch
+
+    torch.set_num_threads(opts.threads)
+    from megatron.arguments import parse_args
+    from megatron.core import parallel_state
+    from megatron.initialize import initialize_distributed, set_seeds
+    from megatron.model.gpt_model import build_gpt_model
+    from megatron.training import gpt_forward_step
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    args = parse_args([
+        "--num-layers", str(opts.num_layers), "--hidden-size", str(opts.hidden_size),
+        "--num-attention-heads", str(opts.heads), "--seq-length", str(opts.seq_length),
+        "--max-position-embeddings", str(opts.seq_length),
+        "--micro-batch-size", str(opts.micro_batch_size), "--train-iters", "1", "--lr", "1e-4",
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local",
+        "--seed", "1234", "--ds-sequence-parallel-size", str(world)],
+        world_size=world, require_data=False)
+    args.padded_vocab_size = opts.vocab
+    initialize_distributed(args)
+    set_seeds(args.seed)
+    model = build_gpt_model(args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    group = parallel_state.get_context_parallel_group()
+    sp = parallel_state.get_context_parallel_world_size()
+
+    class Engine:  # what gpt_forward_step asks of an engine
+        device = torch.device("cpu")
+
+        def __call__(self, *a, **k):
+            return model(*a, **k)
+
+    engine = Engine()
+    g = torch.Generator().manual_seed(0)  # the same whole batch on every rank and setting
+    tokens = torch.randint(0, opts.vocab, (opts.micro_batch_size, opts.seq_length), generator=g)
+    batch = {"tokens": tokens, "labels": torch.roll(tokens, -1, 1),
+             "loss_mask": torch.ones(opts.micro_batch_size, opts.seq_length),
+             "position_ids": torch.arange(opts.seq_length).expand_as(tokens).contiguous()}
+
+    phases = {"reduce": [], "optimizer": []}
+
+    def finish(loss):
+        loss.backward()
+        start = time.perf_counter()
+        if sp > 1:  # summed over the sequence-parallel group, as DeepSpeed's reduction does
+            for p in model.parameters():
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad, group=group)
+        middle = time.perf_counter()
+        optimizer.step()
+        phases["reduce"].append(1000.0 * (middle - start))
+        phases["optimizer"].append(1000.0 * (time.perf_counter() - middle))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = gpt_forward_step(engine, batch)
+        finish(loss)
+        return loss.item()
+
+    torch.distributed.barrier()
+    baseline = _peak_rss_bytes()  # model, optimizer and process groups built, no activations yet
+    first_loss = step()  # warm-up (also allocates Adam's moments)
+    saved = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(t):
+        try:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in weights:
+                saved[storage.data_ptr()] = storage.nbytes()
+        except RuntimeError:
+            pass
+        return t
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, _ = gpt_forward_step(engine, batch)
+    finish(loss)
+    times = []
+    for values in phases.values():
+        values.clear()
+    for _ in range(opts.iters):
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        step()
+        times.append(1000.0 * (time.perf_counter() - start))
+    rank = torch.distributed.get_rank()
+    record = {"rank": rank, "sequence_parallel_size": sp, "tokens_per_rank": opts.seq_length // sp,
+              "saved_bytes": sum(saved.values()), "rss_growth": _peak_rss_bytes() - baseline,
+              "ms": median(times), "reduce_ms": median(phases["reduce"]),
+              "optimizer_ms": median(phases["optimizer"]), "first_loss": first_loss}
+    with open(os.path.join(opts.out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+    torch.distributed.barrier()
+
+
+def _shm_buffers(port: int):
+    """DeepSpeed's CPU all-reduce buffers of the launch on ``port`` (megatron/cpu_comm.py)."""
+    from megatron.cpu_comm import SHM_DIR, SHM_PREFIX
+
+    return glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_{os.getuid()}_*_{port}_*"))
+
+
+def launch(opts, ranks: int, work: str) -> dict:
+    """Launch one setting; the per-rank records merged (largest over the ranks)."""
+    out = tempfile.mkdtemp(dir=work)
+    port = free_port()
+    launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+    passed = [a for a in sys.argv[1:]]
+    cmd = [launcher, "--num_gpus", str(ranks), "--master_port", str(port),
+           os.path.abspath(__file__), *passed, "--worker", "--out", out]
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(opts.threads),
+               TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=opts.timeout)
+    finally:  # the ranks unlink their buffers after start-up; a launch that died early may not
+        for path in _shm_buffers(port):
+            os.remove(path)
+    if proc.returncode:
+        raise SystemExit(f"SP {ranks} failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    records = []
+    for r in range(ranks):
+        with open(os.path.join(out, f"rank{r}.json")) as f:
+            records.append(json.load(f))
+    merged = {key: max(rec[key] for rec in records)
+              for key in ("saved_bytes", "rss_growth", "ms", "reduce_ms", "optimizer_ms")}
+    merged["saved_per_rank"] = [rec["saved_bytes"] for rec in records]
+    merged["first_loss"] = records[0]["first_loss"]
+    merged["tokens_per_rank"] = records[0]["tokens_per_rank"]
+    return merged
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq-length", type=int, default=4096)
+    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--iters", type=int, default=3, help="timed iterations per launch")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--repeats", type=int, default=1, help="Interleaved rounds (best kept).")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per launch")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.worker:
+        worker(opts)
+        return
+    if opts.seq_length % 2 or opts.heads % 2:
+        raise SystemExit(f"--seq-length {opts.seq_length} and --heads {opts.heads} must be even "
+                         "(SP 2 splits the sequence and the heads in two)")
+    sys.path.insert(0, ROOT)
+    print(f"model: {opts.num_layers} layers x {opts.hidden_size} hidden, {opts.heads} heads, seq "
+          f"{opts.seq_length}, micro batch {opts.micro_batch_size}, vocab {opts.vocab}, fp32, SDPA "
+          f"causal, no dropout; {opts.threads} torch thread(s) per rank, gloo, torch AdamW after "
+          "the gradients are summed over the SP group")
+    results = {}
+    with tempfile.TemporaryDirectory() as work:
+        for _ in range(opts.repeats):  # settings interleaved; the fastest round of each is kept
+            for name, ranks in SETTINGS.items():
+                r = launch(opts, ranks, work)
+                if name not in results or r["ms"] < results[name]["ms"]:
+                    results[name] = r
+    one, two = results["SP 1 (1 rank)"], results["SP 2 (2 ranks)"]
+    for name, r in results.items():
+        per_rank = " + ".join(f"{b / 2**20:.1f}" for b in r["saved_per_rank"])
+        print(f"{name:15s}: {r['tokens_per_rank']:5d} tokens/rank | saved for backward "
+              f"{r['saved_bytes'] / 2**20:7.1f} MiB/rank ({per_rank}) | peak RSS growth "
+              f"{r['rss_growth'] / 2**20:7.1f} MiB/rank | {r['ms']:7.1f} ms/iteration (gradient "
+              f"all-reduce {r['reduce_ms']:.1f}, AdamW {r['optimizer_ms']:.1f}) | loss "
+              f"{r['first_loss']:.6f}")
+    print(f"ratio SP 2 / SP 1: saved for backward {two['saved_bytes'] / one['saved_bytes']:.2f}x "
+          f"(ideal 0.50x), peak RSS growth {two['rss_growth'] / one['rss_growth']:.2f}x")
+    print(f"ratio SP 2 / SP 1: time {two['ms'] / one['ms']:.2f}x (ideal 0.50x; speed-up "
+          f"{one['ms'] / two['ms']:.2f}x), overhead {(two['ms'] - one['ms'] / 2) / two['ms']:.1%} "
+          f"of the SP 2 iteration; loss difference {abs(two['first_loss'] - one['first_loss']):.1e}")
+
+if __name__ == "__main__":
+    main()

@@ -21,23 +21,21 @@ only.
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from statistics import median
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memory import peak_rss_bytes, saved_for_backward  # noqa: E402
+
 SETTINGS = {
     "off": [],
     "selective": ["--recompute-granularity", "selective"],
     "full (uniform, 1 layer)": ["--recompute-granularity", "full", "--recompute-method", "uniform",
                                 "--recompute-num-layers", "1"],
 }
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
 def measure(opts, recompute_flags) -> dict:
@@ -73,22 +71,10 @@ def measure(opts, recompute_flags) -> dict:
         loss.backward()
         optimizer.step()
 
-    baseline = _peak_rss_bytes()  # model and optimizer built, no activations yet
+    baseline = peak_rss_bytes()  # model and optimizer built, no activations yet
     step()  # warm-up
-    saved = {}
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-    def pack(t):
-        try:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in weights:
-                saved[storage.data_ptr()] = storage.nbytes()
-        except RuntimeError:
-            pass
-        return t
-
     optimizer.zero_grad(set_to_none=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward(model) as saved:
         loss = model(tokens, position_ids, None, labels=tokens).float().mean()
     loss.backward()
     times = []
@@ -96,7 +82,7 @@ def measure(opts, recompute_flags) -> dict:
         start = time.perf_counter()
         step()
         times.append(1000.0 * (time.perf_counter() - start))
-    return {"saved_bytes": sum(saved.values()), "rss_growth": _peak_rss_bytes() - baseline,
+    return {"saved_bytes": sum(saved.values()), "rss_growth": peak_rss_bytes() - baseline,
             "ms": median(times)}
 
 

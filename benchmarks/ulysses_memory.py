@@ -35,7 +35,6 @@ import argparse
 import glob
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -44,12 +43,10 @@ from statistics import median
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from launch import ROOT, free_port  # noqa: E402
+from memory import peak_rss_bytes, saved_for_backward  # noqa: E402
 
 SETTINGS = {"SP 1 (1 rank)": 1, "SP 2 (2 ranks)": 2}
 
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
 def worker(opts) -> None:
@@ -115,22 +112,10 @@ def worker(opts) -> None:
         return loss.item()
 
     torch.distributed.barrier()
-    baseline = _peak_rss_bytes()  # model, optimizer and process groups built, no activations yet
+    baseline = peak_rss_bytes()  # model, optimizer and process groups built, no activations yet
     first_loss = step()  # warm-up (also allocates Adam's moments)
-    saved = {}
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-    def pack(t):
-        try:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in weights:
-                saved[storage.data_ptr()] = storage.nbytes()
-        except RuntimeError:
-            pass
-        return t
-
     optimizer.zero_grad(set_to_none=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward(model) as saved:
         loss, _ = gpt_forward_step(engine, batch)
     finish(loss)
     times = []
@@ -143,7 +128,7 @@ def worker(opts) -> None:
         times.append(1000.0 * (time.perf_counter() - start))
     rank = torch.distributed.get_rank()
     record = {"rank": rank, "sequence_parallel_size": sp, "tokens_per_rank": opts.seq_length // sp,
-              "saved_bytes": sum(saved.values()), "rss_growth": _peak_rss_bytes() - baseline,
+              "saved_bytes": sum(saved.values()), "rss_growth": peak_rss_bytes() - baseline,
               "ms": median(times), "reduce_ms": median(phases["reduce"]),
               "optimizer_ms": median(phases["optimizer"]), "first_loss": first_loss}
     with open(os.path.join(opts.out, f"rank{rank}.json"), "w") as f:

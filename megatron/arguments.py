@@ -15,6 +15,7 @@ from typing import Callable, List, Optional
 from megatron import flag_compat
 from megatron.errors import ArgumentError, ConfigError  # noqa: F401 (ArgumentError: raised here)
 from megatron.skip_step import add_skip_step_args, validate_skip_step_args
+from megatron.moe_arguments import add_moe_args, validate_moe_args
 from megatron.tokenizer.flags import add_tokenizer_args
 
 
@@ -515,7 +516,7 @@ def get_parser(extra_args_provider: Optional[Callable] = None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for add in (_add_model_args, _add_training_args, _add_lr_args, _add_data_args,
                 add_tokenizer_args, _add_checkpoint_args, _add_logging_args, _add_parallel_args,
-                _add_run_control_args, _add_bloom_model_args, add_skip_step_args):
+                _add_run_control_args, _add_bloom_model_args, add_skip_step_args, add_moe_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser) or parser
@@ -1231,7 +1232,8 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("logging", (), lambda: _validate_logging(args)),
               # after the flags they read (bf16/fp16 may come from --deepspeed_config)
               ("attention", ("model", "deepspeed"), lambda: _resolve_attention_backend(args)),
-              ("transformer config", ("model", "layout", "deepspeed"),
+              ("moe", ("batch", "model", "layout"), lambda: validate_moe_args(args)),
+              ("transformer config", ("model", "layout", "deepspeed", "moe"),
                lambda: _build_transformer_config(args)),
               ("train iters", ("batch", "training", "run control", "lr"),
                lambda: _derive_train_iters(args)))

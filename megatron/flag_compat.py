@@ -106,6 +106,16 @@ def _refused(flag, use_instead, families, takes_value, note, inert_values=()):
 
 COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
     # ------------------------------------------------------------------------------ aliases
+    _alias("--topk", "--moe-router-topk", (MS,), True,
+           "Microsoft's top-k of the MoE gate (its default is 1, Megatron-LM's 2: scripts that "
+           "rely on the default should give it)."),
+    _alias("--moe-loss-coeff", "--moe-aux-loss-coeff", (MS,), True,
+           "Microsoft's weight of the load-balancing loss (its default is 0.1, Megatron-LM's 0)."),
+    _alias("--moe-expert-parallel-size", "--expert-model-parallel-size", (MS,), True,
+           "Microsoft's expert-parallel size."),
+    _alias("--moe-train-capacity-factor", "--moe-expert-capacity-factor", (MS,), True,
+           "Microsoft's expert capacity factor (token dropping unless "
+           "--disable-moe-token-dropping)."),
     _alias("--num-key-value-heads", "--num-query-groups", (MS,), True,
            "Grouped-query attention: key/value heads (Microsoft's Llama scripts)."),
     _alias("--layernorm-epsilon", "--norm-epsilon", (BS, MS), True,
@@ -190,6 +200,14 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
            "reduction here."),
     _inert("--overlap-param-gather", (MLM,), False,
            "Overlap of the distributed optimizer's parameter gather; DeepSpeed owns it here."),
+    _inert("--create-moe-param-group", (MS,), False,
+           "Separate optimizer groups for expert parameters; they are always made here "
+           "(docs/moe.md)."),
+    _inert("--disable-moe-top2-2nd-expert-sampling", (MS,), False,
+           "DeepSpeed's top-2 gate samples its second expert unless this is given; megatron-core's "
+           "router always takes the top k, which is what the flag asks."),
+    _inert("--use-tutel", (MS,), False,
+           "Tutel's MoE kernels for DeepSpeed's MoE layer; megatron-core's dispatchers run here."),
     # ------------------------------------------------------------------------------ refused
     _refused("--ds-sequence-parallel-fpdt",
              "--ds-sequence-parallel-size N (DeepSpeed-Ulysses) with --recompute-granularity full",
@@ -205,10 +223,11 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
              "--ds-sequence-parallel-size N (DeepSpeed-Ulysses sequence parallelism)",
              (MLM,), True, "Megatron-LM context parallelism (ring attention) is not built here; "
              "DeepSpeed-Ulysses splits the sequence instead.", inert_values=("1",)),
-    _refused("--num-experts", "a dense MLP (drop the flag)", (MS, MLM), True,
-             "Mixture-of-experts layers are not built here.", inert_values=("1",)),
-    _refused("--expert-model-parallel-size", "a dense MLP (drop the flag)", (MLM,), True,
-             "Mixture-of-experts layers are not built here.", inert_values=("1",)),
+    _refused("--mlp-type", "--moe-shared-expert-intermediate-size (a shared expert beside the "
+             "routed ones)", (MS,), True,
+             "Microsoft's Residual MoE mixes a dense MLP and the experts with learned per-token "
+             "coefficients; megatron-core's MoE layer has no such mix (standard is the default "
+             "MoE).", inert_values=("standard",)),
     _refused("--virtual-pipeline-model-parallel-size", "--pipeline-model-parallel-size",
              (MLM,), True,
              "Interleaved (virtual) pipeline stages are not built; DeepSpeed's pipe engine runs "

@@ -20,7 +20,10 @@ TENSORBOARD_EXTRAS = {"global_batch_size": "log_batch_size_to_tensorboard",
 TENSORBOARD_TRAIN_KEYS = ("lm_loss", "lr", "weight_decay", "grad_norm", "consumed_samples",
                           "tokens_per_second",
                           # with a skip flag (docs/skip_step.md), absent otherwise
-                          "skipped", "skipped_total")
+                          "skipped", "skipped_total",
+                          # MoE models (megatron/moe_metrics.py), absent for dense ones
+                          "load_balancing_loss", "seq_load_balancing_loss", "z_loss",
+                          "tokens_per_expert_min", "tokens_per_expert_max")
 
 
 def tensorboard_extras_from_args(args) -> Tuple[str, ...]:

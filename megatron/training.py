@@ -22,6 +22,7 @@ from megatron.learning_rates import build_opt_param_scheduler
 from megatron.metrics import MetricsWriter, metrics_writer_from_args, perplexity
 from megatron.model.attention_backends import check_backend_trains
 from megatron.model.lm_loss import masked_lm_loss
+from megatron.moe_metrics import moe_training_from_args
 from megatron.optimizer import build_optimizer
 from megatron.parallel.topology import layout_line
 from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
@@ -363,8 +364,10 @@ def _restore(engine, args, scheduler) -> TrainingState:
 
 def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
                    grad_norm: Optional[float], dataset_names: List[str], batch_size: int,
-                   skip_fields: Optional[Dict[str, int]] = None) -> None:
+                   skip_fields: Optional[Dict[str, int]] = None, moe=None) -> None:
     loss, dataset_loss, dataset_count = stats.reduced()
+    # MoE: load-balancing losses and tokens per expert, beside lm_loss (megatron/moe_metrics.py)
+    moe_fields = moe.interval_record(stats.micro_batches, stats.iterations) if moe else {}
     elapsed = time.perf_counter() - stats.start
     ms_per_iter = 1000.0 * elapsed / max(stats.iterations, 1)
     tokens_per_s = stats.samples * args.seq_length / max(elapsed, 1e-9)
@@ -377,6 +380,9 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
             f"{'n/a' if grad_norm is None else f'{grad_norm:.3f}'}")
     if per_dataset:
         line += " | " + " | ".join(f"{k} loss: {v:.4f}" for k, v in per_dataset.items())
+    if moe_fields:
+        line += " | " + " | ".join(f"{k.replace('_', ' ')}: {v:.4g}" for k, v in moe_fields.items()
+                                   if "_layer_" not in k)
     if skip_fields is not None:  # megatron/skip_step_engine.py StepSkipper.log_fields
         line += (f" | skipped iterations: {skip_fields['skipped']} "
                  f"(total {skip_fields['skipped_total']})")
@@ -386,7 +392,7 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
         "consumed_tokens": state.consumed_samples * args.seq_length, "lr": lr, "weight_decay": wd,
         "lm_loss": loss, "grad_norm": grad_norm, "per_dataset_loss": per_dataset,
         "tokens_per_second": tokens_per_s, "ms_per_iteration": ms_per_iter,
-        "global_batch_size": batch_size, **(skip_fields or {})})
+        "global_batch_size": batch_size, **moe_fields, **(skip_fields or {})})
 
 
 def _unclipped_grad_norm(engine) -> Optional[float]:
@@ -417,11 +423,12 @@ def _grad_norm(engine, stage0_norm: Optional[float]) -> Optional[float]:
 def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFunctions,
           state: TrainingState, metrics: MetricsWriter, batch_schedule: BatchSchedule,
           after_checkpoint_files_written: Optional[Callable[[int], None]] = None,
-          skipper=None) -> bool:
+          skipper=None, moe=None) -> bool:
     """Run iterations ``state.iteration + 1 .. --train-iters`` (updating ``state`` in place) with
     ``steps`` (:func:`step_functions`); returns True when ``--exit-interval`` stopped the run
     early. ``after_checkpoint_files_written``: see :func:`pretrain`. ``skipper``: the
-    megatron/skip_step_engine.py ``StepSkipper`` of the skip flags, or None."""
+    megatron/skip_step_engine.py ``StepSkipper`` of the skip flags, or None. ``moe``: the
+    megatron/moe_metrics.py ``MoETraining`` of an MoE model, or None."""
     per_step = args.micro_batch_size * args.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
     exit_request = ExitRequest(args)
@@ -437,6 +444,8 @@ def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFuncti
         logging_now = (state.iteration + 1) % args.log_interval == 0
         if skipper is not None:
             skipper.begin_iteration()
+        if moe is not None:  # the aux losses' gradient scale follows GAS and the fp16 loss scale
+            moe.set_backward_scale(engine)
         stage0_norm = steps.train_step(engine, iterator, num_micro_batches, stats, logging_now)
         state.iteration += 1
         if skipper is not None:  # a skipped step still consumes its data and advances the LR
@@ -449,7 +458,7 @@ def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFuncti
         if state.iteration % args.log_interval == 0:
             _log_iteration(args, metrics, stats, state, lr, wd, _grad_norm(engine, stage0_norm),
                            data.dataset_names, batch_size,
-                           skipper.log_fields() if skipper is not None else None)
+                           skipper.log_fields() if skipper is not None else None, moe)
             stats.reset()
         paused = time.perf_counter()  # evaluation and saving stay out of the per-iteration time
         if args.eval_iters and data.eval_groups and state.iteration % args.eval_interval == 0:
@@ -536,7 +545,8 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     exited_early = False
     if not args.skip_train and state.iteration < args.train_iters:
         exited_early = train(args, engine, optimizer, scheduler, data, steps, state, metrics,
-                             batch_schedule, after_checkpoint_files_written, skipper)
+                             batch_schedule, after_checkpoint_files_written, skipper,
+                             moe_training_from_args(engine.module, args))
         if args.save and state.iteration > start_iteration and not exited_early \
                 and not (args.save_interval and state.iteration % args.save_interval == 0):
             _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written)

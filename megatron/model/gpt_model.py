@@ -7,12 +7,14 @@ kept in ``args.transformer_config``) and resolves its attention backend
 import copy
 import dataclasses
 import functools
+from typing import Optional, Union
 
 import torch
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.embedding_norm import add_embedding_layernorm
@@ -24,6 +26,8 @@ from megatron.model.attention_backends import (apply_te_kernel_environment,
 from megatron.model.fusions import describe_fusions, fusion_config_from_args
 from megatron.model.rotary import use_device_rotary_embedding
 from megatron.model.vocab_padding import mask_output_layer_padding
+from megatron.model.moe import layer_specs_for_pattern, use_moe_router
+from megatron.moe_arguments import describe_moe, moe_config_from_args, moe_layer_pattern
 from megatron.parallel.recompute import recompute_config_from_args
 
 
@@ -81,6 +85,7 @@ def transformer_config_from_args(args) -> TransformerConfig:
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         sequence_parallel=args.sequence_parallel,
         **recompute_config_from_args(args),
+        **moe_config_from_args(args),
         use_cpu_initialization=args.use_cpu_initialization or not torch.cuda.is_available(),
         params_dtype=params_dtype(args),
         bf16=args.bf16,
@@ -102,12 +107,10 @@ def model_transformer_config(args) -> TransformerConfig:
     return copy.copy(config) if config is not None else transformer_config_from_args(args)
 
 
-def layer_spec_from_args(args) -> ModuleSpec:
-    """Layer spec: Transformer Engine's with ``--transformer-impl transformer_engine`` (which
-    ``validate_args`` allows only when TE imports), else megatron-core's local spec; its core
-    attention is the ``--attention-backend`` one (megatron/model/attention_backends.py), with
-    ALiBi for ``--position-embedding-type alibi``. Logs the backend and why it was chosen, and the
-    fused kernels of the model's config."""
+def _implementation_layer_spec(args, num_experts: Optional[int] = None) -> ModuleSpec:
+    """megatron-core's layer spec of ``--transformer-impl`` (Transformer Engine's or the local
+    one), with a dense MLP or, for ``num_experts``, its MoE layer."""
+    moe = {"num_experts": num_experts, "moe_grouped_gemm": bool(num_experts) and args.moe_grouped_gemm}
     if args.transformer_impl == "transformer_engine":
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
@@ -115,23 +118,44 @@ def layer_spec_from_args(args) -> ModuleSpec:
 
         # megatron-core 0.16's TE getter takes no normalization: TENorm follows
         # TransformerConfig.normalization
-        spec = get_gpt_layer_with_transformer_engine_spec()
-    else:
-        spec = get_gpt_layer_local_spec(normalization=args.normalization)
+        return get_gpt_layer_with_transformer_engine_spec(**moe)
+    return get_gpt_layer_local_spec(normalization=args.normalization, **moe)
+
+
+def layer_spec_from_args(args) -> Union[ModuleSpec, TransformerBlockSubmodules]:
+    """Layer spec: Transformer Engine's with ``--transformer-impl transformer_engine`` (which
+    ``validate_args`` allows only when TE imports), else megatron-core's local spec; its core
+    attention is the ``--attention-backend`` one (megatron/model/attention_backends.py), with
+    ALiBi for ``--position-embedding-type alibi``. With ``--num-experts`` the MLP is
+    megatron-core's MoE layer (router: megatron/model/moe.py) in the layers ``--moe-layer-freq``
+    names; when some layers stay dense, the block of per-layer specs. Logs the backend and why it
+    was chosen, and the fused kernels of the model's config."""
     backend = attention_backend_from_args(args)
     from megatron.rank_utils import print_rank_0
 
     print_rank_0(backend.describe())
     print_rank_0(describe_fusions(vars(model_transformer_config(args))))
     apply_te_kernel_environment(backend)
-    attention = spec.submodules.self_attention.submodules
-    if not hasattr(attention, "core_attention"):
-        raise AttributeError("layer spec has no self_attention.submodules.core_attention to set")
     ulysses = getattr(args, "ds_sequence_parallel_size", 1)
-    attention.core_attention = core_attention_spec(
+    core_attention = core_attention_spec(
         backend, alibi=args.position_embedding_type == ALIBI,
         **({"sequence_parallel_size": ulysses} if ulysses > 1 else {}))
-    return spec
+
+    def with_core_attention(spec: ModuleSpec) -> ModuleSpec:
+        attention = spec.submodules.self_attention.submodules
+        if not hasattr(attention, "core_attention"):
+            raise AttributeError("layer spec has no self_attention.submodules.core_attention to set")
+        attention.core_attention = core_attention
+        return spec
+
+    dense = with_core_attention(_implementation_layer_spec(args))
+    num_experts = getattr(args, "num_experts", None)
+    if num_experts is None:
+        return dense
+    moe = use_moe_router(with_core_attention(_implementation_layer_spec(args, num_experts)))
+    print_rank_0(describe_moe(args))
+    return layer_specs_for_pattern(dense, moe, moe_layer_pattern(args.moe_layer_freq,
+                                                                  args.num_layers))
 
 
 def build_gpt_model(args) -> GPTModel:

@@ -37,15 +37,20 @@ def _swap(module):
     return TorchNorm if module is WrappedTorchNorm else module
 
 
-def sequence_parallel_capable(layer_spec: ModuleSpec, num_layers: int) -> TransformerBlockSubmodules:
-    """The block spec for ``num_layers`` layers of ``layer_spec`` with every ``WrappedTorchNorm``
-    (the layers' and the final norm) replaced by :class:`TorchNorm`; other norms (Transformer
-    Engine's, Apex's) already handle sequence parallelism and are kept."""
-    sub = layer_spec.submodules
-    for field in ("input_layernorm", "pre_mlp_layernorm"):
-        if hasattr(sub, field):
-            setattr(sub, field, _swap(getattr(sub, field)))
+def sequence_parallel_capable(layer_spec, num_layers: int) -> TransformerBlockSubmodules:
+    """The block spec for ``num_layers`` layers of ``layer_spec`` (one layer's spec, or the block
+    of per-layer specs) with every ``WrappedTorchNorm`` (the layers' and the final norm) replaced
+    by :class:`TorchNorm`; other norms (Transformer Engine's, Apex's) already handle sequence
+    parallelism and are kept."""
     from megatron.core.transformer.transformer_block import LayerNormImpl
 
-    return TransformerBlockSubmodules(layer_specs=[layer_spec] * num_layers,
-                                      layer_norm=_swap(LayerNormImpl))
+    if isinstance(layer_spec, TransformerBlockSubmodules):
+        layer_specs, final_norm = list(layer_spec.layer_specs), layer_spec.layer_norm
+    else:
+        layer_specs, final_norm = [layer_spec] * num_layers, LayerNormImpl
+    for spec in {id(s): s for s in layer_specs}.values():
+        sub = spec.submodules
+        for field in ("input_layernorm", "pre_mlp_layernorm"):
+            if hasattr(sub, field):
+                setattr(sub, field, _swap(getattr(sub, field)))
+    return TransformerBlockSubmodules(layer_specs=layer_specs, layer_norm=_swap(final_norm))

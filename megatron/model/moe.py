@@ -1,0 +1,75 @@
+"""megatron-core's MoE layer in the model's layer spec: a router that also runs on a CPU and
+counts the tokens each expert receives, and the per-layer specs of ``--moe-layer-freq``.
+
+megatron-core 0.16's ``TopKRouter.gating`` moves a CPU weight to the GPU. Its gating GEMM also
+names a Transformer Engine function that is undefined when TE is absent. :class:`MoERouter`
+computes the same product (``input @ weight.T`` in ``--moe-router-dtype``) with torch where the
+weight lives on the CPU, and uses megatron-core's gating where it lives on a GPU.
+
+The router also counts, per micro-batch, how many tokens each expert is sent (after token
+dropping). The counts stay on the device; the loop reads them once per log interval
+(megatron/moe_metrics.py). Like megatron-core's aux-loss tracker, it counts only training
+forwards with gradients. That counts a recomputed layer once, and an evaluation not at all.
+"""
+from typing import List, Optional, Union
+
+import torch
+
+from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
+
+
+class MoERouter(TopKRouter):
+    """megatron-core's top-k router (same routing, aux and z losses), runnable on a CPU, keeping
+    ``tokens_per_expert``: tokens routed to each global expert since the last
+    :meth:`take_tokens_per_expert` (float64, on the router's device)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tokens_per_expert: Optional[torch.Tensor] = None
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:
+        """Router logits ``[..., num_experts]`` of ``input`` ``[..., hidden]``."""
+        if self.weight.device.type != "cpu":
+            return super().gating(input)
+        dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype,
+                                                                    input.dtype)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return torch.nn.functional.linear(input.to(dtype), self.weight.to(dtype), bias)
+
+    def routing(self, logits: torch.Tensor, padding_mask: Optional[torch.Tensor] = None):
+        probs, routing_map = super().routing(logits, padding_mask=padding_mask)
+        if self.training and torch.is_grad_enabled():
+            counts = routing_map.sum(dim=0, dtype=torch.float64).detach()
+            self.tokens_per_expert = counts if self.tokens_per_expert is None \
+                else self.tokens_per_expert + counts
+        return probs, routing_map
+
+    def take_tokens_per_expert(self) -> Optional[torch.Tensor]:
+        """The counts since the last call (None when no training forward ran), reset to none."""
+        counts, self.tokens_per_expert = self.tokens_per_expert, None
+        return counts
+
+
+def use_moe_router(layer_spec: ModuleSpec) -> ModuleSpec:
+    """``layer_spec`` with its MoE layer's router replaced by :class:`MoERouter` (in place)."""
+    mlp = layer_spec.submodules.mlp
+    mlp.submodules.router = MoERouter
+    return layer_spec
+
+
+def layer_specs_for_pattern(dense: ModuleSpec, moe: ModuleSpec,
+                            pattern: List[int]) -> Union[ModuleSpec, TransformerBlockSubmodules]:
+    """The spec ``GPTModel`` takes for layers whose MoE pattern is ``pattern`` (1 MoE, 0 dense):
+    the MoE layer's spec when every layer is MoE, else the block of per-layer specs (with the
+    final norm megatron-core's block would use)."""
+    if all(pattern):
+        return moe
+    return TransformerBlockSubmodules(layer_specs=[moe if p else dense for p in pattern],
+                                      layer_norm=LayerNormImpl)
+
+
+def moe_routers(model: torch.nn.Module) -> List[MoERouter]:
+    """The model's :class:`MoERouter` modules, in layer order (empty for a dense model)."""
+    return [m for m in model.modules() if isinstance(m, MoERouter)]

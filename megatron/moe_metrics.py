@@ -1,0 +1,124 @@
+"""The MoE side of training: the load-balancing loss's backward scale on DeepSpeed's engine, and
+the MoE scalars logged beside ``lm_loss``.
+
+**Backward scale.** megatron-core adds each router's auxiliary losses to the backward pass
+through ``MoEAuxLossAutoScaler``. Their gradient is ``coefficient x scale``, and the scale must
+equal what the LM loss is multiplied by before its backward. Megatron-LM sets
+``loss_scale / num_microbatches``. DeepSpeed's engine divides the loss by the gradient
+accumulation steps and multiplies it by the fp16 loss scale (1 under bf16/fp32), so
+:meth:`MoETraining.set_backward_scale` sets ``cur_scale / GAS`` before every iteration: the
+batch-size rampup changes GAS, and dynamic loss scaling changes the scale.
+
+**Logged scalars.** These are kept out of ``lm_loss`` and the per-dataset losses:
+- ``load_balancing_loss`` (and ``seq_load_balancing_loss`` / ``z_loss`` when on): megatron-core's
+  tracker values. Each is the unweighted loss (the coefficient divided out), averaged over MoE
+  layers and over the micro-batches of the interval, summed over the ranks that split a
+  micro-batch's tokens, and averaged over data-parallel replicas, as Megatron-LM logs it.
+- ``tokens_per_expert_min`` / ``_max``: over the experts of every MoE layer, the tokens one expert
+  received per iteration (summed over the global batch, averaged over the interval's iterations).
+
+Both are read once per log interval: the counts stay on the device in between.
+"""
+from typing import Dict, List, Optional
+
+import torch
+
+from megatron.model.moe import moe_routers
+from megatron.moe_arguments import moe_layer_pattern
+
+
+class MoETraining:
+    """MoE bookkeeping of one run's model (this rank's pipeline stage): see module doc."""
+
+    def __init__(self, model: torch.nn.Module, args):
+        self.routers = moe_routers(model)
+        pattern = moe_layer_pattern(args.moe_layer_freq, args.num_layers)
+        self.num_layers = args.num_layers
+        self.moe_layers = [i for i, moe in enumerate(pattern) if moe]  # 0-based layer numbers
+        self.num_moe_layers = len(self.moe_layers)
+        self.num_experts = args.num_experts
+        self.loss_names = tracked_loss_names(args)
+        self.per_layer = args.moe_per_layer_logging
+        self._scale = torch.ones(())  # CPU scalar: multiplies device tensors without a copy
+
+    def set_backward_scale(self, engine) -> None:
+        """Scale of the auxiliary losses' gradients for the coming iteration: the fp16 loss
+        scale (1 without one) over the gradient accumulation steps (module doc)."""
+        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+        loss_scale = float(getattr(engine.optimizer, "cur_scale", 1.0) or 1.0)
+        self._scale.fill_(loss_scale / engine.gradient_accumulation_steps())
+        MoEAuxLossAutoScaler.set_loss_scale(self._scale)
+
+    def interval_record(self, micro_batches: int, iterations: int) -> Dict[str, float]:
+        """The MoE scalars of the log interval that ran ``micro_batches`` micro-batches on this
+        rank in ``iterations`` iterations (module doc), the same on every rank; resets both
+        trackers. All ranks must call it."""
+        from megatron.core import parallel_state
+        from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
+                                                             get_moe_layer_wise_logging_tracker)
+        from megatron.rank_utils import all_reduce_small
+
+        record: Dict[str, float] = {}
+        dp_group = parallel_state.get_data_parallel_group()
+        dp_size = parallel_state.get_data_parallel_world_size()
+        pp_group = parallel_state.get_pipeline_model_parallel_group()
+        tracker = get_moe_layer_wise_logging_tracker()
+        for name in self.loss_names:  # the same on every stage: the PP reduction is collective
+            entry = tracker.get(name, {})
+            values = entry.get("values")
+            values = (torch.zeros(self.num_layers, dtype=torch.float64) if values is None
+                      else values.detach().double().cpu())
+            values = all_reduce_small(values, group=pp_group)  # each stage holds its layers
+            if entry.get("reduce_group") is not None:  # ranks splitting the tokens (within a stage)
+                values = all_reduce_small(values, group=entry["reduce_group"])
+            if not entry.get("reduce_group_has_dp", False):
+                values = all_reduce_small(values, group=dp_group) / dp_size
+            values = values / max(micro_batches, 1)
+            record[name] = values.sum().item() / self.num_moe_layers
+            if self.per_layer:
+                for layer in self.moe_layers:
+                    record[f"{name}_layer_{layer}"] = values[layer].item()
+        clear_aux_losses_tracker()
+        per_iteration = self._tokens_per_expert(dp_group, pp_group) / max(iterations, 1)
+        record["tokens_per_expert_min"] = per_iteration.min().item()
+        record["tokens_per_expert_max"] = per_iteration.max().item()
+        return record
+
+    def _tokens_per_expert(self, dp_group, pp_group) -> torch.Tensor:
+        """``[MoE layers, experts]`` tokens routed in the interval over the global batch (every
+        stage's layers)."""
+        from megatron.core import parallel_state
+        from megatron.rank_utils import all_reduce_small
+
+        table = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64)
+        sequence_parallel = False
+        for router in self.routers:
+            counts = router.take_tokens_per_expert()
+            sequence_parallel = router.config.sequence_parallel
+            if counts is not None:
+                table[router.layer_number - 1] += counts.cpu()
+        if sequence_parallel:  # each tensor-parallel rank routed its own tokens
+            table = all_reduce_small(table, group=parallel_state.get_tensor_model_parallel_group())
+        table = all_reduce_small(table, group=dp_group)
+        table = all_reduce_small(table, group=pp_group)
+        return table[self.moe_layers]
+
+
+def tracked_loss_names(args) -> List[str]:
+    """The names megatron-core's router logs its auxiliary losses under for these flags."""
+    names = []
+    kind = args.moe_router_load_balancing_type
+    if args.moe_aux_loss_coeff:
+        names += {"aux_loss": ["load_balancing_loss"], "seq_aux_loss": ["seq_load_balancing_loss"],
+                  "global_aux_loss": ["global_load_balancing_loss"]}.get(kind, [])
+    if args.moe_z_loss_coeff:
+        names.append("z_loss")
+    return names
+
+
+def moe_training_from_args(model: torch.nn.Module, args) -> Optional[MoETraining]:
+    """:class:`MoETraining` for a model with ``--num-experts``, else None."""
+    if getattr(args, "num_experts", None) is None:
+        return None
+    return MoETraining(model, args)

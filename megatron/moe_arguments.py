@@ -32,7 +32,7 @@ def add_moe_args(parser: argparse.ArgumentParser) -> None:
     """The MoE flag group (Megatron-LM's names, Microsoft's ``--expert-interval`` and its
     token-dropping switches)."""
     g = parser.add_argument_group("mixture of experts (docs/moe.md)")
-    g.add_argument("--num-experts", type=int, nargs="+", default=None,
+    g.add_argument("--num-experts", type=int, nargs="+", default=None, action=_ExpertCounts,
                    help="Experts per MoE layer (megatron-core's MoE layer); Microsoft's per-layer "
                         "list is accepted when all its values are equal.")
     g.add_argument("--expert-model-parallel-size", type=int, default=1,
@@ -49,7 +49,7 @@ def add_moe_args(parser: argparse.ArgumentParser) -> None:
                    help="Weight of the router z-loss (ST-MoE), None: off.")
     g.add_argument("--moe-ffn-hidden-size", type=int, default=None,
                    help="Hidden size of each expert's MLP (default --ffn-hidden-size).")
-    g.add_argument("--moe-layer-freq", default="1",
+    g.add_argument("--moe-layer-freq", default=1, type=layer_freq_value,
                    help="Which layers are MoE: N (every N-th from layer 0) or a 0/1 list, as "
                         "Megatron-LM writes it: [1,0,1,0] or ([1]*3+[0])*2.")
     g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None,
@@ -96,18 +96,34 @@ def add_moe_args(parser: argparse.ArgumentParser) -> None:
                         "one, so accepted only when equal to it or with dropless routing.")
 
 
-def parse_moe_layer_freq(text: Union[str, int], num_layers: int) -> Union[int, List[int]]:
+class _ExpertCounts(argparse.Action):
+    """``--num-experts``: one count is stored as an int (Megatron-LM's meaning, and what
+    checkpoints record), Microsoft's per-layer list as a list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values[0] if len(values) == 1 else list(values))
+
+
+def layer_freq_value(text: Union[str, int, list]) -> Union[int, List[int]]:
+    """The value of ``--moe-layer-freq``: an int, or the list that a list literal or Megatron-LM's
+    ``([1]*3+[0])*2`` writes (lists, integers, ``+`` and ``*`` only: nothing else is
+    evaluated). Checked against ``--num-layers`` by :func:`parse_moe_layer_freq`."""
+    if isinstance(text, (int, list)):
+        return text
+    try:
+        return _eval_list_expression(ast.parse(str(text).strip(), mode="eval").body)
+    except (SyntaxError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"expected an integer or a 0/1 list such as [1,0,1,0] "
+                                         f"or ([1]*3+[0])*2 ({e})") from None
+
+
+def parse_moe_layer_freq(text: Union[str, int, list], num_layers: int) -> Union[int, List[int]]:
     """``--moe-layer-freq``: an int N (every N-th layer from layer 0 is MoE) or a 0/1 list of
-    ``num_layers`` entries, written as a list literal or Megatron-LM's ``([1]*3+[0])*2`` (lists,
-    integers, ``+`` and ``*`` only; nothing else is evaluated)."""
-    if isinstance(text, int):
-        value = text
-    else:
-        try:
-            value = _eval_list_expression(ast.parse(str(text).strip(), mode="eval").body)
-        except (SyntaxError, ValueError) as e:
-            raise ArgumentError(f"--moe-layer-freq {text}: expected an integer or a 0/1 list such "
-                                f"as [1,0,1,0] or ([1]*3+[0])*2 ({e})") from None
+    ``num_layers`` entries (:func:`layer_freq_value`)."""
+    try:
+        value = layer_freq_value(text)
+    except argparse.ArgumentTypeError as e:
+        raise ArgumentError(f"--moe-layer-freq {text}: {e}") from None
     if isinstance(value, int):
         if value < 1:
             raise ArgumentError(f"--moe-layer-freq {text} must be a positive integer")
@@ -147,6 +163,8 @@ def _num_experts(args) -> Optional[int]:
     counts = args.num_experts
     if counts is None:
         return None
+    if isinstance(counts, int):
+        counts = [counts]
     if any(c < 1 for c in counts):
         raise ArgumentError(f"--num-experts {' '.join(map(str, counts))}: counts must be positive")
     distinct = sorted(set(c for c in counts if c > 1))

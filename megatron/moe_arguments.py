@@ -263,6 +263,24 @@ def _validate_expert_layout(args) -> None:
             f"(world {args.world_size} / (TP {args.tensor_model_parallel_size} x PP "
             f"{args.pipeline_model_parallel_size})): expert-parallel ranks are data-parallel "
             "ranks of the dense layers")
+    if ep > 1:
+        if args.pipeline_model_parallel_size > 1:
+            raise ArgumentError(
+                f"--expert-model-parallel-size {ep} with --pipeline-model-parallel-size "
+                f"{args.pipeline_model_parallel_size}: DeepSpeed's pipe engine is not given the "
+                "expert groups here yet; use expert parallelism with tensor and data parallelism, "
+                "or --expert-model-parallel-size 1 under a pipeline")
+        if args.zero_stage is not None and args.zero_stage >= 3:
+            raise ArgumentError(f"--expert-model-parallel-size {ep} with ZeRO stage "
+                                f"{args.zero_stage}: experts are reduced by DeepSpeed's ZeRO 0-2 "
+                                "MoE path; use ZeRO stage 1 or 2")
+        for flag in ("save", "load"):
+            if getattr(args, flag, None):
+                raise ArgumentError(
+                    f"--{flag} with --expert-model-parallel-size {ep}: checkpoints of "
+                    "expert-parallel runs are not written here yet (each rank's experts would be "
+                    "missing from DeepSpeed's files); train with --expert-model-parallel-size 1 "
+                    "to checkpoint (any tensor/pipeline layout)")
     if args.ds_sequence_parallel_size > 1:
         raise ArgumentError(
             f"--num-experts with --ds-sequence-parallel-size {args.ds_sequence_parallel_size}: "

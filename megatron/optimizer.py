@@ -6,7 +6,8 @@ import torch
 
 def param_groups(model: torch.nn.Module) -> List[Dict]:
     """Two groups: weights with weight decay, and biases / norm parameters without
-    (``wd_mult`` 0, the key the LR/WD scheduler multiplies the decay by)."""
+    (``wd_mult`` 0, the key the LR/WD scheduler multiplies the decay by); with expert-parallel
+    experts, each also split into its dense and its expert (``moe``) part."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -15,9 +16,15 @@ def param_groups(model: torch.nn.Module) -> List[Dict]:
             no_decay.append(param)
         else:
             decay.append(param)
-    groups = [{"params": decay, "wd_mult": 1.0, "lr_mult": 1.0}]
+    groups = [{"params": decay, "wd_mult": 1.0, "lr_mult": 1.0, "name": "decay"}]
     if no_decay:
-        groups.append({"params": no_decay, "wd_mult": 0.0, "lr_mult": 1.0})
+        groups.append({"params": no_decay, "wd_mult": 0.0, "lr_mult": 1.0, "name": "no_decay"})
+    from deepspeed.moe.utils import is_moe_param, split_params_into_different_moe_groups_for_optimizer
+
+    if any(is_moe_param(p) for g in groups for p in g["params"]):
+        # expert-parallel experts (megatron/parallel/experts.py): DeepSpeed's own split puts them
+        # in groups marked moe, which ZeRO partitions over their expert-data-parallel group
+        groups = split_params_into_different_moe_groups_for_optimizer(groups)
     return groups
 
 

@@ -31,7 +31,7 @@ import torch
 
 from megatron.checkpoint.format import INDEX_VERSION, TORCH_OPTIMIZER, ZERO_OPTIMIZER
 from megatron.checkpoint.format import write_param_index as write_param_index_file
-from megatron.model.param_names import canonical_weight_name
+from megatron.model.param_names import canonical_weight_name, global_expert_name
 
 
 def optimizer_format(engine) -> str:
@@ -54,9 +54,11 @@ def optimizer_format(engine) -> str:
 def canonical_namer(module):
     """``local name -> canonical name`` for ``module``'s parameters: a ``GPTModelPipe`` maps its
     stage-local names to ``GPTModel``'s, and Transformer Engine's fused norm names become the
-    local spec's (megatron/model/param_names.py)."""
+    local spec's, and an expert-parallel rank's experts get their global ids
+    (megatron/model/param_names.py)."""
     gpt_name = getattr(module, "canonical_name", lambda name: name)
-    return lambda name: canonical_weight_name(gpt_name(name))
+    first_expert = getattr(module, "first_local_expert", 0)
+    return lambda name: canonical_weight_name(global_expert_name(gpt_name(name), first_expert))
 
 
 def _weight_locations(engine, directory: str) -> Dict[str, List[str]]:

@@ -19,6 +19,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.embedding_norm import add_embedding_layernorm
 from megatron.model.init import initialize_parameters
+from megatron.model.param_names import global_expert_name
+from megatron.parallel.experts import first_local_expert
 from megatron.model.norms import sequence_parallel_capable
 from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI, model_position_embedding_type
 from megatron.model.attention_backends import (apply_te_kernel_environment,
@@ -188,5 +190,10 @@ def build_gpt_model(args) -> GPTModel:
     use_device_rotary_embedding(model, sequence_parallel=getattr(args, "ds_sequence_parallel_size", 1) > 1)
     if args.embed_layernorm:  # BLOOM: LayerNorm on the word embeddings
         add_embedding_layernorm(model.embedding, config)
-    initialize_parameters(model.named_parameters(), config, args.seed)
+    # experts by their global ids (megatron/model/param_names.py), so every expert-parallel
+    # layout draws the same experts
+    model.first_local_expert = first_local_expert(args.num_experts) if getattr(
+        args, "num_experts", None) else 0
+    initialize_parameters(model.named_parameters(), config, args.seed,
+                          canonical_name=lambda n: global_expert_name(n, model.first_local_expert))
     return model

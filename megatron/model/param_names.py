@@ -13,6 +13,10 @@ implies.
   (``self_attention.linear_qkv.layer_norm_weight``); :func:`canonical_weight_name` gives the local
   spec's name (``input_layernorm.weight``), so a checkpoint reads the same whichever
   implementation trained it.
+- **Experts** (megatron-core's MoE layer) are named by their global expert id
+  (``decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight``) whatever the
+  expert-parallel size; a rank's local index becomes the global one through
+  :func:`global_expert_name`. The router is ``mlp.router.weight``.
 - **Tensor-parallel split by name** (:func:`tensor_parallel_partition`) is for files that carry no
   ``param_index.json`` (which records megatron-core's ``partition_dim``/``partition_stride`` of
   the live parameters, the authority wherever it exists) and for writing a full state as shards.
@@ -49,6 +53,19 @@ def canonical_weight_name(name: str) -> Optional[str]:
     if m and m.group(2) in TE_NORM_NAMES:
         return m.group(1) + TE_NORM_NAMES[m.group(2)]
     return name
+
+
+_LOCAL_EXPERT = re.compile(r"(\.mlp\.experts\.local_experts\.)(\d+)(\.)")
+
+
+def global_expert_name(name: str, first_expert: int) -> str:
+    """The canonical name of an expert parameter of a rank whose first local expert is global
+    expert ``first_expert`` (expert-parallel rank x experts per rank): ``local_experts.{i}``
+    becomes ``local_experts.{first_expert + i}``; other names are unchanged."""
+    if not first_expert:
+        return name
+    return _LOCAL_EXPERT.sub(lambda m: f"{m.group(1)}{first_expert + int(m.group(2))}{m.group(3)}",
+                             name)
 
 
 def pipe_key_to_gpt_name(layer_index: int, key: str) -> Optional[str]:

@@ -32,20 +32,24 @@ class ParallelLayout:
     dp: int
     world: int
     sp: int = 1
+    ep: int = 1
 
     @classmethod
     def from_args(cls, args) -> "ParallelLayout":
         """The layout validated by ``validate_args`` (``args.data_parallel_size`` is set there)."""
         return cls(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                    dp=args.data_parallel_size, world=args.world_size,
-                   sp=getattr(args, "ds_sequence_parallel_size", 1))
+                   sp=getattr(args, "ds_sequence_parallel_size", 1),
+                   ep=getattr(args, "expert_model_parallel_size", 1))
 
     def describe(self) -> str:
         """``tensor-parallel T, pipeline-parallel P[, Ulysses sequence-parallel S], data-parallel
-        D`` (the start-up line's part; the Ulysses size only when above 1)."""
+        D[, expert-parallel E]`` (the start-up line's part; the Ulysses and expert-parallel sizes
+        only when above 1; the expert-parallel ranks are data-parallel ranks of the dense layers)."""
         ulysses = f", Ulysses sequence-parallel {self.sp}" if self.sp > 1 else ""
+        experts = f", expert-parallel {self.ep}" if self.ep > 1 else ""
         return (f"tensor-parallel {self.tp}, pipeline-parallel {self.pp}{ulysses}, "
-                f"data-parallel {self.dp}")
+                f"data-parallel {self.dp}{experts}")
 
     @property
     def zero_partitions(self) -> int:
@@ -57,7 +61,7 @@ class ParallelLayout:
         """The layout as stored in checkpoints."""
         return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": self.pp,
                 "sequence_parallel_size": self.sp, "data_parallel_size": self.dp,
-                "world_size": self.world}
+                "expert_model_parallel_size": self.ep, "world_size": self.world}
 
 
 def initialize_model_parallel(args) -> None:
@@ -75,7 +79,7 @@ def initialize_model_parallel(args) -> None:
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-            context_parallel_size=layout.sp)
+            context_parallel_size=layout.sp, expert_model_parallel_size=layout.ep)
     check_topology_matches(layout)
 
 
@@ -87,7 +91,8 @@ def current_layout() -> ParallelLayout:
                           pp=parallel_state.get_pipeline_model_parallel_world_size(),
                           dp=parallel_state.get_data_parallel_world_size(),
                           world=torch.distributed.get_world_size(),
-                          sp=parallel_state.get_context_parallel_world_size())
+                          sp=parallel_state.get_context_parallel_world_size(),
+                          ep=parallel_state.get_expert_model_parallel_world_size())
 
 
 def deepspeed_topology(layout: ParallelLayout):

@@ -210,6 +210,14 @@ def validate_moe_args(args) -> None:
     if not 1 <= args.moe_router_topk <= args.num_experts:
         raise ArgumentError(f"--moe-router-topk {args.moe_router_topk} must be between 1 and "
                             f"--num-experts {args.num_experts}")
+    if args.moe_router_topk == 1 and not args.moe_router_pre_softmax:
+        if given.get("moe_router_topk") == "--topk":
+            # DeepSpeed's top-1 gate (Microsoft's --topk 1) is the softmax probability
+            args.moe_router_pre_softmax = True
+        elif args.moe_router_load_balancing_type != "sinkhorn":
+            raise ArgumentError(
+                "--moe-router-topk 1 needs --moe-router-pre-softmax: a softmax over the one chosen "
+                "logit is always 1, so the router would learn nothing from the LM loss")
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
     _resolve_token_dropping(args)

@@ -1,0 +1,228 @@
+"""Mixture of experts (megatron-core's MoE layer, megatron/model/moe.py, megatron/moe_arguments.py,
+megatron/parallel/experts.py): the router against a naive top-k, the load-balancing loss against
+its formula, the flags (Megatron-LM's, Microsoft's translations, the refused ones), expert
+gradients reduced over their expert-data-parallel group only (4 CPU ranks,
+tests/moe_expert_groups_check.py), and EP 2 / TP 2 x EP 2 training through the launcher against
+one rank, with the load-balancing loss and tokens per expert logged."""
+import json
+
+import pytest
+import torch
+
+from e2e_helpers import run_deepspeed
+from parallel_helpers import assert_losses_match, run_layout, train_records
+from test_flag_compat import parse
+
+MOE = ["--num-experts", "4"]
+LLAMA_MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01",
+             "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+             "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+MOE_ITERS = 10
+
+
+# ------------------------------------------------------------------ router and aux loss
+@pytest.fixture
+def router_factory(one_rank_model_parallel):
+    """``make(**config fields) -> MoERouter`` of 6 experts over hidden 16, weights drawn from seed 0."""
+    from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.model.moe import MoERouter
+
+    def make(**fields):
+        config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
+                                   num_moe_experts=6, use_cpu_initialization=True,
+                                   add_bias_linear=False, **fields)
+        torch.manual_seed(0)
+        router = MoERouter(config=config, pg_collection=get_default_pg_collection())
+        router.set_layer_number(1)
+        return router
+    return make
+
+
+def _naive_topk(logits, k, pre_softmax):
+    """Reference routing: softmax over every expert then the top k (``pre_softmax``, the gate is
+    the probability), or the top k logits then a softmax over them (Mixtral's renormalised
+    top-k); returns dense probabilities [tokens, experts] and the boolean routing map."""
+    if pre_softmax:
+        probs = torch.softmax(logits, dim=-1)
+        values, index = probs.topk(k, dim=-1)
+    else:
+        values, index = logits.topk(k, dim=-1)
+        values = torch.softmax(values, dim=-1)
+    dense = torch.zeros_like(logits).scatter(1, index, values)
+    return dense, torch.zeros_like(logits, dtype=torch.bool).scatter(1, index, True)
+
+
+@pytest.mark.parametrize("k, pre_softmax", [(1, True), (2, False), (2, True), (3, False)])
+def test_router_equals_a_naive_top_k(router_factory, k, pre_softmax):
+    router = router_factory(moe_router_topk=k, moe_router_pre_softmax=pre_softmax)
+    hidden = torch.randn(5, 2, 16, generator=torch.Generator().manual_seed(1))
+    router.eval()
+    with torch.no_grad():
+        probs, routing_map = router(hidden)
+    logits = hidden.view(-1, 16) @ router.weight.t()
+    want_probs, want_map = _naive_topk(logits, k, pre_softmax)
+    assert torch.equal(routing_map, want_map)
+    torch.testing.assert_close(probs, want_probs, rtol=1e-6, atol=1e-7)
+
+
+def test_load_balancing_loss_equals_its_formula(router_factory):
+    """Switch/GShard: E * sum_i f_i * P_i with f_i the fraction of the k * T assignments that go to
+    expert i and P_i its mean probability over the T tokens; the tracker keeps it without the
+    coefficient, and the tokens per expert the router counts are the routing map's."""
+    from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
+                                                         get_moe_layer_wise_logging_tracker)
+
+    k, experts, coeff = 2, 6, 0.01
+    router = router_factory(moe_router_topk=k, moe_aux_loss_coeff=coeff)
+    router.train()
+    clear_aux_losses_tracker()
+    hidden = torch.randn(7, 3, 16, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    _, routing_map = router(hidden)
+    logits = (hidden.view(-1, 16) @ router.weight.t()).detach()
+    tokens = logits.shape[0]
+    probs = torch.softmax(logits, dim=-1)
+    chosen = torch.zeros_like(probs).scatter(1, logits.topk(k, dim=-1).indices, 1.0)
+    f = chosen.sum(0) / (k * tokens)
+    p = probs.mean(0)
+    want = experts * (f * p).sum()
+    got = get_moe_layer_wise_logging_tracker()["load_balancing_loss"]["values"][0]
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    assert want.item() >= 1.0 - 1e-6  # the loss is at least 1, equal at perfect balance
+    assert router.take_tokens_per_expert().tolist() == routing_map.sum(0).double().tolist()
+    assert router.take_tokens_per_expert() is None
+    clear_aux_losses_tracker()
+
+
+# ------------------------------------------------------------------ flags
+def test_megatron_lm_flags_reach_the_transformer_config():
+    args = parse(MOE + ["--moe-router-topk", "1", "--moe-aux-loss-coeff", "0.02",
+                        "--moe-ffn-hidden-size", "96", "--moe-layer-freq", "([1]+[0])*2",
+                        "--num-layers", "4", "--moe-z-loss-coeff", "1e-3",
+                        "--moe-expert-capacity-factor", "1.5", "--moe-token-drop-policy",
+                        "position", "--moe-router-pre-softmax",
+                        "--moe-shared-expert-intermediate-size", "64"])
+    c = args.transformer_config
+    assert (c.num_moe_experts, c.moe_router_topk, c.moe_aux_loss_coeff, c.moe_ffn_hidden_size) == \
+        (4, 1, 0.02, 96)
+    assert c.moe_layer_freq == [1, 0, 1, 0] and c.moe_z_loss_coeff == 1e-3
+    assert (c.moe_expert_capacity_factor, c.moe_token_drop_policy) == (1.5, "position")
+    assert c.moe_router_pre_softmax and c.moe_shared_expert_intermediate_size == 64
+    dense = parse([]).transformer_config
+    assert dense.num_moe_experts is None
+
+
+def test_microsoft_spellings_mean_megatron_lms():
+    ms = parse(["--num-experts", "4", "4", "--num-layers", "4", "--expert-interval", "2",
+                "--topk", "1", "--moe-loss-coeff", "0.1", "--moe-expert-parallel-size", "2",
+                "--moe-train-capacity-factor", "1.25", "--moe-min-capacity", "4",
+                "--disable-moe-token-dropping", "--create-moe-param-group",
+                "--mlp-type", "standard"], world_size=2)
+    # Microsoft's MoE layers are the 1-based layers divisible by the interval: 2 and 4
+    assert ms.moe_layer_freq == [0, 1, 0, 1]
+    assert (ms.num_experts, ms.moe_router_topk, ms.moe_aux_loss_coeff) == (4, 1, 0.1)
+    assert ms.moe_router_pre_softmax  # DeepSpeed's top-1 gate is the softmax probability
+    assert ms.expert_model_parallel_size == 2
+    assert ms.moe_expert_capacity_factor is None  # dropping disabled: the factor is unused
+    assert any("--moe-min-capacity 4" in n for n in ms.startup_notes)
+    dropping = parse(MOE + ["--moe-token-dropping"])
+    assert dropping.moe_expert_capacity_factor == 1.0  # Microsoft's default factor
+
+
+@pytest.mark.parametrize("extra, world, fragments", [
+    (["--num-experts", "4", "8"], 1, ["PR-MoE", "--moe-layer-freq"]),
+    (MOE + ["--tensor-model-parallel-size", "2"], 2, ["needs --sequence-parallel"]),
+    (MOE + ["--expert-model-parallel-size", "3"], 3, ["--num-experts 4 is not divisible by"]),
+    (MOE + ["--expert-model-parallel-size", "2"], 1, ["does not divide the data-parallel size 1"]),
+    (MOE + ["--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 4,
+     ["--pipeline-model-parallel-size 2"]),
+    (MOE + ["--expert-model-parallel-size", "2", "--save", "ckpt"], 2,
+     ["--save with --expert-model-parallel-size 2"]),
+    (MOE + ["--moe-token-dispatcher-type", "alltoall"], 1, ["needs a GPU", "use allgather"]),
+    (MOE + ["--moe-grouped-gemm"], 1, ["--moe-grouped-gemm needs a GPU"]),
+    (MOE + ["--moe-train-capacity-factor", "1", "--moe-min-capacity", "4"], 1,
+     ["--moe-min-capacity 4", "no minimum capacity"]),
+    (MOE + ["--moe-expert-capacity-factor", "1", "--moe-eval-capacity-factor", "2"], 1,
+     ["--moe-eval-capacity-factor 2.0 differs"]),
+    (MOE + ["--moe-layer-freq", "[1,0,1]"], 1, ["one 0 or 1 per layer"]),
+    (MOE + ["--moe-router-topk", "5"], 1, ["--moe-router-topk 5 must be between 1 and"]),
+    (MOE + ["--moe-router-topk", "1"], 1, ["needs --moe-router-pre-softmax"]),
+    (MOE + ["--ds-sequence-parallel-size", "2"], 2, ["--ds-sequence-parallel-size 2"]),
+    (["--expert-model-parallel-size", "2"], 2, ["needs --num-experts"]),
+])
+def test_impossible_moe_flags_are_refused_naming_them(extra, world, fragments):
+    from megatron.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as info:
+        parse(extra, world_size=world)
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_residual_moe_is_refused_naming_the_shared_expert(capsys):
+    from test_flag_compat import BASE, one_error_line
+
+    err = one_error_line(BASE + MOE + ["--mlp-type", "residual"], capsys)
+    assert "--mlp-type residual is not supported" in err
+    assert "--moe-shared-expert-intermediate-size" in err
+
+
+# ------------------------------------------------------------------ expert groups (4 ranks)
+def test_experts_are_reduced_over_their_expert_data_parallel_group_only(tmp_path):
+    """DP 4 x EP 2, ZeRO 1, every rank its own data: after three steps each expert is bitwise the
+    same on the two ranks holding it and differs from every other expert; dense parameters are
+    the same everywhere; each rank holds its expert-parallel rank's experts under global ids."""
+    run_deepspeed("tests/moe_expert_groups_check.py", [str(tmp_path)], num_ranks=4)
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    holders = {}
+    for record in records:
+        experts = sorted({int(n.split("local_experts.")[1].split(".")[0])
+                          for n in record["params"] if "local_experts" in n})
+        assert experts == [2 * record["ep_rank"], 2 * record["ep_rank"] + 1]
+        assert record["expert_flags"], "expert parameters carry DeepSpeed's group_name"
+        for name, value in record["params"].items():
+            holders.setdefault(name, []).append(value["sha"])
+    for name, shas in holders.items():
+        assert len(set(shas)) == 1, f"{name} differs between the ranks that hold it"
+        assert len(shas) == (2 if "local_experts" in name else 4), name
+    fc1 = [holders[f"decoder.layers.0.mlp.experts.local_experts.{e}.linear_fc1.weight"][0]
+           for e in range(4)]
+    assert len(set(fc1)) == 4, "experts trained apart stay different"
+
+
+# ------------------------------------------------------------------ training through the launcher
+@pytest.fixture(scope="module")
+def moe_one_rank(demo_data, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("moe_one")
+    losses, _ = run_layout(demo_data, run_dir, num_ranks=1, extra=LLAMA_MOE, iters=MOE_ITERS)
+    return losses, train_records(run_dir)
+
+
+@pytest.mark.parametrize("name, ranks, extra, layout", [
+    ("ep2", 2, ["--expert-model-parallel-size", "2"],
+     "tensor-parallel 1, pipeline-parallel 1, data-parallel 2, expert-parallel 2, ZeRO stage 1"),
+    ("tp2-ep2", 4, ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                    "--sequence-parallel"],
+     "tensor-parallel 2, pipeline-parallel 1, data-parallel 2, expert-parallel 2, ZeRO stage 1"),
+], ids=["ep2", "tp2-ep2"])
+def test_expert_parallel_training_equals_one_rank(name, ranks, extra, layout, moe_one_rank,
+                                                  demo_data, tmp_path):
+    """Dropless top-2 routing with a load-balancing loss, dropout 0: every iteration's LM loss,
+    load-balancing loss, gradient norm (each expert shard once) and tokens per expert equal the
+    one-rank run's (ZeRO 1 reduces the experts over their expert-data-parallel group)."""
+    reference_losses, reference = moe_one_rank
+    losses, proc = run_layout(demo_data, tmp_path / name, num_ranks=ranks, extra=LLAMA_MOE + extra,
+                              iters=MOE_ITERS)
+    assert layout in proc.stdout
+    assert "MoE: 4 experts (FFN 128) in 4 of 4 layers, top-2 softmax router" in proc.stdout
+    assert_losses_match(losses, reference_losses)
+    records = train_records(tmp_path / name)
+    for key in ("load_balancing_loss", "grad_norm"):
+        assert_losses_match([r[key] for r in records], [r[key] for r in reference], rel=1e-4)
+    for key in ("tokens_per_expert_min", "tokens_per_expert_max"):
+        assert [r[key] for r in records] == [r[key] for r in reference]
+    first = reference[0]
+    # 8 samples x 32 tokens, each sent to 2 of the 4 experts: 512 assignments per iteration
+    assert first["tokens_per_expert_min"] <= 128 <= first["tokens_per_expert_max"] <= 256
+    assert first["load_balancing_loss"] >= 1.0
+    assert "load_balancing_loss" not in first["per_dataset_loss"]

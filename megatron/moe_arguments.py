@@ -194,6 +194,7 @@ def validate_moe_args(args) -> None:
             args.startup_notes.append(f"dense model (no --num-experts): {', '.join(moe_only)} "
                                       "have no effect")
         return
+    _apply_microsoft_defaults(args)
     if args.expert_interval is not None:
         if "moe_layer_freq" in given:
             raise ArgumentError("--expert-interval (Microsoft) and --moe-layer-freq both say which "
@@ -211,7 +212,7 @@ def validate_moe_args(args) -> None:
         raise ArgumentError(f"--moe-router-topk {args.moe_router_topk} must be between 1 and "
                             f"--num-experts {args.num_experts}")
     if args.moe_router_topk == 1 and not args.moe_router_pre_softmax:
-        if given.get("moe_router_topk") == "--topk":
+        if given.get("moe_router_topk") == "--topk" or args.microsoft_moe_defaults:
             # DeepSpeed's top-1 gate (Microsoft's --topk 1) is the softmax probability
             args.moe_router_pre_softmax = True
         elif args.moe_router_load_balancing_type != "sinkhorn":
@@ -223,6 +224,53 @@ def validate_moe_args(args) -> None:
     _resolve_token_dropping(args)
     _validate_expert_layout(args)
     _validate_moe_on_device(args)
+
+
+# Microsoft Megatron-DeepSpeed's MoE spellings: dest -> how its flag is written (an alias's dest
+# is its canonical flag's, given_flags records the spelling used)
+_MICROSOFT_SPELLINGS = {"moe_router_topk": "--topk", "moe_aux_loss_coeff": "--moe-loss-coeff",
+                        "expert_model_parallel_size": "--moe-expert-parallel-size",
+                        "moe_expert_capacity_factor": "--moe-train-capacity-factor",
+                        "expert_interval": "--expert-interval",
+                        "disable_moe_token_dropping": "--disable-moe-token-dropping",
+                        "moe_min_capacity": "--moe-min-capacity",
+                        "moe_eval_capacity_factor": "--moe-eval-capacity-factor",
+                        "create_moe_param_group": "--create-moe-param-group"}
+
+
+def _apply_microsoft_defaults(args) -> None:
+    """A command line that spells its MoE flags as Microsoft Megatron-DeepSpeed does gets that
+    project's defaults for the MoE flags it leaves out: ``--topk 1`` (DeepSpeed's top-1 gate, the
+    softmax probability), ``--moe-loss-coeff 0.1``, ``--expert-interval 2`` (MoE in every second
+    layer) and token dropping at ``--moe-train-capacity-factor 1.0``. So its scripts build the
+    model they build there. Megatron-LM's defaults apply otherwise."""
+    given = args.given_flags
+    args.microsoft_moe_defaults = any(given.get(d) == f for d, f in _MICROSOFT_SPELLINGS.items())
+    if not args.microsoft_moe_defaults:
+        return
+    applied = []
+    if "moe_router_topk" not in given:
+        args.moe_router_topk = 1
+        applied.append("--topk 1")
+    if "moe_aux_loss_coeff" not in given:
+        args.moe_aux_loss_coeff = 0.1
+        applied.append("--moe-loss-coeff 0.1")
+    if args.expert_interval is None and "moe_layer_freq" not in given:
+        args.expert_interval = 2
+        applied.append("--expert-interval 2")
+    if not args.disable_moe_token_dropping and "moe_expert_capacity_factor" not in given:
+        args.moe_expert_capacity_factor = 1.0
+        applied.append("token dropping at --moe-train-capacity-factor 1.0")
+    if applied:
+        args.startup_notes.append("MoE flags in Microsoft Megatron-DeepSpeed's spelling: its "
+                                  f"defaults apply ({', '.join(applied)}; docs/moe.md)")
+
+
+def _tokens_routed_per_micro_batch(args) -> int:
+    """Tokens one router sees per micro-batch: the micro-batch's, split over the tensor-parallel
+    ranks under --sequence-parallel."""
+    tokens = args.micro_batch_size * args.seq_length
+    return tokens // args.tensor_model_parallel_size if args.sequence_parallel else tokens
 
 
 def _resolve_token_dropping(args) -> None:
@@ -238,10 +286,16 @@ def _resolve_token_dropping(args) -> None:
         raise ArgumentError(f"--moe-expert-capacity-factor {factor} must be positive")
     args.moe_expert_capacity_factor = factor
     if args.moe_min_capacity is not None and factor is not None:
-        raise ArgumentError(
-            f"--moe-min-capacity {args.moe_min_capacity} with a capacity factor ({factor}): "
-            "megatron-core's router has no minimum capacity; drop the flag (capacity is then the "
-            "factor alone) or route dropless (--disable-moe-token-dropping)")
+        import math
+
+        capacity = math.ceil(_tokens_routed_per_micro_batch(args) * args.moe_router_topk
+                             / args.num_experts * factor)
+        if capacity < args.moe_min_capacity:
+            raise ArgumentError(
+                f"--moe-min-capacity {args.moe_min_capacity} exceeds the capacity of capacity "
+                f"factor {factor:g} ({capacity} tokens per expert and micro-batch): "
+                "megatron-core's router has no minimum capacity; raise "
+                "--moe-train-capacity-factor, or route dropless (--disable-moe-token-dropping)")
     if args.moe_eval_capacity_factor is not None and factor is not None \
             and args.moe_eval_capacity_factor != factor:
         raise ArgumentError(

@@ -129,6 +129,21 @@ def test_microsoft_spellings_mean_megatron_lms():
     assert dropping.moe_expert_capacity_factor == 1.0  # Microsoft's default factor
 
 
+def test_a_microsoft_moe_script_gets_microsofts_defaults():
+    """Microsoft's examples_deepspeed/MoE scripts give --num-experts, --moe-expert-parallel-size,
+    --moe-train-capacity-factor, --moe-min-capacity ... and rely on its defaults for the rest:
+    top-1 gating, MoE in every second layer, loss coefficient 0.1, token dropping."""
+    ms = parse(["--num-experts", "4", "--num-layers", "4", "--moe-expert-parallel-size", "1",
+                "--moe-min-capacity", "4", "--create-moe-param-group"])
+    assert (ms.moe_router_topk, ms.moe_router_pre_softmax, ms.moe_aux_loss_coeff) == (1, True, 0.1)
+    assert ms.moe_layer_freq == [0, 1, 0, 1]
+    assert ms.moe_expert_capacity_factor == 1.0
+    assert any("Microsoft Megatron-DeepSpeed's spelling" in n for n in ms.startup_notes)
+    mlm = parse(["--num-experts", "4", "--num-layers", "4"])  # Megatron-LM's defaults
+    assert (mlm.moe_router_topk, mlm.moe_aux_loss_coeff, mlm.moe_layer_freq) == (2, 0.0, 1)
+    assert mlm.moe_expert_capacity_factor is None
+
+
 @pytest.mark.parametrize("extra, world, fragments", [
     (["--num-experts", "4", "8"], 1, ["PR-MoE", "--moe-layer-freq"]),
     (MOE + ["--tensor-model-parallel-size", "2"], 2, ["needs --sequence-parallel"]),
@@ -140,8 +155,9 @@ def test_microsoft_spellings_mean_megatron_lms():
      ["--save with --expert-model-parallel-size 2"]),
     (MOE + ["--moe-token-dispatcher-type", "alltoall"], 1, ["needs a GPU", "use allgather"]),
     (MOE + ["--moe-grouped-gemm"], 1, ["--moe-grouped-gemm needs a GPU"]),
-    (MOE + ["--moe-train-capacity-factor", "1", "--moe-min-capacity", "4"], 1,
-     ["--moe-min-capacity 4", "no minimum capacity"]),
+    # Microsoft spellings, so its top-1 default: 2 x 32 tokens / 4 experts x factor 1 = 16
+    (MOE + ["--moe-train-capacity-factor", "1", "--moe-min-capacity", "40"], 1,
+     ["--moe-min-capacity 40 exceeds the capacity", "(16 tokens", "no minimum capacity"]),
     (MOE + ["--moe-expert-capacity-factor", "1", "--moe-eval-capacity-factor", "2"], 1,
      ["--moe-eval-capacity-factor 2.0 differs"]),
     (MOE + ["--moe-layer-freq", "[1,0,1]"], 1, ["one 0 or 1 per layer"]),

@@ -336,13 +336,11 @@ def _validate_expert_layout(args) -> None:
             raise ArgumentError(f"--expert-model-parallel-size {ep} with ZeRO stage "
                                 f"{args.zero_stage}: experts are reduced by DeepSpeed's ZeRO 0-2 "
                                 "MoE path; use ZeRO stage 1 or 2")
-        for flag in ("save", "load"):
-            if getattr(args, flag, None):
-                raise ArgumentError(
-                    f"--{flag} with --expert-model-parallel-size {ep}: checkpoints of "
-                    "expert-parallel runs are not written here yet (each rank's experts would be "
-                    "missing from DeepSpeed's files); train with --expert-model-parallel-size 1 "
-                    "to checkpoint (any tensor/pipeline layout)")
+        if (args.save or args.load) and args.zero_stage == 0:
+            raise ArgumentError(
+                f"--{'save' if args.save else 'load'} with --expert-model-parallel-size {ep} and "
+                "ZeRO stage 0: expert-parallel checkpoints keep their optimizer state in ZeRO's "
+                "partitions; use --zero-stage 1 or 2")
     if args.ds_sequence_parallel_size > 1:
         raise ArgumentError(
             f"--num-experts with --ds-sequence-parallel-size {args.ds_sequence_parallel_size}: "

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from megatron.checkpoint.engine_index import write_param_index
+from megatron.checkpoint.expert_weights import write_expert_weights
 from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, checkpoint_tag,
                                         read_layout, read_param_index, read_tracker,
                                         write_layout, write_model_args, write_tracker)
@@ -111,6 +112,7 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState,
         write_layout(directory, current_layout())
         if model_args is not None:
             write_model_args(directory, model_args)
+    write_expert_weights(engine, directory)  # expert-parallel ranks >= 1 (DeepSpeed writes rank 0's)
     write_param_index(engine, directory)  # what a resume on another layout reads
     atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
     if after_files_written is not None:
@@ -221,6 +223,11 @@ def _layout_changed(index: Dict[str, Any], engine) -> bool:
     Ulysses sequence- or data-parallel size or ZeRO stage than ``engine``'s (DeepSpeed's loader
     needs the same)."""
     layout = current_layout()
+    if index.get("expert_model_parallel_size", 1) > 1 or layout.ep > 1:
+        # DeepSpeed's loader finds only expert-parallel rank 0's experts in its files; the
+        # expert files of the other ranks are read through the index
+        # (megatron/checkpoint/expert_weights.py)
+        return True
     saved = (index["tensor_model_parallel_size"], index["pipeline_model_parallel_size"],
              index.get("sequence_parallel_size", 1), index["data_parallel_size"],
              index["zero_stage"])

@@ -17,6 +17,11 @@ is in layout-independent terms:
   ``zero_pp_rank_D_mp_rank_XX_optim_states.pt`` at stages 1 and 2, whose ``param_slice_mappings``
   locate each parameter in the flat partitions).
 
+Under expert parallelism (``expert_model_parallel_size`` E > 1) data-parallel rank ``dp`` holds
+the experts of expert-parallel rank ``ep = dp mod E``: the records of ranks ``0 < dp < E`` keep
+their expert parameters (flagged ``expert``; weights in megatron/checkpoint/expert_weights.py's
+files), whose ZeRO partitions are spread over the ranks of the same ``ep``.
+
 A rank's ``dp`` is its rank in the group its ZeRO states are partitioned over: the data-parallel
 group, or with DeepSpeed-Ulysses (``sequence_parallel_size`` > 1) the sequence-data-parallel group
 of ``data_parallel_size x sequence_parallel_size`` ranks, which all hold the same parameters.
@@ -29,6 +34,7 @@ from typing import Any, Dict, List
 
 import torch
 
+from megatron.checkpoint.expert_weights import expert_weights_file, is_expert_parallel_param
 from megatron.checkpoint.format import INDEX_VERSION, TORCH_OPTIMIZER, ZERO_OPTIMIZER
 from megatron.checkpoint.format import write_param_index as write_param_index_file
 from megatron.model.param_names import canonical_weight_name, global_expert_name
@@ -111,13 +117,19 @@ def rank_record(engine, directory: str) -> Dict[str, Any]:
     canonical = canonical_namer(module)
     names = {id(p): n for n, p in module.named_parameters()}
     locations = _weight_locations(engine, directory)
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    expert_file = expert_weights_file(ep_rank, parallel_state.get_tensor_model_parallel_rank())
     params = {}
     for name, p in module.named_parameters():
         split = getattr(p, "tensor_model_parallel", False)
+        expert = is_expert_parallel_param(p)
+        weight = locations.get(name)
+        if expert and ep_rank > 0:  # megatron/checkpoint/expert_weights.py
+            weight = [expert_file, "module", canonical(name)]
         params[name] = {"canonical": canonical(name), "shape": list(p.shape),
                         "tp_dim": int(p.partition_dim) if split else None,
                         "tp_stride": int(getattr(p, "partition_stride", 1)) if split else 1,
-                        "weight": locations.get(name)}
+                        "weight": weight, **({"expert": True} if expert else {})}
     tag_dir, tag = os.path.dirname(directory), os.path.basename(directory)
     model_states_file = os.path.basename(engine._get_ckpt_name(tag_dir, tag))
     optimizer_file = model_states_file
@@ -127,6 +139,7 @@ def rank_record(engine, directory: str) -> Dict[str, Any]:
             "pp": parallel_state.get_pipeline_model_parallel_rank(),
             "dp": parallel_state.get_data_parallel_rank(
                 with_context_parallel=parallel_state.get_context_parallel_world_size() > 1),
+            "ep": ep_rank,
             "model_states_file": model_states_file, "optimizer_file": optimizer_file,
             "groups": _groups(engine, names), "params": params}
 
@@ -143,8 +156,14 @@ def write_param_index(engine, directory: str) -> None:
         torch.distributed.all_gather_object(records, record)
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return
+    ep_size = parallel_state.get_expert_model_parallel_world_size()
     for r in records:
-        if r["dp"] != 0:  # the same parameters as their data-parallel rank 0
+        if r["dp"] == 0:
+            continue
+        if r["dp"] < ep_size:  # another expert-parallel rank: its experts are its own
+            r["params"] = {n: p for n, p in r["params"].items() if p.get("expert")}
+            del r["model_states_file"]
+        else:  # the same parameters as a data-parallel rank below the expert-parallel size
             del r["groups"], r["params"], r["model_states_file"]
     ps = parallel_state
     write_param_index_file(directory, {"version": INDEX_VERSION,
@@ -152,6 +171,7 @@ def write_param_index(engine, directory: str) -> None:
              "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
              "data_parallel_size": parallel_state.get_data_parallel_world_size(),
              "sequence_parallel_size": parallel_state.get_context_parallel_world_size(),
+             "expert_model_parallel_size": ep_size,
              "zero_stage": int(engine.zero_optimization_stage()),
              "optimizer_format": optimizer_format(engine),
              "ranks": sorted(records, key=lambda r: (r["pp"], r["tp"], r["dp"]))})

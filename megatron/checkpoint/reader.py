@@ -55,6 +55,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from megatron.checkpoint.expert_weights import EXPERT_FILE
 from megatron.checkpoint.format import (ZERO_OPTIMIZER, read_layout, read_model_args,
                                         read_param_index, resolve_checkpoint)
 from megatron.checkpoint.shards import full_shape, merge_shards, merge_tp_shards
@@ -134,6 +135,7 @@ class CheckpointReader:
         self._index_params()
         # canonical name -> [(file, key in that file)] per tensor-parallel rank
         self._where: Dict[str, List[Tuple[str, str]]] = {}
+        self._expert_files: set = set()
         self.names: List[str] = []
         if weights:
             self._index_weights()
@@ -175,14 +177,15 @@ class CheckpointReader:
     # ------------------------------------------------------------------ the parameter index
     def _index_params(self) -> None:
         """Canonical name -> where the index puts it (``sources``), per saved rank."""
-        self.sources: Dict[str, Tuple[int, str]] = {}
+        self.sources: Dict[str, Tuple[int, str, int]] = {}
         self._ranks: Dict[Tuple[int, int, int], Dict[str, Any]] = {}
-        self._flat_index: Dict[Tuple[int, int], Dict[str, int]] = {}
+        self._flat_index: Dict[Tuple[int, int, int], Dict[str, int]] = {}
         if self.index is None:
             return
         index = self.index
         self.tp_size = index["tensor_model_parallel_size"]
         self.dp_size = index["data_parallel_size"]
+        self.ep_size = index.get("expert_model_parallel_size", 1)
         # ranks each replica's ZeRO partitions are spread over (data x Ulysses sequence parallel)
         self.zero_partitions = self.dp_size * index.get("sequence_parallel_size", 1)
         self.format = index["optimizer_format"]
@@ -190,22 +193,25 @@ class CheckpointReader:
             self._ranks[(r["pp"], r["tp"], r["dp"])] = r
             for p in r.get("params", {}).values():  # Transformer Engine names read as local ones
                 p["canonical"] = canonical_weight_name(p["canonical"]) or p["canonical"]
-        # canonical name -> (pp stage, local name); a tied weight is taken from its first stage
+        # canonical name -> (pp stage, local name, data-parallel rank of the record); a tied
+        # weight is taken from its first stage; the experts of expert-parallel rank e from the
+        # record of data-parallel rank e
         for r in index["ranks"]:
-            if r["dp"] != 0 or r["tp"] != 0:
+            if r["tp"] != 0 or "params" not in r:
                 continue
             for local, p in r["params"].items():
-                if p["canonical"] not in self.sources or r["pp"] < self.sources[p["canonical"]][0]:
-                    self.sources[p["canonical"]] = (r["pp"], local)
+                known = self.sources.get(p["canonical"])
+                if known is None or (r["pp"], r["dp"]) < (known[0], known[2]):
+                    self.sources[p["canonical"]] = (r["pp"], local, r["dp"])
         for r in index["ranks"]:
-            if r["dp"] == 0:
+            if "groups" in r:
                 order = [name for group in r["groups"] for name in group]
-                self._flat_index[(r["pp"], r["tp"])] = {n: i for i, n in enumerate(order)}
+                self._flat_index[(r["pp"], r["tp"], r["dp"])] = {n: i for i, n in enumerate(order)}
 
     def param_info(self, canonical: str) -> Dict[str, Any]:
         """The index entry (shape, split) of ``canonical`` on saved tensor-parallel rank 0."""
-        pp, local = self.sources[canonical]
-        return self._ranks[(pp, 0, 0)]["params"][local]
+        pp, local, dp = self.sources[canonical]
+        return self._ranks[(pp, 0, dp)]["params"][local]
 
     def full_shape(self, canonical: str) -> Tuple[int, ...]:
         """The saved full shape of ``canonical`` (from the index)."""
@@ -216,9 +222,15 @@ class CheckpointReader:
         """``key`` of the client state DeepSpeed saved with rank 0's model states."""
         return self._load_raw(self._ranks[(0, 0, 0)]["model_states_file"]).get(key)
 
-    def _zero_fragments(self, pp: int, tp: int, local: str, numel: int, kind: str) -> torch.Tensor:
+    def _zero_fragments(self, pp: int, tp: int, local: str, numel: int, kind: str,
+                        expert_rank: Optional[int] = None) -> torch.Tensor:
+        """The ZeRO partitions' pieces of ``local``, in partition order: over every data-parallel
+        rank, or for an expert of expert-parallel rank ``expert_rank`` over the ranks holding its
+        experts (its expert-data-parallel group: ``dp mod E == expert_rank``)."""
         pieces = []
         for dp in range(self.zero_partitions):
+            if expert_rank is not None and dp % self.ep_size != expert_rank:
+                continue
             osd = self._load_raw(self._ranks[(pp, tp, dp)]["optimizer_file"])["optimizer_state_dict"]
             for group, mapping in enumerate(osd["param_slice_mappings"]):
                 if local in mapping:
@@ -234,15 +246,16 @@ class CheckpointReader:
                                "in the ZeRO partitions (incomplete checkpoint)")
         return value
 
-    def _local(self, pp: int, tp: int, local: str, kind: str) -> torch.Tensor:
-        rank = self._ranks[(pp, tp, 0)]
+    def _local(self, pp: int, tp: int, local: str, kind: str, dp: int = 0) -> torch.Tensor:
+        rank = self._ranks[(pp, tp, dp)]
         info = rank["params"][local]
         shape = info["shape"]
         if self.format == ZERO_OPTIMIZER:
             numel = 1
             for size in shape:
                 numel *= size
-            return self._zero_fragments(pp, tp, local, numel, kind).view(shape)
+            expert_rank = dp % self.ep_size if info.get("expert") else None
+            return self._zero_fragments(pp, tp, local, numel, kind, expert_rank).view(shape)
         if kind == WEIGHT:
             file, *keys = info["weight"]
             value = self._load_raw(file)
@@ -250,7 +263,7 @@ class CheckpointReader:
                 value = value[key]
             return value.float()
         state = self._load_raw(rank["optimizer_file"])["optimizer"]["state"]
-        entry = state.get(self._flat_index[(pp, tp)][local])
+        entry = state.get(self._flat_index[(pp, tp, dp)][local])
         if entry is None:  # never stepped
             return torch.zeros(shape)
         return entry[kind]
@@ -258,17 +271,17 @@ class CheckpointReader:
     def full(self, canonical: str, kind: str = WEIGHT) -> torch.Tensor:
         """The full fp32 tensor of ``kind`` (:data:`WEIGHT`, the master weight, or an
         optimizer-state key) of the parameter called ``canonical``, located by the index."""
-        pp, local = self.sources[canonical]
+        pp, local, dp = self.sources[canonical]
         info = self.param_info(canonical)
         tps = range(self.tp_size) if info["tp_dim"] is not None else range(1)
-        shards = [self._local(pp, tp, self._local_name(pp, tp, canonical, local), kind)
+        shards = [self._local(pp, tp, self._local_name(pp, tp, canonical, local, dp), kind, dp)
                   for tp in tps]
         return merge_tp_shards(shards, info["tp_dim"], info["tp_stride"]).float()
 
-    def _local_name(self, pp: int, tp: int, canonical: str, local: str) -> str:
+    def _local_name(self, pp: int, tp: int, canonical: str, local: str, dp: int = 0) -> str:
         if tp == 0:
             return local
-        names = self._ranks[(pp, tp, 0)]["params"]
+        names = self._ranks[(pp, tp, dp)]["params"]
         if local in names:
             return local
         return next(n for n, p in names.items() if p["canonical"] == canonical)
@@ -307,7 +320,8 @@ class CheckpointReader:
         if not self._where:
             raise CheckpointError(f"--load {self.load_dir}: checkpoint {self.directory} holds no "
                                   "model weights")
-        self.names = list(self._where)
+        # experts of other expert-parallel ranks come from their own files: back into layer order
+        self.names = sorted(self._where, key=gpt_order) if self._expert_files else list(self._where)
 
     def _check_zero_stage(self, files: List[str]) -> None:
         first = sorted(f for f in files if f.startswith("mp_rank_") and f.endswith("_model_states.pt"))
@@ -323,6 +337,7 @@ class CheckpointReader:
                 "DeepSpeed's zero_to_fp32.py (TP=1) or train with --zero-stage 0-2")
 
     def _index_plain(self, files: List[str], tp: int) -> None:
+        self._index_expert_files(files)
         for rank in range(tp):
             filename = f"mp_rank_{rank:02d}_model_states.pt"
             if filename not in files:
@@ -336,6 +351,15 @@ class CheckpointReader:
                 name = canonical_weight_name(key)
                 if name is not None and torch.is_tensor(value):
                     self._where.setdefault(name, []).append((filename, key))
+
+    def _index_expert_files(self, files: List[str]) -> None:
+        """The experts of expert-parallel ranks >= 1 (megatron/checkpoint/expert_weights.py),
+        listed by tensor-parallel rank like DeepSpeed's files (canonical names are their keys)."""
+        for filename in sorted(f for f in files if EXPERT_FILE.match(f)):
+            self._expert_files.add(filename)
+            for key, value in self._load(filename)["module"].items():
+                if torch.is_tensor(value):
+                    self._where.setdefault(key, []).append((filename, key))
 
     def _index_pipe(self, layer_files: Dict[Tuple[int, int], str], tp: int) -> None:
         for layer in sorted({i for i, _ in layer_files}):

@@ -58,13 +58,14 @@ def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAY
 
 
 def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
-               iters: int = LAYOUT_ITERS, script: str = "pretrain_gpt.py"):
-    """Train ``iters`` iterations with ``num_ranks`` CPU ranks and the layout flags ``extra``;
-    returns (per-iteration lm losses, the launcher's CompletedProcess)."""
+               iters: int = LAYOUT_ITERS, script: str = "pretrain_gpt.py", first_iteration: int = 1):
+    """Train to iteration ``iters`` with ``num_ranks`` CPU ranks and the layout flags ``extra``
+    (from ``first_iteration``: a resume); returns (per-iteration lm losses, the launcher's
+    CompletedProcess)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     proc = run_deepspeed(script, layout_flags(demo_data, run_dir, extra, iters), num_ranks=num_ranks)
     records = train_records(run_dir)
-    assert [r["iteration"] for r in records] == list(range(1, iters + 1)), records
+    assert [r["iteration"] for r in records] == list(range(first_iteration, iters + 1)), records
     return [r["lm_loss"] for r in records], proc
 
 

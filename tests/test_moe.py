@@ -5,6 +5,7 @@ gradients reduced over their expert-data-parallel group only (4 CPU ranks,
 tests/moe_expert_groups_check.py), and EP 2 / TP 2 x EP 2 training through the launcher against
 one rank, with the load-balancing loss and tokens per expert logged."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -151,8 +152,9 @@ def test_a_microsoft_moe_script_gets_microsofts_defaults():
     (MOE + ["--expert-model-parallel-size", "2"], 1, ["does not divide the data-parallel size 1"]),
     (MOE + ["--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 4,
      ["--pipeline-model-parallel-size 2"]),
-    (MOE + ["--expert-model-parallel-size", "2", "--save", "ckpt"], 2,
-     ["--save with --expert-model-parallel-size 2"]),
+    (MOE + ["--expert-model-parallel-size", "2", "--save", "ckpt", "--zero-stage", "0"], 2,
+     ["--save with --expert-model-parallel-size 2 and ZeRO stage 0", "--zero-stage 1 or 2"]),
+    (MOE + ["--expert-model-parallel-size", "2", "--zero-stage", "3"], 2, ["ZeRO stage 3"]),
     (MOE + ["--moe-token-dispatcher-type", "alltoall"], 1, ["needs a GPU", "use allgather"]),
     (MOE + ["--moe-grouped-gemm"], 1, ["--moe-grouped-gemm needs a GPU"]),
     # Microsoft spellings, so its top-1 default: 2 x 32 tokens / 4 experts x factor 1 = 16
@@ -214,31 +216,73 @@ def moe_one_rank(demo_data, tmp_path_factory):
     return losses, train_records(run_dir)
 
 
-@pytest.mark.parametrize("name, ranks, extra, layout", [
-    ("ep2", 2, ["--expert-model-parallel-size", "2"],
-     "tensor-parallel 1, pipeline-parallel 1, data-parallel 2, expert-parallel 2, ZeRO stage 1"),
-    ("tp2-ep2", 4, ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
-                    "--sequence-parallel"],
-     "tensor-parallel 2, pipeline-parallel 1, data-parallel 2, expert-parallel 2, ZeRO stage 1"),
-], ids=["ep2", "tp2-ep2"])
-def test_expert_parallel_training_equals_one_rank(name, ranks, extra, layout, moe_one_rank,
-                                                  demo_data, tmp_path):
-    """Dropless top-2 routing with a load-balancing loss, dropout 0: every iteration's LM loss,
-    load-balancing loss, gradient norm (each expert shard once) and tokens per expert equal the
-    one-rank run's (ZeRO 1 reduces the experts over their expert-data-parallel group)."""
-    reference_losses, reference = moe_one_rank
-    losses, proc = run_layout(demo_data, tmp_path / name, num_ranks=ranks, extra=LLAMA_MOE + extra,
-                              iters=MOE_ITERS)
-    assert layout in proc.stdout
-    assert "MoE: 4 experts (FFN 128) in 4 of 4 layers, top-2 softmax router" in proc.stdout
-    assert_losses_match(losses, reference_losses)
-    records = train_records(tmp_path / name)
+EP2 = ["--expert-model-parallel-size", "2"]
+SAVE_AT = 5
+
+
+def _assert_moe_records_match(records, reference):
+    """LM loss, load-balancing loss and gradient norm (each expert shard once) within 1e-4
+    relative of the reference's, tokens per expert equal."""
+    assert_losses_match([r["lm_loss"] for r in records], [r["lm_loss"] for r in reference])
     for key in ("load_balancing_loss", "grad_norm"):
         assert_losses_match([r[key] for r in records], [r[key] for r in reference], rel=1e-4)
     for key in ("tokens_per_expert_min", "tokens_per_expert_max"):
         assert [r[key] for r in records] == [r[key] for r in reference]
+
+
+@pytest.fixture(scope="module")
+def moe_ep2_run(demo_data, tmp_path_factory):
+    """EP 2 on 2 ranks, saving at iteration 5 and 10: (run dir, launcher's CompletedProcess)."""
+    run_dir = tmp_path_factory.mktemp("moe_ep2")
+    _, proc = run_layout(demo_data, run_dir, num_ranks=2, iters=MOE_ITERS, extra=LLAMA_MOE + EP2 + [
+        "--save", str(run_dir / "ckpt"), "--save-interval", str(SAVE_AT)])
+    return run_dir, proc
+
+
+def test_expert_parallel_2_equals_one_rank(moe_ep2_run, moe_one_rank):
+    """Dropless top-2 routing with a load-balancing loss, dropout 0: every iteration's LM loss,
+    load-balancing loss, gradient norm and tokens per expert equal the one-rank run's (ZeRO 1
+    reduces the experts over their expert-data-parallel group)."""
+    run_dir, proc = moe_ep2_run
+    assert ("tensor-parallel 1, pipeline-parallel 1, data-parallel 2, expert-parallel 2, "
+            "ZeRO stage 1") in proc.stdout
+    assert "MoE: 4 experts (FFN 128) in 4 of 4 layers, top-2 softmax router" in proc.stdout
+    _, reference = moe_one_rank
+    _assert_moe_records_match(train_records(run_dir), reference)
     first = reference[0]
     # 8 samples x 32 tokens, each sent to 2 of the 4 experts: 512 assignments per iteration
     assert first["tokens_per_expert_min"] <= 128 <= first["tokens_per_expert_max"] <= 256
     assert first["load_balancing_loss"] >= 1.0
     assert "load_balancing_loss" not in first["per_dataset_loss"]
+    # the experts of expert-parallel rank 1 have their own file; the index says where
+    checkpoint = run_dir / "ckpt" / f"iter_{SAVE_AT:07d}"
+    assert (checkpoint / "expert_states_ep_01_mp_rank_00.pt").is_file()
+
+
+def test_expert_parallel_checkpoint_resumes_at_another_layout(moe_ep2_run, demo_data, tmp_path):
+    """The EP 2 checkpoint of iteration 5 resumes at TP 2 x EP 1 (4 ranks: every expert on
+    every rank, each split over 2 tensor-parallel ranks) with the uninterrupted run's losses for
+    iterations 6-10 (weights, Adam states and progress resharded by canonical name)."""
+    run_dir, _ = moe_ep2_run
+    load = tmp_path / "load"
+    load.mkdir()
+    shutil.copytree(run_dir / "ckpt" / f"iter_{SAVE_AT:07d}", load / f"iter_{SAVE_AT:07d}")
+    (load / "latest_checkpointed_iteration.txt").write_text(str(SAVE_AT))
+    _, proc = run_layout(demo_data, tmp_path / "resumed", num_ranks=4, iters=MOE_ITERS,
+                         extra=LLAMA_MOE + ["--tensor-model-parallel-size", "2",
+                                            "--sequence-parallel", "--load", str(load)],
+                         first_iteration=SAVE_AT + 1)
+    assert "resharded" in proc.stdout
+    resumed = train_records(tmp_path / "resumed")
+    _assert_moe_records_match(resumed, train_records(run_dir)[SAVE_AT:])
+
+
+def test_tensor_and_expert_parallel_training_equals_one_rank(moe_one_rank, demo_data, tmp_path):
+    """TP 2 x EP 2 (4 ranks, --sequence-parallel: each tensor-parallel rank routes its slice of
+    the tokens) gives the one-rank run's numbers."""
+    _, proc = run_layout(demo_data, tmp_path, num_ranks=4, iters=MOE_ITERS,
+                         extra=LLAMA_MOE + EP2 + ["--tensor-model-parallel-size", "2",
+                                                  "--sequence-parallel"])
+    assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 2, expert-parallel 2, "
+            "ZeRO stage 1") in proc.stdout
+    _assert_moe_records_match(train_records(tmp_path), moe_one_rank[1])

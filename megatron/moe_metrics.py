@@ -19,7 +19,7 @@ batch-size rampup changes GAS, and dynamic loss scaling changes the scale.
 
 Both are read once per log interval: the counts stay on the device in between.
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -50,10 +50,9 @@ class MoETraining:
         self._scale.fill_(loss_scale / engine.gradient_accumulation_steps())
         MoEAuxLossAutoScaler.set_loss_scale(self._scale)
 
-    def interval_record(self, micro_batches: int, iterations: int) -> Dict[str, float]:
-        """The MoE scalars of the log interval that ran ``micro_batches`` micro-batches on this
-        rank in ``iterations`` iterations (module doc), the same on every rank; resets both
-        trackers. All ranks must call it."""
+    def interval_record(self, iterations: int) -> Dict[str, float]:
+        """The MoE scalars of the log interval of ``iterations`` iterations (module doc), the
+        same on every rank; resets both trackers. All ranks must call it."""
         from megatron.core import parallel_state
         from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
                                                              get_moe_layer_wise_logging_tracker)
@@ -63,6 +62,8 @@ class MoETraining:
         dp_group = parallel_state.get_data_parallel_group()
         dp_size = parallel_state.get_data_parallel_world_size()
         pp_group = parallel_state.get_pipeline_model_parallel_group()
+        tokens, forwards = self._routed(dp_group, pp_group)
+        micro_batches = forwards.clamp(min=1)  # per layer: each stage counts its own
         tracker = get_moe_layer_wise_logging_tracker()
         for name in self.loss_names:  # the same on every stage: the PP reduction is collective
             entry = tracker.get(name, {})
@@ -74,35 +75,39 @@ class MoETraining:
                 values = all_reduce_small(values, group=entry["reduce_group"])
             if not entry.get("reduce_group_has_dp", False):
                 values = all_reduce_small(values, group=dp_group) / dp_size
-            values = values / max(micro_batches, 1)
+            values = values / micro_batches
             record[name] = values.sum().item() / self.num_moe_layers
             if self.per_layer:
                 for layer in self.moe_layers:
                     record[f"{name}_layer_{layer}"] = values[layer].item()
         clear_aux_losses_tracker()
-        per_iteration = self._tokens_per_expert(dp_group, pp_group) / max(iterations, 1)
+        per_iteration = tokens / max(iterations, 1)
         record["tokens_per_expert_min"] = per_iteration.min().item()
         record["tokens_per_expert_max"] = per_iteration.max().item()
         return record
 
-    def _tokens_per_expert(self, dp_group, pp_group) -> torch.Tensor:
-        """``[MoE layers, experts]`` tokens routed in the interval over the global batch (every
-        stage's layers)."""
+    def _routed(self, dp_group, pp_group) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(``[MoE layers, experts]`` tokens routed in the interval over the global batch,
+        ``[layers]`` training micro-batches each layer's router ran on one rank), every stage's
+        layers."""
         from megatron.core import parallel_state
         from megatron.rank_utils import all_reduce_small
 
         table = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64)
+        forwards = torch.zeros(self.num_layers, dtype=torch.float64)
         sequence_parallel = False
         for router in self.routers:
-            counts = router.take_tokens_per_expert()
+            counts, runs = router.take_tokens_per_expert()
             sequence_parallel = router.config.sequence_parallel
+            forwards[router.layer_number - 1] += runs
             if counts is not None:
                 table[router.layer_number - 1] += counts.cpu()
         if sequence_parallel:  # each tensor-parallel rank routed its own tokens
             table = all_reduce_small(table, group=parallel_state.get_tensor_model_parallel_group())
         table = all_reduce_small(table, group=dp_group)
-        table = all_reduce_small(table, group=pp_group)
-        return table[self.moe_layers]
+        both = all_reduce_small(torch.cat([table.view(-1), forwards]), group=pp_group)
+        table, forwards = both[:-self.num_layers].view_as(table), both[-self.num_layers:]
+        return table[self.moe_layers], forwards
 
 
 def tracked_loss_names(args) -> List[str]:

@@ -370,7 +370,7 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
                    skip_fields: Optional[Dict[str, int]] = None, moe=None) -> None:
     loss, dataset_loss, dataset_count = stats.reduced()
     # MoE: load-balancing losses and tokens per expert, beside lm_loss (megatron/moe_metrics.py)
-    moe_fields = moe.interval_record(stats.micro_batches, stats.iterations) if moe else {}
+    moe_fields = moe.interval_record(stats.iterations) if moe else {}
     elapsed = time.perf_counter() - stats.start
     ms_per_iter = 1000.0 * elapsed / max(stats.iterations, 1)
     tokens_per_s = stats.samples * args.seq_length / max(elapsed, 1e-9)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import torch
 
-from megatron.checkpoint.engine_index import write_param_index
+from megatron.checkpoint.engine_index import canonical_namer, write_param_index
 from megatron.checkpoint.expert_weights import write_expert_weights
 from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, checkpoint_tag,
                                         read_layout, read_param_index, read_tracker,
@@ -112,7 +112,7 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState,
         write_layout(directory, current_layout())
         if model_args is not None:
             write_model_args(directory, model_args)
-    write_expert_weights(engine, directory)  # expert-parallel ranks >= 1 (DeepSpeed writes rank 0's)
+    write_expert_weights(engine, directory, canonical_namer(engine.module))  # expert-parallel ranks >= 1 (DeepSpeed writes rank 0's)
     write_param_index(engine, directory)  # what a resume on another layout reads
     atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))
     if after_files_written is not None:

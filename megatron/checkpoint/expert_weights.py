@@ -41,15 +41,14 @@ def writes_expert_weights() -> bool:
             and parallel_state.get_expert_data_parallel_rank() == 0)
 
 
-def write_expert_weights(engine, directory: str) -> None:
+def write_expert_weights(engine, directory: str, canonical) -> None:
     """Write this rank's expert file into the checkpoint ``directory`` when it is a writer
-    (:func:`writes_expert_weights`); every rank may call it."""
+    (:func:`writes_expert_weights`), its tensors keyed by ``canonical(name)`` (the engine
+    index's namer, which gives experts their global ids); every rank may call it."""
     if not writes_expert_weights():
         return
-    from megatron.checkpoint.engine_index import canonical_namer
     from megatron.core import parallel_state
 
-    canonical = canonical_namer(engine.module)
     module = {canonical(n): p.detach().clone() for n, p in engine.module.named_parameters()
               if is_expert_parallel_param(p)}
     name = expert_weights_file(parallel_state.get_expert_model_parallel_rank(),

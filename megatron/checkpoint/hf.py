@@ -141,7 +141,8 @@ def _check_mixtral(flags: dict) -> None:
         _refuse(family, "--moe-router-pre-softmax", f"its router renormalises the top-{topk} "
                 "probabilities to sum 1 (megatron-core's softmax over the top-k logits, without "
                 "--moe-router-pre-softmax); pre-softmax gates of the top "
-                f"{topk} of {experts} experts are not renormalised")
+                f"{topk} of {experts} experts are the probabilities, not renormalised"
+                + (" (a top-1 Mixtral gate is always 1)" if topk == 1 else ""))
     capacity = flags.get("moe_expert_capacity_factor")
     if capacity is not None:
         _refuse(family, f"--moe-expert-capacity-factor {capacity}", "its experts compute every "
@@ -428,6 +429,10 @@ def _mixtral_flags(config: dict, refuse: Callable[[str, str], None], base: dict)
     experts, topk = config.get("num_local_experts", 8), config.get("num_experts_per_tok", 2)
     if not 1 <= topk <= experts:
         refuse("num_experts_per_tok", f"must be between 1 and num_local_experts={experts}")
+    if topk == 1:
+        refuse("num_experts_per_tok", "a top-1 Mixtral gate is always 1, so its router learns "
+               "nothing; this project's top-1 router (--moe-router-topk 1 "
+               "--moe-router-pre-softmax) gates by the probability, another model")
     flags = _llama_flags(config, refuse, base, theta_default=1e6, eps_default=1e-5)
     ffn = config["intermediate_size"]
     return {**flags, "ffn_hidden_size": ffn, "disable_bias_linear": True,

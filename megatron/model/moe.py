@@ -11,7 +11,7 @@ dropping). The counts stay on the device; the loop reads them once per log inter
 (megatron/moe_metrics.py). Like megatron-core's aux-loss tracker, it counts only training
 forwards with gradients. That counts a recomputed layer once, and an evaluation not at all.
 """
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
@@ -28,6 +28,7 @@ class MoERouter(TopKRouter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.tokens_per_expert: Optional[torch.Tensor] = None
+        self.training_forwards = 0  # micro-batches counted (host-side: no device sync)
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         """Router logits ``[..., num_experts]`` of ``input`` ``[..., hidden]``."""
@@ -44,12 +45,15 @@ class MoERouter(TopKRouter):
             counts = routing_map.sum(dim=0, dtype=torch.float64).detach()
             self.tokens_per_expert = counts if self.tokens_per_expert is None \
                 else self.tokens_per_expert + counts
+            self.training_forwards += 1
         return probs, routing_map
 
-    def take_tokens_per_expert(self) -> Optional[torch.Tensor]:
-        """The counts since the last call (None when no training forward ran), reset to none."""
+    def take_tokens_per_expert(self) -> Tuple[Optional[torch.Tensor], int]:
+        """(the token counts, the number of training micro-batches) since the last call (None
+        and 0 when no training forward ran); both reset."""
         counts, self.tokens_per_expert = self.tokens_per_expert, None
-        return counts
+        forwards, self.training_forwards = self.training_forwards, 0
+        return counts, forwards
 
 
 def use_moe_router(layer_spec: ModuleSpec) -> ModuleSpec:

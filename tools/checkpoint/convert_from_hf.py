@@ -5,13 +5,16 @@
         [--tensor-model-parallel-size T] [--pipeline-model-parallel-size P]
 
 reads ``HF_DIR/config.json`` and its safetensors weights (``model.safetensors`` or an index of
-shards; ``pytorch_model.bin`` too) of a GPT-2, Llama or BLOOM model and writes ``DIR/iter_0000000/``
+shards; ``pytorch_model.bin`` too) of a GPT-2, Llama, Mixtral or BLOOM model and writes ``DIR/iter_0000000/``
 for the layout T x P (default 1 x 1) with ``model_args.json`` (and, for P = 1,
 ``param_index.json``: the finetuning run may then use any layout), so that
 
     deepspeed pretrain_gpt.py --load DIR --finetune --use-checkpoint-args [data and training flags]
 
-(or finetune_t0.py) starts from it without any model flag. The vocabulary keeps the model's rows
+(or finetune_t0.py) starts from it without any model flag. A Mixtral model becomes a
+mixture-of-experts checkpoint (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``
+recorded; its experts read from the Hub's per-expert tensors or from transformers' fused
+``gate_up_proj``/``down_proj``). The vocabulary keeps the model's rows
 (recorded as ``--pad-vocab-size-to``). Tokenizer files found in ``HF_DIR`` are copied to
 ``DIR/tokenizer/`` and recorded as ``--tokenizer-type PretrainedFromHF``. Configurations this
 project cannot build are refused naming the config key
@@ -122,8 +125,9 @@ def _resolver(names: set, get: Callable) -> Callable[[str], torch.Tensor]:
 def convert(hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1) -> dict:
     """Import (see the module docstring); returns ``{"family", "directory", "parameters",
     "tokenizer"}``."""
-    from megatron.checkpoint.hf import (canonical_names, check_exportable,
-                                                         flags_from_hf_config, from_hf, hf_sources)
+    from megatron.checkpoint.hf import (MIXTRAL, canonical_names, check_exportable,
+                                        flags_from_hf_config, from_hf, hf_sources,
+                                        per_expert_view)
     from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION
     from megatron.checkpoint.writer import write_checkpoint
 
@@ -146,6 +150,8 @@ def convert(hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1) -> dict:
     if os.path.isdir(save_dir) and os.listdir(save_dir):
         raise ConfigError(f"--save {save_dir} exists and is not empty; give a new directory")
     names, get = open_weights(hf_dir)
+    if family is MIXTRAL:  # transformers' fused experts read as the Hub's per-expert tensors
+        names, get = per_expert_view(names, get, flags["num_experts"])
     resolve = _resolver(names, get)
     tensors, used = {}, set()
     for name in canonical_names(flags):

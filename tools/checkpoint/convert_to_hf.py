@@ -9,8 +9,10 @@ writes ``HF_DIR/config.json``, the weights as safetensors (``model.safetensors``
 ``--max-shard-size``) and, when the run used a Hugging Face tokenizer (``--tokenizer-type
 PretrainedFromHF``/``HuggingFaceTokenizer``) or GPT-2 BPE files, the tokenizer files. The family
 follows the recorded model flags (``model_args.json``): learned absolute positions ->
-``GPT2LMHeadModel``, RoPE -> ``LlamaForCausalLM``, ALiBi -> ``BloomForCausalLM``; flags the class
-cannot represent are refused naming the flag (megatron/checkpoint/hf.py).
+``GPT2LMHeadModel``, RoPE -> ``LlamaForCausalLM`` (with ``--num-experts``: ``MixtralForCausalLM``,
+the experts under the Hub's per-expert names), ALiBi -> ``BloomForCausalLM``; flags the class
+cannot represent (for Mixtral: routers other than its renormalised top-k softmax, shared experts,
+dense layers, token dropping) are refused naming the flag (megatron/checkpoint/hf.py).
 
 Tensors are read one at a time from the memory-mapped checkpoint files (their pages released once
 used, megatron/checkpoint/reader.py) and streamed into the safetensors files, whose

@@ -326,12 +326,6 @@ def _validate_expert_layout(args) -> None:
             f"{args.pipeline_model_parallel_size})): expert-parallel ranks are data-parallel "
             "ranks of the dense layers")
     if ep > 1:
-        if args.pipeline_model_parallel_size > 1:
-            raise ArgumentError(
-                f"--expert-model-parallel-size {ep} with --pipeline-model-parallel-size "
-                f"{args.pipeline_model_parallel_size}: DeepSpeed's pipe engine is not given the "
-                "expert groups here yet; use expert parallelism with tensor and data parallelism, "
-                "or --expert-model-parallel-size 1 under a pipeline")
         if args.zero_stage is not None and args.zero_stage >= 3:
             raise ArgumentError(f"--expert-model-parallel-size {ep} with ZeRO stage "
                                 f"{args.zero_stage}: experts are reduced by DeepSpeed's ZeRO 0-2 "

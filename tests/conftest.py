@@ -16,11 +16,11 @@ if ROOT not in sys.path:
 # starting the long ones first keeps both workers busy to the end.
 SLOW_FILES_FIRST = (
     "test_pipeline_parallel.py", "test_compat_scripts.py", "test_examples.py",
-    "test_parallel_layouts_e2e.py", "test_exact_resume.py", "test_pretrain_e2e.py",
+    "test_parallel_layouts_e2e.py", "test_moe.py", "test_exact_resume.py", "test_pretrain_e2e.py",
     "test_attention_backends.py", "test_checkpoint_safety.py", "test_curriculum_e2e.py",
     "test_run_control_e2e.py", "test_finetune_t0.py", "test_schedule_resume_e2e.py",
     "test_graceful_exit.py", "test_bad_inputs.py", "test_error_reporting.py", "test_cpu_comm.py",
-    "test_merge_checkpoints.py", "test_hf_conversion.py", "test_rotary.py",
+    "test_merge_checkpoints.py", "test_hf_conversion.py", "test_hf_mixtral.py", "test_rotary.py",
 )
 
 

@@ -151,8 +151,8 @@ def test_a_microsoft_moe_script_gets_microsofts_defaults():
     (MOE + ["--tensor-model-parallel-size", "2"], 2, ["needs --sequence-parallel"]),
     (MOE + ["--expert-model-parallel-size", "3"], 3, ["--num-experts 4 is not divisible by"]),
     (MOE + ["--expert-model-parallel-size", "2"], 1, ["does not divide the data-parallel size 1"]),
-    (MOE + ["--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 4,
-     ["--pipeline-model-parallel-size 2"]),
+    (MOE + ["--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 2,
+     ["does not divide the data-parallel size 1", "(world 2 / (TP 1 x PP 2))"]),
     (MOE + ["--expert-model-parallel-size", "2", "--save", "ckpt", "--zero-stage", "0"], 2,
      ["--save with --expert-model-parallel-size 2 and ZeRO stage 0", "--zero-stage 1 or 2"]),
     (MOE + ["--expert-model-parallel-size", "2", "--zero-stage", "3"], 2, ["ZeRO stage 3"]),
@@ -260,11 +260,36 @@ def test_expert_parallel_2_equals_one_rank(moe_ep2_run, moe_one_rank):
     assert (checkpoint / "expert_states_ep_01_mp_rank_00.pt").is_file()
 
 
-def test_expert_parallel_checkpoint_resumes_at_another_layout(moe_ep2_run, demo_data, tmp_path):
-    """The EP 2 checkpoint of iteration 5 resumes at TP 2 x EP 1 (4 ranks: every expert on
-    every rank, each split over 2 tensor-parallel ranks) with the uninterrupted run's losses for
-    iterations 6-10 (weights, Adam states and progress resharded by canonical name)."""
-    run_dir, _ = moe_ep2_run
+@pytest.fixture(scope="module")
+def moe_pp2_ep2_run(demo_data, tmp_path_factory):
+    """PP 2 x EP 2 on 4 ranks (DeepSpeed's pipe engine, 2 data-parallel ranks per stage splitting
+    the experts), saving at iteration 5: (run dir, launcher's CompletedProcess)."""
+    run_dir = tmp_path_factory.mktemp("moe_pp2_ep2")
+    _, proc = run_layout(demo_data, run_dir, num_ranks=4, iters=MOE_ITERS, extra=LLAMA_MOE + EP2 + [
+        "--pipeline-model-parallel-size", "2", "--save", str(run_dir / "ckpt"),
+        "--save-interval", str(SAVE_AT)])
+    return run_dir, proc
+
+
+def test_pipeline_and_expert_parallel_training_equals_one_rank(moe_pp2_ep2_run, moe_one_rank):
+    """PP 2 x EP 2 gives the one-rank run's numbers; its checkpoint holds the pipe's layer files
+    (expert-parallel rank 0's experts) and one expert file per stage for expert-parallel rank 1."""
+    run_dir, proc = moe_pp2_ep2_run
+    assert ("tensor-parallel 1, pipeline-parallel 2, data-parallel 2, expert-parallel 2, "
+            "ZeRO stage 1") in proc.stdout
+    _assert_moe_records_match(train_records(run_dir), moe_one_rank[1])
+    checkpoint = run_dir / "ckpt" / f"iter_{SAVE_AT:07d}"
+    assert sorted(p.name for p in checkpoint.glob("expert_states_*")) == [
+        "expert_states_ep_01_pp_00_mp_rank_00.pt", "expert_states_ep_01_pp_01_mp_rank_00.pt"]
+    assert (checkpoint / "layer_01-model_00-model_states.pt").is_file()
+
+
+def test_expert_parallel_checkpoint_resumes_at_another_layout(moe_pp2_ep2_run, demo_data,
+                                                               tmp_path):
+    """The PP 2 x EP 2 checkpoint of iteration 5 resumes at TP 2 x PP 1 x EP 1 (4 ranks: every
+    expert on every rank, each split over 2 tensor-parallel ranks) with the uninterrupted run's
+    losses for iterations 6-10 (weights, Adam states and progress resharded by canonical name)."""
+    run_dir, _ = moe_pp2_ep2_run
     load = tmp_path / "load"
     load.mkdir()
     shutil.copytree(run_dir / "ckpt" / f"iter_{SAVE_AT:07d}", load / f"iter_{SAVE_AT:07d}")
@@ -273,7 +298,8 @@ def test_expert_parallel_checkpoint_resumes_at_another_layout(moe_ep2_run, demo_
                          extra=LLAMA_MOE + ["--tensor-model-parallel-size", "2",
                                             "--sequence-parallel", "--load", str(load)],
                          first_iteration=SAVE_AT + 1)
-    assert "resharded" in proc.stdout
+    assert ("resharded " + str(load / f"iter_{SAVE_AT:07d}") + " (tensor-parallel 1, "
+            "pipeline-parallel 2, data-parallel 2, expert-parallel 2, ZeRO stage 1)") in proc.stdout
     resumed = train_records(tmp_path / "resumed")
     _assert_moe_records_match(resumed, train_records(run_dir)[SAVE_AT:])
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from megatron.checkpoint.engine_index import canonical_namer, write_param_index
-from megatron.checkpoint.expert_weights import write_expert_weights
+from megatron.checkpoint.expert_weights import dense_checkpoint_layout, write_expert_weights
 from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, checkpoint_tag,
                                         read_layout, read_param_index, read_tracker,
                                         write_layout, write_model_args, write_tracker)
@@ -106,7 +106,8 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState,
             "consumed_samples": state.consumed_samples, "extra": dict(state.extra)}
     client_state = {CLIENT_STATE_KEY: ours}
     os.makedirs(save_dir, exist_ok=True)
-    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+    with dense_checkpoint_layout(engine):  # experts >= EP rank 1: write_expert_weights below
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     directory = os.path.join(save_dir, tag)
     if _rank() == 0:
         write_layout(directory, current_layout())

@@ -34,7 +34,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from megatron.checkpoint.expert_weights import expert_weights_file, is_expert_parallel_param
+from megatron.checkpoint.expert_weights import is_expert_parallel_param, this_ranks_expert_file
 from megatron.checkpoint.format import INDEX_VERSION, TORCH_OPTIMIZER, ZERO_OPTIMIZER
 from megatron.checkpoint.format import write_param_index as write_param_index_file
 from megatron.model.param_names import canonical_weight_name, global_expert_name
@@ -118,7 +118,7 @@ def rank_record(engine, directory: str) -> Dict[str, Any]:
     names = {id(p): n for n, p in module.named_parameters()}
     locations = _weight_locations(engine, directory)
     ep_rank = parallel_state.get_expert_model_parallel_rank()
-    expert_file = expert_weights_file(ep_rank, parallel_state.get_tensor_model_parallel_rank())
+    expert_file = this_ranks_expert_file()
     params = {}
     for name, p in module.named_parameters():
         split = getattr(p, "tensor_model_parallel", False)

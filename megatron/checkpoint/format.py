@@ -105,7 +105,8 @@ def read_layout(directory: str) -> Optional[ParallelLayout]:
         d = json.load(f)
     return ParallelLayout(tp=d["tensor_model_parallel_size"], pp=d["pipeline_model_parallel_size"],
                           dp=d["data_parallel_size"], world=d["world_size"],
-                          sp=d.get("sequence_parallel_size", 1))
+                          sp=d.get("sequence_parallel_size", 1),
+                          ep=d.get("expert_model_parallel_size", 1))
 
 
 # ------------------------------------------------------------------ model_args.json

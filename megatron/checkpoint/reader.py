@@ -314,6 +314,7 @@ class CheckpointReader:
             if m:
                 layer_files[(int(m.group(1)), int(m.group(2)))] = f
         if layer_files:
+            self._index_expert_files(files)
             self._index_pipe(layer_files, tp)
         else:
             self._index_plain(files, tp)

@@ -150,7 +150,8 @@ def load_resharded(engine, saved: CheckpointReader, load_dir: str, load_optimize
 
     index = saved.index
     was = ParallelLayout(tp=saved.tp_size, pp=index["pipeline_model_parallel_size"],
-                         dp=saved.dp_size, world=0, sp=index.get("sequence_parallel_size", 1))
+                         dp=saved.dp_size, world=0, sp=index.get("sequence_parallel_size", 1),
+                         ep=index.get("expert_model_parallel_size", 1))
     log(f"resharded {saved.directory} ({was.describe()}, ZeRO stage {index['zero_stage']}) to "
         f"{current_layout().describe()}, ZeRO stage {engine.zero_optimization_stage()}"
         + ("" if load_optimizer else " (weights only)"))

@@ -487,6 +487,8 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
     from megatron.model.gpt_model import layer_spec_from_args, model_transformer_config
     from megatron.model.init import initialize_parameters
     from megatron.model.norms import sequence_parallel_capable
+    from megatron.model.param_names import global_expert_name
+    from megatron.parallel.experts import first_local_expert
     from megatron.parallel.topology import ParallelLayout, deepspeed_topology
 
     config = model_transformer_config(args)
@@ -504,7 +506,13 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
         activation_checkpoint_interval=activation_checkpoint_interval_from_args(args),
         embed_layernorm=args.embed_layernorm,
         real_vocab_size=getattr(args, "vocab_size", None))  # from tokenizer_setup
-    initialize_parameters(model.canonical_named_parameters(), config, args.seed)
+    # experts by their global ids, as build_gpt_model: every expert-parallel layout draws the same
+    # experts (the checkpoint's namer reads the attribute too, megatron/checkpoint/engine_index.py)
+    model.first_local_expert = first_local_expert(args.num_experts) if getattr(
+        args, "num_experts", None) else 0
+    initialize_parameters(
+        ((global_expert_name(name, model.first_local_expert), param)
+         for name, param in model.canonical_named_parameters()), config, args.seed)
     return model
 
 

@@ -96,6 +96,39 @@ def test_load_balancing_loss_equals_its_formula(router_factory):
     clear_aux_losses_tracker()
 
 
+def test_biased_experts_train_at_expert_parallel_1_with_the_gated_bias(one_rank_model_parallel):
+    """Default flags give the experts biases; megatron-core adds an expert's fc2 bias times the
+    token's gate in place, which its own layer forbids at EP 1 (megatron/model/moe.py
+    ExpertRowParallelLinear). The layer trains there, and d sum(output) / d bias of expert e is
+    the sum of the gates of the tokens routed to e."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.model.moe import ExpertRowParallelLinear, use_moe_router
+
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
+                               ffn_hidden_size=32, num_moe_experts=4, moe_router_topk=2,
+                               use_cpu_initialization=True, add_bias_linear=True)
+    spec = use_moe_router(get_gpt_layer_local_spec(num_experts=4))
+    torch.manual_seed(0)
+    layer = build_module(spec.submodules.mlp, config=config, layer_number=1)
+    layer.train()
+    hidden = torch.randn(5, 2, 16, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    output, _ = layer(hidden)
+    output.sum().backward()
+    with torch.no_grad():
+        probs, routing_map = layer.router(hidden)
+    gates = (probs * routing_map).sum(0)  # [experts]: each expert's summed gate
+    for e, expert in enumerate(layer.experts.local_experts):
+        torch.testing.assert_close(expert.linear_fc2.bias.grad,
+                                   torch.full((16,), gates[e].item()), rtol=1e-5, atol=1e-6)
+    assert hidden.grad is not None and hidden.grad.abs().sum() > 0
+    assert all(isinstance(e.linear_fc2, ExpertRowParallelLinear)
+               for e in layer.experts.local_experts)
+    clear_aux_losses_tracker()
+
+
 # ------------------------------------------------------------------ flags
 def test_megatron_lm_flags_reach_the_transformer_config():
     args = parse(MOE + ["--moe-router-topk", "1", "--moe-aux-loss-coeff", "0.02",
@@ -306,10 +339,15 @@ def test_expert_parallel_checkpoint_resumes_at_another_layout(moe_pp2_ep2_run, d
 
 def test_tensor_and_expert_parallel_training_equals_one_rank(moe_one_rank, demo_data, tmp_path):
     """TP 2 x EP 2 (4 ranks, --sequence-parallel: each tensor-parallel rank routes its slice of
-    the tokens) gives the one-rank run's numbers."""
+    the tokens) with full recompute (a recomputed layer's routing counted once) gives the
+    one-rank run's numbers."""
     _, proc = run_layout(demo_data, tmp_path, num_ranks=4, iters=MOE_ITERS,
                          extra=LLAMA_MOE + EP2 + ["--tensor-model-parallel-size", "2",
-                                                  "--sequence-parallel"])
+                                                  "--sequence-parallel",
+                                                  "--recompute-granularity", "full",
+                                                  "--recompute-method", "uniform",
+                                                  "--recompute-num-layers", "1"])
     assert ("tensor-parallel 2, pipeline-parallel 1, data-parallel 2, expert-parallel 2, "
-            "ZeRO stage 1") in proc.stdout
+            "ZeRO stage 1, micro-batches per iteration 2, sequence-parallel, recompute full "
+            "(uniform, 1 layer)") in proc.stdout
     _assert_moe_records_match(train_records(tmp_path), moe_one_rank[1])

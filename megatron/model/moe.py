@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
+from megatron.core.tensor_parallel.layers import RowParallelLinear
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
@@ -56,10 +57,31 @@ class MoERouter(TopKRouter):
         return counts, forwards
 
 
+class ExpertRowParallelLinear(RowParallelLinear):
+    """megatron-core's ``RowParallelLinear`` for the experts' ``linear_fc2``, whose output may take
+    an in-place update. megatron-core 0.16's expert MLP adds its gated bias in place
+    (``output += bias * probs``). Without expert-parallel or tensor-parallel communication, the
+    output comes straight out of ``reduce_from_tensor_model_parallel_region``, which returns its
+    input: autograd forbids that in-place add, so a model with biased experts (the default,
+    without ``--disable-bias-linear``) fails at expert-parallel size 1. There, and only with a
+    bias, the output is copied first."""
+
+    def forward(self, input_):
+        output, output_bias = super().forward(input_)
+        if output_bias is not None and not self.explicit_expert_comm:
+            output = output.clone()
+        return output, output_bias
+
+
 def use_moe_router(layer_spec: ModuleSpec) -> ModuleSpec:
-    """``layer_spec`` with its MoE layer's router replaced by :class:`MoERouter` (in place)."""
+    """``layer_spec`` with its MoE layer's router replaced by :class:`MoERouter` and the local
+    experts' ``RowParallelLinear`` by :class:`ExpertRowParallelLinear` (in place)."""
     mlp = layer_spec.submodules.mlp
     mlp.submodules.router = MoERouter
+    experts = mlp.submodules.experts
+    submodules = getattr(experts, "submodules", None)
+    if getattr(submodules, "linear_fc2", None) is RowParallelLinear:
+        submodules.linear_fc2 = ExpertRowParallelLinear
     return layer_spec
 
 

@@ -123,3 +123,14 @@ def test_toy_t0_pipeline_from_a_fresh_clone(clone, port_29500_busy):
     _check_launches(log, 2)
     assert " valid | iteration 4 |" in log and " valid first_word | iteration 4 |" in log
     assert os.path.exists(clone / "runs/toy/rank_classification.json")
+
+
+def test_moe_example_flags_validate_for_its_two_ranks(clone, tmp_path):
+    """examples/pretrain_gpt_moe_cpu.sh with MOE_PREVIEW_ONLY=1 (validate_args for its 2 ranks, as
+    expert-parallel 2 needs, and the schedule preview; no launch: the run itself is by hand,
+    docs/moe.md)."""
+    log = _run(clone, "examples/pretrain_gpt_moe_cpu.sh", MOE_PREVIEW_ONLY="1",
+               RUN=str(tmp_path / "moe"))
+    assert "schedule preview: 200 iterations" in log
+    preview = json.loads((tmp_path / "moe" / "schedule_preview.json").read_text())
+    assert preview["iteration"][-1] == 200 and len(preview["lr"]) == 201

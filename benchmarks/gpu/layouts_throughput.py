@@ -5,13 +5,17 @@ Layouts (each skipped when the machine has fewer GPUs than it needs; the rest of
 data parallel): TP 1; TP 1 + full recompute; TP 2; TP 2 + sequence parallel; PP 2 (DeepSpeed's
 pipe engine); TP 2 x PP 2; DeepSpeed-Ulysses SP 2 (``--ds-sequence-parallel-size 2``, the
 all-to-all around core attention; for long sequences, e.g. ``--seq-length 8192
---micro-batch-size 1``). Per layout: median tokens/s over the iterations after ``--warmup``
+--micro-batch-size 1``); a mixture of experts in every layer (``moe-ep1``: ``--num-experts 8``
+top-2, expert FFN = hidden, megatron-core's alltoall dispatcher; ``moe-ep2``: its experts split
+over 2 GPUs, ``--expert-model-parallel-size 2``). Per layout: median tokens/s over the iterations after ``--warmup``
 (from the loop's own ``--metrics-jsonl``, one record per iteration, so the first iterations,
 which compile the fused kernels and FlexAttention, are not timed), tokens/s/GPU, and MFU = model
 FLOPs per token x tokens/s/GPU / peak FLOP/s of the GPU (:data:`PEAK_TFLOPS`, dense bf16).
 Model FLOPs per token are Megatron-LM's ``num_floating_point_operations`` (training/training.py)
 for this dense GPT: each GEMM counted 3 times (forward, weight and data gradient), 2 FLOPs per
-multiply-add, causal attention as half the square, recompute not counted.
+multiply-add, causal attention as half the square, recompute not counted; for MoE layers the
+MLP term is the top-k experts' (``moe_router_topk x moe_ffn_hidden_size``), as Megatron-LM counts
+it (the router's GEMM is not counted).
 
     python benchmarks/gpu/layouts_throughput.py [--gpus N] [--peak-tflops 989] [--iters 20]
         [--warmup 5] [--layouts tp1 tp2 tp2-sp pp2 sp2] [--micro-batch-size 4] [--json F]
@@ -39,7 +43,21 @@ LAYOUTS = {  # name: (tensor-parallel, pipeline-parallel, Ulysses sequence-paral
     "pp2": (1, 2, 1, []),
     "tp2-pp2": (2, 2, 1, []),
     "sp2": (1, 1, 2, []),
+    "moe-ep1": (1, 1, 1, []),  # MoE flags: moe_flags()
+    "moe-ep2": (1, 1, 1, ["--expert-model-parallel-size", "2"]),
 }
+EXPERT_PARALLEL = {"moe-ep2": 2}  # expert-parallel ranks are data-parallel ranks: EP divides DP
+
+
+def moe_flags(opts, name: str):
+    """The MoE flags of layout ``name`` (none for the dense layouts)."""
+    if not name.startswith("moe"):
+        return []
+    dispatcher = "allgather" if opts.device == "cpu" else opts.moe_dispatcher  # alltoall needs CUDA
+    return ["--num-experts", str(opts.num_experts), "--moe-router-topk", str(opts.moe_topk),
+            "--moe-ffn-hidden-size", str(opts.moe_ffn_hidden_size or opts.hidden_size),
+            "--moe-aux-loss-coeff", "0.01", "--moe-router-dtype", "fp32",
+            "--moe-token-dispatcher-type", dispatcher]
 
 
 def gpus_per_replica(name: str) -> int:
@@ -97,6 +115,8 @@ def run_layout(opts, name: str, data_prefix: str, work: str):
     if opts.gpus % gpus_per_replica(name):
         return None
     dp = opts.gpus // gpus_per_replica(name)
+    if dp % EXPERT_PARALLEL.get(name, 1):
+        return None
     metrics = os.path.join(work, f"{name}.jsonl")
     cpu = opts.device == "cpu"
     flags = [
@@ -111,7 +131,7 @@ def run_layout(opts, name: str, data_prefix: str, work: str):
         "--data-cache-path", os.path.join(work, "cache"), "--log-interval", "1",
         "--metrics-jsonl", metrics, "--tensor-model-parallel-size", str(tp),
         "--pipeline-model-parallel-size", str(pp), "--ds-sequence-parallel-size", str(sp),
-        *([] if cpu else ["--bf16"]), *extra]
+        *([] if cpu else ["--bf16"]), *moe_flags(opts, name), *extra]
     launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     cmd = [launcher, "--num_gpus", str(opts.gpus), "--master_port", str(free_port()),
            os.path.join(ROOT, "pretrain_gpt.py")] + flags
@@ -154,6 +174,12 @@ def main(argv=None):
     parser.add_argument("--data-mb", type=float, default=5.0, help="demo corpus size (MB)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="Peak dense bf16 TFLOP/s of one GPU (default from its name).")
+    parser.add_argument("--num-experts", type=int, default=8, help="moe-* layouts: experts per layer")
+    parser.add_argument("--moe-topk", type=int, default=2, help="moe-* layouts: experts per token")
+    parser.add_argument("--moe-ffn-hidden-size", type=int, default=None,
+                        help="moe-* layouts: each expert's FFN (default --hidden-size)")
+    parser.add_argument("--moe-dispatcher", default="alltoall", choices=["alltoall", "allgather"],
+                        help="moe-* layouts on GPUs (the CPU dry run uses allgather)")
     parser.add_argument("--json", default=None, help="write the results here")
     opts = parser.parse_args(argv)
     if opts.tiny:
@@ -189,12 +215,15 @@ def main(argv=None):
             result = run_layout(opts, layout, data["web"], work)
             if result is None:
                 print(f"{layout:14s}: skipped (needs a multiple of "
-                      f"{gpus_per_replica(layout)} GPUs, or failed)")
+                      f"{gpus_per_replica(layout) * EXPERT_PARALLEL.get(layout, 1)} GPUs, or failed)")
                 continue
             tokens_per_s, tp = result
             per_gpu = tokens_per_s / opts.gpus
+            active_ffn = None  # dense: 4 x hidden
+            if layout.startswith("moe"):
+                active_ffn = opts.moe_topk * (opts.moe_ffn_hidden_size or opts.hidden_size)
             fpt = flops_per_token(opts.num_layers, opts.hidden_size, opts.seq_length,
-                                  padded_vocab(RAW_VOCAB, 128, tp))
+                                  padded_vocab(RAW_VOCAB, 128, tp), ffn=active_ffn)
             mfu = fpt * per_gpu / (peak * 1e12) if peak else None
             results[layout] = {"tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu,
                                "model_tflops_per_gpu": fpt * per_gpu / 1e12, "mfu": mfu}

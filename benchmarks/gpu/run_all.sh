@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU measurement of issue 19 on one H100/H200, in under 10 minutes (each step under
-# `timeout`; the limits add up to 590 s), results in one folder:
+# `timeout`; the limits add up to 600 s on one GPU), results in one folder:
 #   env.log          torch / CUDA / Transformer Engine / flash-attn versions, nvidia-smi
 #   attention*.json  fwd+bwd of each attention backend on packed and prefix-LM batches, first
 #                    (compiling) call excluded; TE per kernel family when TE imports
 #   throughput.json  tokens/s/GPU and MFU of a ~1.3B GPT (24 x 2048, seq 2048, bf16, ZeRO 1) in
-#                    the real training loop, first iterations (compilation) excluded
+#                    the real training loop, first iterations (compilation) excluded, dense (tp1)
+#                    and with 8 experts top-2 in every layer (moe-ep1, alltoall dispatcher; MFU
+#                    of the active experts)
 #   throughput_sp.json  the same model at seq 8192, TP 1 against DeepSpeed-Ulysses SP 2
 #                    (--ds-sequence-parallel-size 2) on 2 GPUs; only where 2 GPUs are visible
 #                    (adds at most 200 s), skipped with a line on a 1-GPU machine
@@ -48,7 +50,8 @@ if [ "$DRY" = 1 ]; then
   export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
   DEVICE=(--device cpu)
   ATTENTION=(--device cpu --tiny)
-  THROUGHPUT=(--device cpu --tiny --layouts tp1 --iters 3 --warmup 1 --num-workers 1 --timeout 170)
+  THROUGHPUT=(--device cpu --tiny --layouts tp1 moe-ep1 --iters 3 --warmup 1 --num-workers 1
+              --timeout 120)
   THROUGHPUT_SP=(--device cpu --tiny --gpus 2 --layouts sp2 --iters 3 --warmup 1 --num-workers 1
                  --timeout 170)
   SP_GPUS=2
@@ -59,8 +62,8 @@ else
   DEVICE=(--device cuda)
   ATTENTION=(--device cuda --seq-length 4096 --batch 4 --heads 16 --head-dim 128 --documents 10
              --dtype bf16 --iters 20 --warmup 3)
-  THROUGHPUT=(--device cuda --gpus 1 --layouts tp1 --iters 12 --warmup 4 --num-workers 2
-              --timeout 160)
+  THROUGHPUT=(--device cuda --gpus 1 --layouts tp1 moe-ep1 --iters 12 --warmup 4 --num-workers 2
+              --timeout 100)
   THROUGHPUT_SP=(--device cuda --gpus 2 --layouts tp1 sp2 --seq-length 8192 --micro-batch-size 1
                  --iters 10 --warmup 3 --num-workers 2 --timeout 95)
   SP_GPUS="$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)"
@@ -82,7 +85,7 @@ if torch.cuda.is_available():
     print(subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout)
 EOF
 
-step attention 140 "$PY" benchmarks/gpu/attention_backends.py "${ATTENTION[@]}" \
+step attention 125 "$PY" benchmarks/gpu/attention_backends.py "${ATTENTION[@]}" \
   --json "$OUT/attention.json"
 if "$PY" -c "import transformer_engine.pytorch" > /dev/null 2>&1; then
   for kernel in flash fused unfused; do  # one process each: TE reads its switches once
@@ -93,7 +96,7 @@ else
   echo "[run_all] Transformer Engine does not import: no per-kernel TE runs"
 fi
 
-step throughput 170 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT[@]}" \
+step throughput 210 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT[@]}" \
   --json "$OUT/throughput.json"
 
 if [ "$SP_GPUS" -ge 2 ]; then

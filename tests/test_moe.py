@@ -245,9 +245,12 @@ def test_experts_are_reduced_over_their_expert_data_parallel_group_only(tmp_path
 # ------------------------------------------------------------------ training through the launcher
 @pytest.fixture(scope="module")
 def moe_one_rank(demo_data, tmp_path_factory):
+    """The one-rank reference: (losses, training records, run dir); it saves at iterations 5 and
+    10 into run_dir/"ckpt" (DeepSpeed's one file, every expert in it)."""
     run_dir = tmp_path_factory.mktemp("moe_one")
-    losses, _ = run_layout(demo_data, run_dir, num_ranks=1, extra=LLAMA_MOE, iters=MOE_ITERS)
-    return losses, train_records(run_dir)
+    losses, _ = run_layout(demo_data, run_dir, num_ranks=1, iters=MOE_ITERS, extra=LLAMA_MOE + [
+        "--save", str(run_dir / "ckpt"), "--save-interval", "5"])
+    return losses, train_records(run_dir), run_dir
 
 
 EP2 = ["--expert-model-parallel-size", "2"]
@@ -281,7 +284,7 @@ def test_expert_parallel_2_equals_one_rank(moe_ep2_run, moe_one_rank):
     assert ("tensor-parallel 1, pipeline-parallel 1, data-parallel 2, expert-parallel 2, "
             "ZeRO stage 1") in proc.stdout
     assert "MoE: 4 experts (FFN 128) in 4 of 4 layers, top-2 softmax router" in proc.stdout
-    _, reference = moe_one_rank
+    _, reference, _ = moe_one_rank
     _assert_moe_records_match(train_records(run_dir), reference)
     first = reference[0]
     # 8 samples x 32 tokens, each sent to 2 of the 4 experts: 512 assignments per iteration
@@ -351,3 +354,53 @@ def test_tensor_and_expert_parallel_training_equals_one_rank(moe_one_rank, demo_
             "ZeRO stage 1, micro-batches per iteration 2, sequence-parallel, recompute full "
             "(uniform, 1 layer)") in proc.stdout
     _assert_moe_records_match(train_records(tmp_path), moe_one_rank[1])
+
+
+# ------------------------------------------------------------------ evaluation of MoE checkpoints
+RANK_DOCS = [{"task": "t", "inputs": "The cat sat on the", "choices": [" mat", " moon", " sofa"],
+              "label": 0},
+             {"task": "t", "inputs": "def f(x): return", "choices": [" x", " 42"], "label": 0}]
+
+
+def _scores_of(load, tmp_path, name):
+    """(zero-shot rank-classification choice scores, lm-eval log-likelihoods, the model) of
+    checkpoint ``load`` with the flags it recorded."""
+    from tasks import zero_shot_rank_classification as rank
+    from tasks.eval_harness import evaluate
+    from lm_eval.api.instance import Instance
+
+    data = tmp_path / "rank.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in RANK_DOCS))
+    out = tmp_path / f"{name}.json"
+    rank.main(["--use-checkpoint-args", "--load", str(load), "--task-data", str(data),
+               "--output-json", str(out)])
+    args = evaluate.parse_eval_args(["--use-checkpoint-args", "--load", str(load),
+                                     "--tasks", "unused"])
+    model = evaluate.load_model(args)
+    lm = evaluate.build_lm(args, model)
+    requests = [Instance("loglikelihood", {}, (d["inputs"], c), i)
+                for i, d in enumerate(RANK_DOCS) for c in d["choices"]]
+    return json.loads(out.read_text())["choice_scores"], [s for s, _ in lm.loglikelihood(requests)], model
+
+
+def test_evaluation_tasks_score_an_expert_parallel_checkpoint_as_the_one_rank_one(
+        moe_pp2_ep2_run, moe_one_rank, tmp_path):
+    """Zero-shot rank classification and lm-eval (tasks/) build the MoE model from the flags a
+    checkpoint recorded and read every expert: the PP 2 x EP 2 checkpoint of iteration 10 (experts
+    of expert-parallel rank 1 in their own files, layer files per stage) scores as the one-rank
+    run's checkpoint of the same iteration, whose experts DeepSpeed wrote in one file; the
+    experts of a layer all differ, and evaluation counts no routed tokens."""
+    from megatron.model.moe import moe_routers
+
+    ours = _scores_of(moe_pp2_ep2_run[0] / "ckpt", tmp_path, "pp2_ep2")
+    reference = _scores_of(moe_one_rank[2] / "ckpt", tmp_path, "one")
+    for got, want in zip(ours[0], reference[0]):
+        assert got == pytest.approx(want, abs=1e-5)
+    assert ours[1] == pytest.approx(reference[1], abs=1e-5)
+    assert len({round(s, 3) for s in ours[1]}) > 1  # the choices score differently
+    weights = dict(ours[2].named_parameters())
+    for layer in range(4):
+        fc1 = [weights[f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.linear_fc1.weight"]
+               for e in range(4)]
+        assert all(not torch.equal(fc1[a], fc1[b]) for a in range(4) for b in range(a + 1, 4))
+    assert all(r.take_tokens_per_expert() == (None, 0) for r in moe_routers(ours[2]))

@@ -90,7 +90,8 @@ def add_moe_args(parser: argparse.ArgumentParser) -> None:
                         "(default 1.0, Microsoft's).")
     g.add_argument("--moe-min-capacity", type=int, default=None,
                    help="Microsoft: minimum tokens per expert under token dropping; megatron-core "
-                        "has none, so accepted only with dropless routing.")
+                        "has none, so accepted where the capacity never falls below it (or "
+                        "dropless), refused otherwise.")
     g.add_argument("--moe-eval-capacity-factor", type=float, default=None,
                    help="Microsoft: capacity factor at evaluation; megatron-core uses the training "
                         "one, so accepted only when equal to it or with dropless routing.")
@@ -305,7 +306,9 @@ def _resolve_token_dropping(args) -> None:
     inert = [f"{f} {getattr(args, d)}" for d, f in given.items()
              if d in ("moe_min_capacity", "moe_eval_capacity_factor")]
     if inert:
-        args.startup_notes.append(f"accepted without effect here (docs/moe.md): {', '.join(inert)}")
+        args.startup_notes.append(f"MoE capacity flags that change nothing in this run (docs/moe.md): "
+                                  f"{', '.join(inert)} (the capacity never falls below the minimum; "
+                                  "evaluation uses the training capacity)")
     if args.moe_pad_expert_input_to_capacity and factor is None:
         raise ArgumentError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor "
                             "(dropless routing has no capacity to pad to)")

@@ -31,6 +31,7 @@ SCRIPTS = {
     "ms_gpt": ("microsoft_gpt_pretrain.sh", {}),
     "ms_llama2": ("microsoft_llama2_pretrain.sh", {}),
     "ms_sequence_parallel": ("microsoft_sequence_parallel.sh", {}),
+    "ms_moe": ("microsoft_moe_pretrain.sh", {}),
 }
 ITERATION_LINE = re.compile(r" iteration +(\d+)/ +(\d+) \|")
 
@@ -357,3 +358,20 @@ def test_refused_flags_of_the_table_stop_the_run(flag_parser, compat_data, tmp_p
             parse_in_process(flags + [flag] + (["2"] if info.takes_value else []), monkeypatch)
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and flag in err and info.use_instead in err, err
+
+
+def test_microsoft_moe_script_gets_microsofts_moe_model(compat_data, tmp_path, monkeypatch):
+    """Microsoft's MoE128 script names only the expert count, the expert-parallel size, the loss
+    coefficient and the capacities: the model is Microsoft's (top-1 gating by the probability, MoE
+    in every second layer, token dropping at factor 1.0), split over its 2 ranks; its
+    --moe-min-capacity 4 and --moe-eval-capacity-factor 1.0 cannot bind and are named inert."""
+    args = parse_in_process(script_flags("ms_moe", compat_data, str(tmp_path)), monkeypatch)
+    assert (args.num_experts, args.expert_model_parallel_size) == (4, 2)
+    assert (args.moe_router_topk, args.moe_router_pre_softmax, args.moe_aux_loss_coeff) == (
+        1, True, 0.01)
+    assert args.moe_layer_freq == [0, 1] and args.moe_expert_capacity_factor == 1.0
+    notes = " ".join(args.startup_notes)
+    assert "--moe-min-capacity 4" in notes and "--moe-eval-capacity-factor 1.0" in notes
+    dropless = parse_in_process(script_flags("ms_moe", compat_data, str(tmp_path / "dropless"),
+                                             MOE_DROP_TOKEN="false"), monkeypatch)
+    assert dropless.moe_expert_capacity_factor is None

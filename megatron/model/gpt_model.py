@@ -192,8 +192,7 @@ def build_gpt_model(args) -> GPTModel:
         add_embedding_layernorm(model.embedding, config)
     # experts by their global ids (megatron/model/param_names.py), so every expert-parallel
     # layout draws the same experts
-    model.first_local_expert = first_local_expert(args.num_experts) if getattr(
-        args, "num_experts", None) else 0
+    model.first_local_expert = first_local_expert(getattr(args, "num_experts", None))
     initialize_parameters(model.named_parameters(), config, args.seed,
                           canonical_name=lambda n: global_expert_name(n, model.first_local_expert))
     return model

@@ -508,11 +508,9 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
         real_vocab_size=getattr(args, "vocab_size", None))  # from tokenizer_setup
     # experts by their global ids, as build_gpt_model: every expert-parallel layout draws the same
     # experts (the checkpoint's namer reads the attribute too, megatron/checkpoint/engine_index.py)
-    model.first_local_expert = first_local_expert(args.num_experts) if getattr(
-        args, "num_experts", None) else 0
-    initialize_parameters(
-        ((global_expert_name(name, model.first_local_expert), param)
-         for name, param in model.canonical_named_parameters()), config, args.seed)
+    model.first_local_expert = first_local_expert(getattr(args, "num_experts", None))
+    initialize_parameters(model.named_parameters(), config, args.seed, canonical_name=lambda n:
+                          global_expert_name(model.canonical_name(n), model.first_local_expert))
     return model
 
 

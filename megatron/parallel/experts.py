@@ -92,8 +92,11 @@ def mark_expert_parameters(model: torch.nn.Module, expert_parallel_size: int) ->
     return count
 
 
-def first_local_expert(num_experts: int) -> int:
-    """The global id of this rank's first expert: its expert-parallel rank x experts per rank."""
+def first_local_expert(num_experts) -> int:
+    """The global id of this rank's first expert: its expert-parallel rank x experts per rank
+    (0 for a dense model, ``num_experts`` None)."""
+    if not num_experts:
+        return 0
     from megatron.core import parallel_state
 
     ep_size = parallel_state.get_expert_model_parallel_world_size()

@@ -104,6 +104,9 @@ def _refused(flag, use_instead, families, takes_value, note, inert_values=()):
                       tuple(inert_values))
 
 
+# what Microsoft's Mixture-of-Students scripts (examples_deepspeed/MoE/*_MoS.sh) can run here
+_NO_TEACHER = "pretraining without a teacher (drop --mos and its teacher flags)"
+
 COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
     # ------------------------------------------------------------------------------ aliases
     _alias("--topk", "--moe-router-topk", (MS,), True,
@@ -228,6 +231,21 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
              "Microsoft's Residual MoE mixes a dense MLP and the experts with learned per-token "
              "coefficients; megatron-core's MoE layer has no such mix (standard is the default "
              "MoE).", inert_values=("standard",)),
+    _refused("--mos", _NO_TEACHER, (MS,), False,
+             "Microsoft's Mixture-of-Students (knowledge distillation of a smaller MoE student "
+             "from a teacher checkpoint) is not built here."),
+    _refused("--kd-beta-ce", _NO_TEACHER, (MS,), True,
+             "Weight of Mixture-of-Students' distillation loss; distillation is not built here."),
+    _refused("--load-teacher", _NO_TEACHER, (MS,), True,
+             "Teacher checkpoint of Mixture-of-Students; distillation is not built here."),
+    _refused("--num-layers-teacher", _NO_TEACHER, (MS,), True,
+             "Teacher shape of Mixture-of-Students; distillation is not built here."),
+    _refused("--hidden-size-teacher", _NO_TEACHER, (MS,), True,
+             "Teacher shape of Mixture-of-Students; distillation is not built here."),
+    _refused("--num-attention-heads-teacher", _NO_TEACHER, (MS,), True,
+             "Teacher shape of Mixture-of-Students; distillation is not built here."),
+    _refused("--num-experts-teacher", _NO_TEACHER, (MS,), True,
+             "Teacher expert counts of Mixture-of-Students; distillation is not built here."),
     _refused("--virtual-pipeline-model-parallel-size", "--pipeline-model-parallel-size",
              (MLM,), True,
              "Interleaved (virtual) pipeline stages are not built; DeepSpeed's pipe engine runs "

@@ -123,7 +123,7 @@ def test_flag_set_must_be_known(compat_data, tmp_path):
     assert "FLAG_SET=2025: expected 2024 or 2026" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["gpt3_2026", "ms_gpt"])
+@pytest.mark.parametrize("name", ["gpt3_2026", "ms_gpt", "ms_moe"])
 def test_original_fp16_is_refused_on_cpu_in_one_line(name, compat_data, tmp_path, monkeypatch,
                                                      capsys):
     """PRECISION=fp16 restores the original's --fp16 (and, for Microsoft's, the JSON's fp16
@@ -166,6 +166,34 @@ def test_sequence_parallel_script_refuses_fpdt(extra, named, compat_data, tmp_pa
     for flag in named:
         assert flag in err and compat_flag(flag).use_instead in err, (flag, err)
     assert "--ds-sequence-parallel-size N (DeepSpeed-Ulysses)" in err, err
+
+
+MOE_SIBLINGS = {  # extra flags of the MoE script's PR-MoE and MoS siblings, what the error names
+    "pr_moe": (["--num-experts", "4", "8", "--mlp-type", "residual"],
+               ["--mlp-type residual", "--moe-shared-expert-intermediate-size",
+                "--num-experts 4 8", "--num-experts N with --moe-layer-freq or --expert-interval"]),
+    "mos": (["--mos", "--kd-beta-ce", "1", "--num-layers-teacher", "4", "--hidden-size-teacher",
+             "64", "--num-attention-heads-teacher", "4", "--load-teacher", "teacher"],
+            ["--mos", "--kd-beta-ce 1", "--num-layers-teacher 4", "--hidden-size-teacher 64",
+             "--num-attention-heads-teacher 4", "--load-teacher teacher",
+             "pretraining without a teacher"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOE_SIBLINGS))
+def test_moe_script_siblings_are_refused(name, compat_data, tmp_path, monkeypatch, capsys):
+    """The PR-MoE scripts' per-layer expert counts and residual MoE, and the Mixture-of-Students
+    scripts' distillation flags, added to the MoE script, stop it in one line naming each flag
+    and what to use instead."""
+    extra, named = MOE_SIBLINGS[name]
+    flags = script_flags("ms_moe", compat_data, str(tmp_path), extra=extra)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_in_process(flags, monkeypatch)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for fragment in named:
+        assert fragment in err, (fragment, err)
 
 
 def test_split_without_documents_is_an_error(demo_data):

@@ -112,19 +112,23 @@ _MS_SP = _flags("""
     --tensorboard-queue-size --train-samples --train-tokens --use-flash-attn-triton
     --use-flash-attn-v2 --use-rotary-position-embeddings --vocab-file --weight-decay
     --zero-stage""")
+# The MoE scripts: --mlp-type is PR-MoE's, --mos and the teacher flags the _MoS scripts'
 _MS_MOE = _flags("""
     --adam-beta1 --adam-beta2 --checkpoint-activations --clip-grad --create-moe-param-group
     --data-impl --data-path --deepspeed --deepspeed-activation-checkpointing --deepspeed_config
     --disable-moe-token-dropping --eval-interval --eval-iters --exit-duration-in-mins --fp16
     --global-batch-size --hidden-size --hysteresis --init-method-std --load
     --log-batch-size-to-tensorboard --log-interval --log-timers-to-tensorboard
-    --log-validation-ppl-to-tensorboard --lr --lr-decay-style --lr-decay-tokens --lr-warmup-tokens
-    --max-position-embeddings --merge-file --micro-batch-size --min-lr --moe-eval-capacity-factor
-    --moe-expert-parallel-size --moe-loss-coeff --moe-min-capacity --moe-train-capacity-factor
-    --no-pipeline-parallel --num-attention-heads --num-experts --num-layers --num-workers
-    --override-opt_param-scheduler --pipeline-model-parallel-size --save --save-interval
-    --seq-length --split --tensor-model-parallel-size --tensorboard-dir --tensorboard-queue-size
-    --train-iters --train-tokens --vocab-file --weight-decay""")
+    --log-validation-ppl-to-tensorboard --lr --lr-decay-style --lr-decay-tokens
+    --lr-warmup-tokens --max-position-embeddings --merge-file --micro-batch-size --min-lr
+    --moe-eval-capacity-factor --moe-expert-parallel-size --moe-loss-coeff --moe-min-capacity
+    --moe-train-capacity-factor --no-pipeline-parallel --num-attention-heads --num-experts
+    --num-layers --num-workers --override-opt_param-scheduler --pipeline-model-parallel-size
+    --save --save-interval --seq-length --split --tensor-model-parallel-size --tensorboard-dir
+    --tensorboard-queue-size --train-iters --train-tokens --vocab-file --weight-decay
+    --mlp-type
+    --mos --kd-beta-ce --load-teacher --num-layers-teacher --hidden-size-teacher
+    --num-attention-heads-teacher --num-experts-teacher""")
 # Flags of other scripts of these families that users bring along (BigScience's earlier
 # configurations, a Microsoft-fork 175B run, Megatron-LM's precision flags): fp16 loss scaling,
 # gradient accumulation dtypes, aliases, logging extras.
@@ -153,7 +157,9 @@ SOURCES: Tuple[Source, ...] = (
            "pretrain_llama2_distributed.sh", "microsoft_llama2_pretrain.sh", _MS_LLAMA2),
     Source("MS SP", "microsoft/Megatron-DeepSpeed examples_deepspeed/sequence_parallel/*.sh",
            "microsoft_sequence_parallel.sh", _MS_SP),
-    Source("MS MoE", "microsoft/Megatron-DeepSpeed examples_deepspeed/MoE/ds_pretrain_gpt_*_MoE128.sh",
+    Source("MS MoE", "microsoft/Megatron-DeepSpeed examples_deepspeed/MoE/"
+           "ds_pretrain_gpt_{125M_MoE64,350M_MoE128,1.3B_MoE128}.sh, PR-MoE "
+           "(ds_pretrain_gpt_{350M_PR-MoE32or64,1.3B_PR-MoE64or128}.sh) and their _MoS twins",
            "microsoft_moe_pretrain.sh", _MS_MOE),
     Source("other", "other scripts of these forks (BigScience's earlier configurations, a "
            "Microsoft-fork 175B run, Megatron-LM's precision flags)", "", _OTHER),

@@ -11,13 +11,20 @@
 # dropping, --moe-min-capacity 4, --create-moe-param-group; MOE_DROP_TOKEN=false adds
 # --disable-moe-token-dropping), which give Microsoft's defaults for what the script leaves out
 # (top-1 gating by the softmax probability, an MoE layer every second layer: docs/moe.md); the
-# token-based budget and LR schedule, --hysteresis, ZeRO stage 1 without the pipeline engine
-# (--no-pipeline-parallel), activation checkpointing, the TensorBoard extras, the original DeepSpeed
-# JSON template, --vocab-file and --merge-file without --tokenizer-type (GPT-2 BPE). Its --fp16
-# becomes --bf16 on CPU (the original's template already turns bf16 on; PRECISION=fp16 restores
-# --fp16 and an fp16 section where the accelerator has fp16). Changed otherwise: sizes (2 layers,
-# hidden 64, seq 64; 4 experts instead of 128, split over the 2 ranks: --moe-expert-parallel-size 2
-# instead of 8), the data (tools/make_compat_data.py), logging every iteration.
+# token-based budget and LR schedule (--train-iters three times the budget, as the original),
+# --hysteresis, no pipeline engine (--no-pipeline-parallel), activation checkpointing, the
+# TensorBoard extras, the original's ds_config_gpt_TEMPLATE.json (its curriculum_learning section,
+# off there, left out), --vocab-file and --merge-file without --tokenizer-type (GPT-2 BPE). Its
+# --fp16 becomes --bf16 on CPU, and the template's fp16 section is turned off and its bf16 one on
+# (the original turns fp16 on; PRECISION=fp16 restores that where the accelerator has fp16).
+# Changed otherwise: sizes (2 layers, hidden 64, seq 64; 4 experts instead of 128, split over the 2
+# ranks: --moe-expert-parallel-size 2 instead of min(128 experts, 64 GPUs) = 64), ZeRO stage 1
+# instead of the template's 0 (expert-parallel checkpoints, --save/--load, keep their optimizer
+# state in ZeRO's partitions here) and so prescale_gradients false instead of true (DeepSpeed's
+# ZeRO 1 reduce-scatter does not pre-scale), the data (tools/make_compat_data.py), logging every
+# iteration. The PR-MoE siblings (per-layer --num-experts counts, --mlp-type residual) and the
+# Mixture-of-Students ones (--mos and its teacher flags) stop in one line naming the replacement
+# (docs/compatibility.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../tools/cpu_env.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -133,10 +140,10 @@ fi
 if [ "$precision" = fp16 ]; then
     fp16_enabled=true; bf16_enabled=false
 else
-    fp16_enabled=false; bf16_enabled=true  # what the original's sed writes into the template
+    fp16_enabled=false; bf16_enabled=true  # the original: fp16 on, bf16 off (see above)
 fi
-# The original fills its ds_config_gpt_TEMPLATE.json by sed (batch sizes, log interval, ZeRO 1,
-# prescale false, fp16 off, bf16 on); the same values here
+# The original fills its ds_config_gpt_TEMPLATE.json by sed (batch sizes, log interval, ZeRO 0,
+# prescale true, fp16 on, bf16 off); here ZeRO 1, prescale false, and the precision above
 config_json="$OUT/ds_config_gpt_moe.json"
 cat <<EOT > "$config_json"
 {

@@ -207,6 +207,13 @@ def validate_moe_args(args) -> None:
         if not any(args.moe_layer_freq):
             raise ArgumentError(f"--expert-interval {args.expert_interval} exceeds --num-layers "
                                 f"{args.num_layers}: no layer would be MoE")
+        recorded = ((getattr(args, "checkpoint_model_args", None) or {}).get("model") or {}).get(
+            "moe_layer_freq")
+        if recorded is not None and moe_layer_pattern(recorded, args.num_layers) \
+                != args.moe_layer_freq:
+            raise ArgumentError(f"--expert-interval {args.expert_interval} makes layers "
+                                f"{args.moe_layer_freq} MoE, the checkpoint's --moe-layer-freq "
+                                f"{recorded} (--use-checkpoint-args); drop --expert-interval")
     else:
         args.moe_layer_freq = parse_moe_layer_freq(args.moe_layer_freq, args.num_layers)
     if not 1 <= args.moe_router_topk <= args.num_experts:
@@ -244,22 +251,26 @@ def _apply_microsoft_defaults(args) -> None:
     project's defaults for the MoE flags it leaves out: ``--topk 1`` (DeepSpeed's top-1 gate, the
     softmax probability), ``--moe-loss-coeff 0.1``, ``--expert-interval 2`` (MoE in every second
     layer) and token dropping at ``--moe-train-capacity-factor 1.0``. So its scripts build the
-    model they build there. Megatron-LM's defaults apply otherwise."""
+    model they build there. Megatron-LM's defaults apply otherwise. A value that
+    ``--use-checkpoint-args`` took from the checkpoint's ``model_args.json`` counts as given: the
+    defaults never replace the model the checkpoint records."""
     given = args.given_flags
     args.microsoft_moe_defaults = any(given.get(d) == f for d, f in _MICROSOFT_SPELLINGS.items())
     if not args.microsoft_moe_defaults:
         return
+    record = getattr(args, "checkpoint_model_args", None) or {}
+    settled = set(given) | set(record.get("model") or {})
     applied = []
-    if "moe_router_topk" not in given:
+    if "moe_router_topk" not in settled:
         args.moe_router_topk = 1
         applied.append("--topk 1")
-    if "moe_aux_loss_coeff" not in given:
+    if "moe_aux_loss_coeff" not in settled:
         args.moe_aux_loss_coeff = 0.1
         applied.append("--moe-loss-coeff 0.1")
-    if args.expert_interval is None and "moe_layer_freq" not in given:
+    if args.expert_interval is None and "moe_layer_freq" not in settled:
         args.expert_interval = 2
         applied.append("--expert-interval 2")
-    if not args.disable_moe_token_dropping and "moe_expert_capacity_factor" not in given:
+    if not args.disable_moe_token_dropping and "moe_expert_capacity_factor" not in settled:
         args.moe_expert_capacity_factor = 1.0
         applied.append("token dropping at --moe-train-capacity-factor 1.0")
     if applied:

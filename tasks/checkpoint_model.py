@@ -18,13 +18,87 @@ a ``model_args.json`` written before padding was masked softmaxes over every row
 trained), so log-probabilities are the softmax the training loss used. A weight that the model or the checkpoint lacks, or of another
 shape, is a :class:`megatron.errors.CheckpointError` naming ``--load`` and the model flags
 to check; with ``--use-checkpoint-args`` the flags come from the checkpoint itself.
+
+Mixture-of-experts checkpoints (``--num-experts``) of any expert/tensor/pipeline-parallel layout
+are read with every expert (those of expert-parallel ranks >= 1 from their
+``expert_states_ep_*`` files, by global expert id) into one expert-parallel size 1 model:
+:func:`one_process_argv` makes a training command line's ``--expert-model-parallel-size N`` 1. In
+eval mode the router is deterministic (no ``--moe-input-jitter-eps`` noise) and counts nothing
+(no token counts, no load-balancing or z-loss: those are kept for training forwards with
+gradients only). Token dropping (a capacity factor) is refused: which tokens an expert drops
+depends on every token of the forward, so a request would have no score of its own.
 """
 import os
+import re
+from typing import List, Sequence
 
 import torch
 
 from megatron.checkpoint.reader import CheckpointWeights
-from megatron.errors import CheckpointError
+from megatron.errors import CheckpointError, ConfigError
+
+# The spellings of the expert-parallel size (Megatron-LM's, Microsoft Megatron-DeepSpeed's)
+EXPERT_PARALLEL_FLAGS = ("--expert-model-parallel-size", "--moe-expert-parallel-size")
+
+
+def one_process_argv(argv: Sequence[str]) -> List[str]:
+    """``argv`` with every expert-parallel size (:data:`EXPERT_PARALLEL_FLAGS`, ``--flag N`` or
+    ``--flag=N``) set to 1, a note printed for each: expert parallelism is a training layout, the
+    one evaluation process holds every expert, whatever layout the checkpoint was saved at. The
+    spelling is kept (Microsoft's spelling brings Microsoft's MoE defaults, part of the model the
+    command line describes)."""
+    out = list(argv)
+    for i, token in enumerate(out):
+        flag, eq, value = token.partition("=")
+        if flag not in EXPERT_PARALLEL_FLAGS:
+            continue
+        if not eq:
+            if i + 1 >= len(out) or not re.fullmatch(r"\d+", out[i + 1]):
+                continue  # argparse names the missing or bad value
+            value, out[i + 1] = out[i + 1], "1"
+        else:
+            out[i] = f"{flag}=1"
+        if value != "1":
+            print(f"{flag} {value}: evaluation runs one process holding every expert "
+                  "(expert-parallel 1); the checkpoint's experts are read from every "
+                  "expert-parallel rank's files")
+    return out
+
+
+def _capacity_factor_error(args) -> ConfigError:
+    """The error for evaluating with a capacity factor: where the factor came from and how to
+    route dropless instead."""
+    factor = args.moe_expert_capacity_factor
+    given = getattr(args, "given_flags", {}) or {}
+    spelling = given.get("moe_expert_capacity_factor")
+    if spelling == "--moe-expert-capacity-factor" and not args.microsoft_moe_defaults:
+        source, remedy = f"{spelling} {factor:g}", f"drop {spelling}"
+    else:  # Microsoft's spellings and defaults, or the checkpoint's record: one flag routes dropless
+        if spelling:
+            source = f"{spelling} {factor:g}"
+        elif "moe_token_dropping" in given:
+            source = f"--moe-token-dropping (capacity factor {factor:g})"
+        elif args.microsoft_moe_defaults:
+            source = (f"token dropping at capacity factor {factor:g} (Microsoft "
+                      "Megatron-DeepSpeed's default for its MoE spellings)")
+        else:
+            source = (f"--moe-expert-capacity-factor {factor:g} (the checkpoint's model_args.json, "
+                      "--use-checkpoint-args)")
+        remedy = "add --disable-moe-token-dropping"
+    return ConfigError(
+        f"{source}: token dropping cannot be evaluated: which tokens an expert drops depends on "
+        "every token of the forward (the batch's other requests, their padding, the later tokens "
+        f"of the same sequence), so a request has no score of its own; to score the checkpoint "
+        f"dropless (every token reaches its top-{args.moe_router_topk} experts), {remedy}")
+
+
+def check_moe_evaluable(args) -> None:
+    """Refuse MoE flags whose forward gives a request no score of its own (a capacity factor),
+    naming the flag and the dropless alternative; nothing for a dense or dropless model."""
+    if getattr(args, "num_experts", None) is None:
+        return
+    if getattr(args, "moe_expert_capacity_factor", None) is not None:
+        raise _capacity_factor_error(args)
 
 
 def init_single_process() -> None:
@@ -55,6 +129,7 @@ def build_model(args) -> torch.nn.Module:
     from megatron.tokenizer.tokenizer import model_vocab_size
 
     init_single_process()
+    check_moe_evaluable(args)
     if getattr(args, "tokenizer", None) is None:
         tokenizer_setup(args).apply(args)
     if not args.load:

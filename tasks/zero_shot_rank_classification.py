@@ -71,8 +71,10 @@ def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     from megatron.arguments import parse_args
 
     from megatron.tokenizer import tokenizer_setup
+    from tasks.checkpoint_model import one_process_argv
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # one process: a training command line's expert-parallel size becomes 1
+    argv = one_process_argv(sys.argv[1:] if argv is None else argv)
     args = parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,
                       require_data=False)
     tokenizer_setup(args).apply(args)  # the tokenizer and the embedding rows it needs

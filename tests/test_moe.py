@@ -67,6 +67,25 @@ def test_router_equals_a_naive_top_k(router_factory, k, pre_softmax):
     torch.testing.assert_close(probs, want_probs, rtol=1e-6, atol=1e-7)
 
 
+def test_input_jitter_perturbs_training_routing_only(router_factory):
+    """--moe-input-jitter-eps multiplies the router input by U(1 - eps, 1 + eps) noise in training
+    (a new draw each forward); in eval mode the input, hence the routing, is unchanged."""
+    router = router_factory(moe_router_topk=2, moe_input_jitter_eps=0.5)
+    hidden = torch.randn(5, 2, 16, generator=torch.Generator().manual_seed(3))
+    router.train()
+    first, second = (router.apply_input_jitter(hidden) / hidden for _ in range(2))
+    for ratio in (first, second):
+        assert 0.5 <= ratio.min() < 0.6 and 1.4 < ratio.max() <= 1.5
+    assert not torch.equal(first, second)
+    router.eval()
+    assert torch.equal(router.apply_input_jitter(hidden), hidden)
+    with torch.no_grad():
+        probs, routing_map = router(hidden)
+    want_probs, want_map = _naive_topk(hidden.view(-1, 16) @ router.weight.t(), 2, False)
+    assert torch.equal(routing_map, want_map)
+    torch.testing.assert_close(probs, want_probs, rtol=1e-6, atol=1e-7)
+
+
 def test_load_balancing_loss_equals_its_formula(router_factory):
     """Switch/GShard: E * sum_i f_i * P_i with f_i the fraction of the k * T assignments that go to
     expert i and P_i its mean probability over the T tokens; the tracker keeps it without the
@@ -404,3 +423,141 @@ def test_evaluation_tasks_score_an_expert_parallel_checkpoint_as_the_one_rank_on
                for e in range(4)]
         assert all(not torch.equal(fc1[a], fc1[b]) for a in range(4) for b in range(a + 1, 4))
     assert all(r.take_tokens_per_expert() == (None, 0) for r in moe_routers(ours[2]))
+
+
+# ------------------------------------------------------------------ evaluation against transformers
+# tasks/zero_shot_rank_classification.py and tasks/eval_harness (lm-eval) on the EP 2 checkpoint of
+# iteration 10 (moe_ep2_run), in one process at expert-parallel 1, against the checkpoint exported
+# to transformers' MixtralForCausalLM (tools/checkpoint/convert_to_hf.py; the run is Llama-style:
+# --swiglu, RMSNorm, rope, no biases, untied, top-2 softmax routing).
+EVAL_MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+              "--seq-length", "32", "--swiglu", "--transformer-impl", "local"] + LLAMA_MOE
+EVAL_TOLERANCE = 1e-5  # nats, per scored continuation (fp32 on both sides; measured < 1e-6)
+
+
+@pytest.fixture(scope="module")
+def moe_mixtral_export(moe_ep2_run, tmp_path_factory):
+    """The EP 2 checkpoint's latest iteration exported to a transformers Mixtral directory:
+    (checkpoint dir, MixtralForCausalLM in fp32 eval mode)."""
+    from test_hf_mixtral import hf_mixtral
+    from tools.checkpoint.convert_to_hf import convert
+
+    run_dir, _ = moe_ep2_run
+    out = tmp_path_factory.mktemp("moe_mixtral")
+    assert convert(str(run_dir / "ckpt"), str(out / "hf"))["family"] == "MixtralForCausalLM"
+    hf, missed = hf_mixtral(out / "hf")
+    assert not missed
+    return run_dir / "ckpt", hf
+
+
+def _mixtral_score(hf, ctx, cont):
+    """Sum of log p(cont[j] | ctx, cont[:j]) under the transformers model (float64 softmax)."""
+    whole = list(ctx) + list(cont)
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(torch.tensor([whole[:-1]])).logits[0].double(), dim=-1)
+    return float(sum(lp[len(ctx) - 1 + j, t] for j, t in enumerate(cont)))
+
+
+def _eval_args(load, *extra):
+    from tasks.eval_harness import evaluate
+
+    return evaluate.parse_eval_args(["--use-checkpoint-args", "--load", str(load),
+                                     "--tasks", "unused", *extra])
+
+
+def test_eval_tasks_score_the_expert_parallel_checkpoint_as_its_mixtral_export(
+        moe_mixtral_export, tmp_path, capsys):
+    """Rank classification and lm-eval's multiple choice through simple_evaluate
+    (--use-checkpoint-args; the training command line's --expert-model-parallel-size 2 runs at 1)
+    give every choice the log-likelihood the exported Mixtral computes, within 1e-5; no
+    evaluation forward records a load-balancing loss."""
+    from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
+                                                         get_moe_layer_wise_logging_tracker)
+    from tasks import zero_shot_rank_classification as rank
+    from tasks.eval_harness import evaluate
+    from test_eval_harness import MC_DOCS, _task_files
+
+    load, hf = moe_mixtral_export
+    clear_aux_losses_tracker()  # zeroes what earlier in-process tests recorded
+    tok = _eval_args(load).tokenizer
+    want = [[_mixtral_score(hf, tok.tokenize(d["question"]), tok.tokenize(" " + c))
+             for c in d["choices"]] for d in MC_DOCS]
+    flags = ["--use-checkpoint-args", "--load", str(load), "--expert-model-parallel-size", "2"]
+    data = tmp_path / "rank.jsonl"
+    data.write_text("".join(json.dumps({"task": "t", "inputs": d["question"], "label": d["label"],
+                                        "choices": [" " + c for c in d["choices"]]}) + "\n"
+                            for d in MC_DOCS))
+    ranked = rank.main(flags + ["--task-data", str(data), "--eval-batch-size", "4"])
+    mc, include = _task_files(tmp_path)
+    out = tmp_path / "results" / "lm_eval.json"
+    evaluate.main(flags + ["--tasks", mc, "--include-path", include, "--results-path", str(out),
+                           "--bootstrap-iters", "0", "--eval-batch-size", "4", "--log-samples"])
+    stdout = capsys.readouterr().out
+    assert "--expert-model-parallel-size 2: evaluation runs one process holding every expert" \
+        in stdout
+    assert "4 experts (FFN 128) in 4 of 4 layers, top-2 softmax router" in stdout
+    assert "dropless, allgather dispatcher, expert-parallel 1" in stdout
+    samples = [json.loads(line) for line in
+               (tmp_path / "results" / "lm_eval_samples_tiny_mc.jsonl").read_text().splitlines()]
+    lm_eval_scores = {s["doc_id"]: [float(r[0]) for r in s["filtered_resps"]] for s in samples}
+    assert sorted(lm_eval_scores) == list(range(len(MC_DOCS)))
+    diffs = [abs(g - w) for i, choices in enumerate(want)
+             for got in (ranked["choice_scores"][i], lm_eval_scores[i])
+             for g, w in zip(got, choices)]
+    assert len(diffs) == 2 * sum(len(d["choices"]) for d in MC_DOCS)
+    assert max(diffs) < EVAL_TOLERANCE, max(diffs)
+    recorded = {k: float(v["values"].abs().sum())
+                for k, v in get_moe_layer_wise_logging_tracker().items()}
+    assert not any(recorded.values()), f"evaluation recorded MoE losses: {recorded}"
+
+
+def test_eval_router_is_deterministic_and_token_dropping_is_refused(moe_ep2_run, tmp_path):
+    """--moe-input-jitter-eps jitters training forwards only (megatron-core 0.16 jitters in eval
+    mode too): a jittered checkpoint's scores are the plain model's, forward after forward. A
+    Microsoft spelling with --use-checkpoint-args keeps the checkpoint's top-2, layers and
+    dropless routing instead of Microsoft's defaults. Token dropping (given, Microsoft's default,
+    or recorded by the checkpoint) is one ConfigError naming the flag and the dropless way."""
+    from megatron.errors import ConfigError
+    from tasks.checkpoint_model import build_model
+    from tasks.eval_harness import evaluate
+    from tasks.zero_shot_rank_classification import score_pairs
+
+    load = moe_ep2_run[0] / "ckpt"
+    pairs = [([5, 6, 7, 8, 9, 10], [11, 12]), ([20, 21], [22, 23, 24, 25, 26]), ([30] * 10, [31])]
+    plain = score_pairs(build_model(_eval_args(load)), pairs, 32, 0, batch_size=3)
+    jittered = build_model(_eval_args(load, "--moe-input-jitter-eps", "0.5"))
+    for _ in range(2):
+        assert score_pairs(jittered, pairs, 32, 0, batch_size=3).tolist() == plain.tolist()
+    microsoft = _eval_args(load, "--moe-expert-parallel-size", "2")
+    assert (microsoft.moe_router_topk, microsoft.moe_layer_freq, microsoft.expert_interval,
+            microsoft.moe_expert_capacity_factor) == (2, 1, None, None)
+    assert score_pairs(build_model(microsoft), pairs, 32, 0, batch_size=3).tolist() \
+        == plain.tolist()
+    for argv, fragments in [
+        (EVAL_MODEL + ["--moe-expert-capacity-factor", "1"],
+         ["--moe-expert-capacity-factor 1: token dropping cannot be evaluated",
+          "drop --moe-expert-capacity-factor"]),
+        (EVAL_MODEL + ["--moe-expert-parallel-size", "2"],  # Microsoft's: its token dropping
+         ["token dropping at capacity factor 1 (Microsoft Megatron-DeepSpeed's default",
+          "add --disable-moe-token-dropping"]),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            build_model(evaluate.parse_eval_args(argv + ["--load", str(load), "--tasks", "x"]))
+        for fragment in fragments:
+            assert fragment in str(info.value), str(info.value)
+    # a checkpoint that recorded token dropping (its model_args.json edited: no new training run)
+    dropping = tmp_path / "dropping"
+    shutil.copytree(load / f"iter_{MOE_ITERS:07d}", dropping / f"iter_{MOE_ITERS:07d}")
+    (dropping / "latest_checkpointed_iteration.txt").write_text(str(MOE_ITERS))
+    record_file = dropping / f"iter_{MOE_ITERS:07d}" / "model_args.json"
+    record = json.loads(record_file.read_text())
+    record["model"]["moe_expert_capacity_factor"] = 1.25
+    record_file.write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=r"--moe-expert-capacity-factor 1\.25 \(the "
+                       r"checkpoint's model_args\.json, --use-checkpoint-args\): token dropping "
+                       r"cannot be evaluated.*add --disable-moe-token-dropping"):
+        build_model(_eval_args(dropping))
+    dropless = _eval_args(dropping, "--disable-moe-token-dropping")
+    assert (dropless.moe_router_topk, dropless.moe_expert_capacity_factor) == (2, None)
+    assert score_pairs(build_model(dropless), pairs, 32, 0, batch_size=3).tolist() \
+        == plain.tolist()

@@ -10,6 +10,10 @@ The router also counts, per micro-batch, how many tokens each expert is sent (af
 dropping). The counts stay on the device; the loop reads them once per log interval
 (megatron/moe_metrics.py). Like megatron-core's aux-loss tracker, it counts only training
 forwards with gradients. That counts a recomputed layer once, and an evaluation not at all.
+
+``--moe-input-jitter-eps`` multiplies the router's input by uniform noise in training only:
+megatron-core 0.16 applies it in eval mode too, which made validation losses and evaluation
+scores change from one forward to the next.
 """
 from typing import List, Optional, Tuple, Union
 
@@ -30,6 +34,13 @@ class MoERouter(TopKRouter):
         super().__init__(*args, **kwargs)
         self.tokens_per_expert: Optional[torch.Tensor] = None
         self.training_forwards = 0  # micro-batches counted (host-side: no device sync)
+
+    def apply_input_jitter(self, input: torch.Tensor) -> torch.Tensor:
+        """``input`` times ``--moe-input-jitter-eps`` noise in training, unchanged in eval mode
+        (the noise is a training regulariser: a score must not depend on a random draw)."""
+        if not self.training:
+            return input
+        return super().apply_input_jitter(input)
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         """Router logits ``[..., num_experts]`` of ``input`` ``[..., hidden]``."""

@@ -10,7 +10,9 @@ the outputs) and reduces the experts' gradients over their expert-data-parallel 
 instead of all-reducing them; in exchange each rank holds half of the expert weights and Adam
 states. Printed per layout: median ms/iteration (warm-up dropped, from the loop's own metrics;
 best of --repeats interleaved rounds), speed-up over EP 1, overhead = (t - t_EP1 / 2) / t, the
-first iteration's LM loss (equal across layouts: the same model), the expert parameters per rank.
+first iteration's LM loss and load-balancing loss and the tokens one expert received in it (fewest
+and most, over the experts of every layer; from the loop's ``--metrics-jsonl``): all equal across
+layouts, the same model on the same global batch; and the expert parameters per rank.
 
     DS_ACCELERATOR=cpu python benchmarks/moe_expert_parallel.py [--hidden-size 256 --num-layers 4
         --num-experts 8 --seq-length 256 --iters 8]
@@ -24,6 +26,8 @@ import tempfile
 from statistics import median
 
 from launch import ROOT, launch_pretraining
+
+FIRST = ("lm_loss", "load_balancing_loss", "tokens_per_expert_min", "tokens_per_expert_max")
 
 LAYOUTS = {"EP 1 (1 rank)": (1, []),
            "DP 2 x EP 1 (2 ranks)": (2, []),
@@ -78,6 +82,8 @@ def main():
     sys.path.insert(0, ROOT)
     from tools.make_demo_data import make_demo_data
 
+    from megatron.cpu_comm import remove_stale_shm_buffers
+
     with tempfile.TemporaryDirectory() as work:
         data = make_demo_data(os.path.join(work, "demo"), size_mb=1.0, verbose=False)
         runs = os.path.join(work, "runs")
@@ -87,20 +93,32 @@ def main():
               f"{opts.micro_batch_size * 2} (micro batch {opts.micro_batch_size}), dropless, "
               "1 thread per rank")
         times, first = {}, {}
-        for _ in range(opts.repeats):  # layouts interleaved; the fastest round of each is kept
-            for name in LAYOUTS:
-                ms, record = run(opts, data["web"], runs, name)
-                times[name] = min(ms, times.get(name, ms))
-                first[name] = record
+        try:
+            for _ in range(opts.repeats):  # layouts interleaved; the fastest round of each is kept
+                for name in LAYOUTS:
+                    ms, record = run(opts, data["web"], runs, name)
+                    times[name] = min(ms, times.get(name, ms))
+                    first[name] = record
+        finally:  # the ranks unlink their /dev/shm all-reduce buffers; one killed early may not
+            remove_stale_shm_buffers()
     base = times["EP 1 (1 rank)"]
     for name, ms in times.items():
         ep = 2 if name.startswith("EP 2") else 1
         line = (f"{name:22s}: {ms:8.1f} ms/iteration, speed-up over EP 1 {base / ms:5.2f}x")
         if name != "EP 1 (1 rank)":
             line += f" (ideal 2.00x), overhead {(ms - base / 2) / ms:5.1%}"
-        line += (f" | first lm loss {first[name]['lm_loss']:.6f}, expert parameters per rank "
-                 f"{expert_parameters_per_rank(opts, ep) / 1e6:.2f}M")
+        line += f" | expert parameters per rank {expert_parameters_per_rank(opts, ep) / 1e6:.2f}M"
         print(line)
+    for name, record in first.items():
+        got = {key: record.get(key) for key in FIRST}
+        tokens = ("n/a" if got["tokens_per_expert_min"] is None else
+                  f"{got['tokens_per_expert_min']:.0f}-{got['tokens_per_expert_max']:.0f}")
+        balance = "n/a" if got["load_balancing_loss"] is None else f"{got['load_balancing_loss']:.6f}"
+        print(f"{name:22s}: iteration 1 lm loss {got['lm_loss']:.6f}, load-balancing loss "
+              f"{balance}, tokens per expert {tokens}")
+    reference = first["EP 1 (1 rank)"]["lm_loss"]
+    worst = max(abs(r["lm_loss"] - reference) / abs(reference) for r in first.values())
+    print(f"first lm loss: largest relative difference from EP 1 {worst:.1e}")
     ep2, dp2 = times["EP 2 (2 ranks)"], times["DP 2 x EP 1 (2 ranks)"]
     print(f"EP 2 / EP 1 time ratio: {ep2 / base:.2f}; EP 2 / DP 2 time ratio: {ep2 / dp2:.2f} "
           f"(the same 2 ranks, half the expert weights per rank)")

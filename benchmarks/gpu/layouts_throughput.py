@@ -6,25 +6,32 @@ data parallel): TP 1; TP 1 + full recompute; TP 2; TP 2 + sequence parallel; PP 
 pipe engine); TP 2 x PP 2; DeepSpeed-Ulysses SP 2 (``--ds-sequence-parallel-size 2``, the
 all-to-all around core attention; for long sequences, e.g. ``--seq-length 8192
 --micro-batch-size 1``); a mixture of experts in every layer (``moe-ep1``: ``--num-experts 8``
-top-2, expert FFN = hidden, megatron-core's alltoall dispatcher; ``moe-ep2``: its experts split
-over 2 GPUs, ``--expert-model-parallel-size 2``). Per layout: median tokens/s over the iterations after ``--warmup``
+top-2, expert FFN = hidden, megatron-core's alltoall dispatcher and, where the kernels import,
+``--moe-grouped-gemm``; ``moe-ep2``: its experts split over 2 GPUs,
+``--expert-model-parallel-size 2``, the rest data parallel as for the others;
+megatron/moe_arguments.py refuses the alltoall dispatcher and grouped GEMM only without CUDA, so
+the CPU dry run uses the allgather dispatcher and one GEMM per expert). Per layout: median
+tokens/s over the iterations after ``--warmup``
 (from the loop's own ``--metrics-jsonl``, one record per iteration, so the first iterations,
 which compile the fused kernels and FlexAttention, are not timed), tokens/s/GPU, and MFU = model
 FLOPs per token x tokens/s/GPU / peak FLOP/s of the GPU (:data:`PEAK_TFLOPS`, dense bf16).
 Model FLOPs per token are Megatron-LM's ``num_floating_point_operations`` (training/training.py)
 for this dense GPT: each GEMM counted 3 times (forward, weight and data gradient), 2 FLOPs per
 multiply-add, causal attention as half the square, recompute not counted; for MoE layers the
-MLP term is the top-k experts' (``moe_router_topk x moe_ffn_hidden_size``), as Megatron-LM counts
-it (the router's GEMM is not counted).
+MLP term is the active experts' only, ``moe_router_topk x moe_ffn_hidden_size`` in place of the
+dense FFN, as Megatron-LM counts its routed experts (``num_experts_routed_to``; the router's GEMM
+is not counted), so MoE and dense MFU compare the work each token needs.
 
     python benchmarks/gpu/layouts_throughput.py [--gpus N] [--peak-tflops 989] [--iters 20]
-        [--warmup 5] [--layouts tp1 tp2 tp2-sp pp2 sp2] [--micro-batch-size 4] [--json F]
+        [--warmup 5] [--layouts tp1 tp2 tp2-sp pp2 sp2 moe-ep1 moe-ep2] [--micro-batch-size 4]
+        [--num-experts 8 --moe-topk 2 --moe-grouped-gemm auto] [--json F]
     python benchmarks/gpu/layouts_throughput.py --device cpu --tiny   # dry run of the script
 
 The data is the embedded byte-level demo corpus (tools/make_demo_data.py), so the vocabulary is
 small (258 padded to 384 x TP); the transformer layers, which dominate, do not depend on it.
 """
 import argparse
+import importlib
 import json
 import os
 import socket
@@ -49,15 +56,48 @@ LAYOUTS = {  # name: (tensor-parallel, pipeline-parallel, Ulysses sequence-paral
 EXPERT_PARALLEL = {"moe-ep2": 2}  # expert-parallel ranks are data-parallel ranks: EP divides DP
 
 
+def grouped_gemm_kernels():
+    """Where ``--moe-grouped-gemm`` has kernels in this environment, what provides them, else None:
+    megatron-core builds Transformer Engine's grouped linear (TEGroupedMLP, TE >= 1.9) when TE is
+    the transformer implementation (the default where it imports), else its legacy GroupedMLP,
+    which needs the ``grouped_gemm`` package."""
+    try:
+        from megatron.core.extensions.transformer_engine import TEColumnParallelGroupedLinear
+    except Exception:  # a TE that is installed but does not import: the run falls back to local
+        TEColumnParallelGroupedLinear = None
+    if TEColumnParallelGroupedLinear is not None:
+        return "Transformer Engine's grouped linear"
+    try:
+        importlib.import_module("grouped_gemm")
+    except Exception:
+        return None
+    return "the grouped_gemm package (legacy GroupedMLP)"
+
+
+def moe_settings(opts) -> dict:
+    """What the moe-* layouts run with here: the dispatcher and grouped GEMM (both need CUDA,
+    megatron/moe_arguments.py; ``--moe-grouped-gemm auto``: on where its kernels import)."""
+    if opts.device == "cpu":
+        return {"dispatcher": "allgather", "grouped_gemm": False,
+                "experts_gemm": "one GEMM per expert (CPU: alltoall and grouped GEMM need CUDA)"}
+    kernels = grouped_gemm_kernels() if opts.moe_grouped_gemm != "off" else None
+    if opts.moe_grouped_gemm == "on" and kernels is None:
+        raise SystemExit("--moe-grouped-gemm on: neither Transformer Engine's grouped linear nor the "
+                         "grouped_gemm package imports here; use auto or off")
+    return {"dispatcher": opts.moe_dispatcher, "grouped_gemm": kernels is not None,
+            "experts_gemm": f"grouped GEMM ({kernels})" if kernels else "one GEMM per expert"}
+
+
 def moe_flags(opts, name: str):
     """The MoE flags of layout ``name`` (none for the dense layouts)."""
     if not name.startswith("moe"):
         return []
-    dispatcher = "allgather" if opts.device == "cpu" else opts.moe_dispatcher  # alltoall needs CUDA
+    moe = opts.moe
     return ["--num-experts", str(opts.num_experts), "--moe-router-topk", str(opts.moe_topk),
             "--moe-ffn-hidden-size", str(opts.moe_ffn_hidden_size or opts.hidden_size),
             "--moe-aux-loss-coeff", "0.01", "--moe-router-dtype", "fp32",
-            "--moe-token-dispatcher-type", dispatcher]
+            "--moe-token-dispatcher-type", moe["dispatcher"],
+            *(["--moe-grouped-gemm"] if moe["grouped_gemm"] else [])]
 
 
 def gpus_per_replica(name: str) -> int:
@@ -180,6 +220,9 @@ def main(argv=None):
                         help="moe-* layouts: each expert's FFN (default --hidden-size)")
     parser.add_argument("--moe-dispatcher", default="alltoall", choices=["alltoall", "allgather"],
                         help="moe-* layouts on GPUs (the CPU dry run uses allgather)")
+    parser.add_argument("--moe-grouped-gemm", default="auto", choices=["auto", "on", "off"],
+                        help="moe-* layouts on GPUs: the local experts in one grouped GEMM (auto: "
+                             "where Transformer Engine's grouped linear or grouped_gemm imports)")
     parser.add_argument("--json", default=None, help="write the results here")
     opts = parser.parse_args(argv)
     if opts.tiny:
@@ -207,6 +250,17 @@ def main(argv=None):
           f"layers), seq {opts.seq_length}, micro batch {opts.micro_batch_size} x "
           f"{opts.accumulation} accumulation, {opts.num_workers} loader workers, median of "
           f"iterations {opts.warmup + 1}-{opts.iters}")
+    opts.moe = None
+    if any(layout.startswith("moe") for layout in opts.layouts):
+        opts.moe = moe_settings(opts)
+        ffn = opts.moe_ffn_hidden_size or opts.hidden_size
+        experts = 2 * opts.num_layers * opts.num_experts * opts.hidden_size * ffn
+        active = 2 * opts.num_layers * opts.moe_topk * opts.hidden_size * ffn
+        attention = 4 * opts.num_layers * opts.hidden_size ** 2
+        print(f"moe-*: {opts.num_experts} experts (FFN {ffn}) top-{opts.moe_topk} in every layer, "
+              f"{opts.moe['dispatcher']} dispatcher, {opts.moe['experts_gemm']}; "
+              f"~{(attention + experts) / 1e9:.2f}B in the layers, "
+              f"~{(attention + active) / 1e9:.2f}B active per token (MFU counts these)")
     results = {}
     with tempfile.TemporaryDirectory() as work:
         size_mb = min(opts.data_mb, 0.5) if opts.tiny else opts.data_mb
@@ -227,6 +281,10 @@ def main(argv=None):
             mfu = fpt * per_gpu / (peak * 1e12) if peak else None
             results[layout] = {"tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu,
                                "model_tflops_per_gpu": fpt * per_gpu / 1e12, "mfu": mfu}
+            if layout.startswith("moe"):
+                results[layout].update(
+                    num_experts=opts.num_experts, moe_topk=opts.moe_topk,
+                    expert_parallel=EXPERT_PARALLEL.get(layout, 1), **opts.moe)
             print(f"{layout:14s}: {tokens_per_s:10.0f} tokens/s, {per_gpu:9.0f} tokens/s/GPU, "
                   f"{fpt * per_gpu / 1e12:7.1f} model TFLOP/s/GPU, "
                   f"MFU {'n/a' if mfu is None else f'{mfu:6.1%}'}")

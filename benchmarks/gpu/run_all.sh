@@ -11,6 +11,9 @@
 #   throughput_sp.json  the same model at seq 8192, TP 1 against DeepSpeed-Ulysses SP 2
 #                    (--ds-sequence-parallel-size 2) on 2 GPUs; only where 2 GPUs are visible
 #                    (adds at most 200 s), skipped with a line on a 1-GPU machine
+#   throughput_moe.json  the MoE model at expert-parallel 2 (moe-ep2: each of 2 GPUs half the
+#                    experts, alltoall between them), per GPU against moe-ep1 in throughput.json;
+#                    only where 2 GPUs are visible (adds at most 110 s more), else skipped
 #   sync_*.log       5 training steps under torch.cuda.set_sync_debug_mode("error")
 #   summary.md       all of it as tables (benchmarks/gpu/summarize.py), also printed at the end
 #
@@ -54,6 +57,8 @@ if [ "$DRY" = 1 ]; then
               --timeout 120)
   THROUGHPUT_SP=(--device cpu --tiny --gpus 2 --layouts sp2 --iters 3 --warmup 1 --num-workers 1
                  --timeout 170)
+  THROUGHPUT_MOE=(--device cpu --tiny --gpus 2 --layouts moe-ep2 --iters 3 --warmup 1
+                  --num-workers 1 --timeout 100)
   SP_GPUS=2
   MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64
          --micro-batch-size 2 --global-batch-size 4)
@@ -66,6 +71,8 @@ else
               --timeout 100)
   THROUGHPUT_SP=(--device cuda --gpus 2 --layouts tp1 sp2 --seq-length 8192 --micro-batch-size 1
                  --iters 10 --warmup 3 --num-workers 2 --timeout 95)
+  THROUGHPUT_MOE=(--device cuda --gpus 2 --layouts moe-ep2 --iters 12 --warmup 4 --num-workers 2
+                  --timeout 100)
   SP_GPUS="$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)"
   MODEL=(--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
          --micro-batch-size 4 --global-batch-size 8 --bf16)
@@ -102,8 +109,10 @@ step throughput 210 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT[@]}
 if [ "$SP_GPUS" -ge 2 ]; then
   step throughput_sp 200 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT_SP[@]}" \
     --json "$OUT/throughput_sp.json"
+  step throughput_moe 110 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT_MOE[@]}" \
+    --json "$OUT/throughput_moe.json"
 else
-  echo "[run_all] $SP_GPUS GPU(s) visible: the Ulysses SP 2 throughput step needs 2, skipped"
+  echo "[run_all] $SP_GPUS GPU(s) visible: the Ulysses SP 2 and MoE EP 2 throughput steps need 2, skipped"
 fi
 
 step data 20 "$PY" -c "import sys; sys.path.insert(0, '.'); from tools.make_demo_data import make_demo_data; make_demo_data('$OUT/data', size_mb=$DATA_MB, verbose=False)"

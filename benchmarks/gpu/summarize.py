@@ -1,8 +1,9 @@
 """The summary of one benchmarks/gpu/run_all.sh run: reads the results folder (``throughput.json``,
-``throughput_sp.json`` where the Ulysses step ran,
+``throughput_sp.json`` and ``throughput_moe.json`` where the 2-GPU steps ran,
 ``attention*.json``, the ``sync_*.log`` files, ``steps.tsv``) and prints, and writes as
-``summary.md``, tokens/s/GPU and MFU, each attention backend against SDPA-dense per batch kind,
-and whether the sync-debug runs found a host synchronisation.
+``summary.md``, tokens/s/GPU and MFU (for the MoE layouts, of the active experts, with their
+settings), each attention backend against SDPA-dense per batch kind, and whether the sync-debug
+runs found a host synchronisation.
 
     python benchmarks/gpu/summarize.py RESULTS_DIR
 """
@@ -27,6 +28,14 @@ def _throughput(out: str, name: str = "throughput") -> List[str]:
         mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
         lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
                      f"{r['model_tflops_per_gpu']:.1f} | {mfu} |")
+    moe = [(name, r) for name, r in data["layouts"].items() if "num_experts" in r]
+    if moe:
+        lines.append("")
+    for name, r in moe:
+        lines.append(f"- {name}: {r['num_experts']} experts top-{r['moe_topk']} in every layer, "
+                     f"expert-parallel {r['expert_parallel']}, {r['dispatcher']} dispatcher, "
+                     f"{r['experts_gemm']}; model FLOPs and MFU count the top-{r['moe_topk']} "
+                     "experts only (Megatron-LM's num_floating_point_operations)")
     return lines
 
 
@@ -84,9 +93,11 @@ def main(argv=None) -> int:
     if len(argv) != 1 or not os.path.isdir(argv[0]):
         raise SystemExit("usage: python benchmarks/gpu/summarize.py RESULTS_DIR")
     out = argv[0]
-    sequence_parallel = (_throughput(out, "throughput_sp") + [""]
-                         if os.path.exists(os.path.join(out, "throughput_sp.json")) else [])
-    text = "\n".join(["## GPU benchmarks", ""] + _throughput(out) + [""] + sequence_parallel
+    two_gpu = []  # the steps that run only where 2 GPUs are visible
+    for name in ("throughput_sp", "throughput_moe"):
+        if os.path.exists(os.path.join(out, f"{name}.json")):
+            two_gpu += _throughput(out, name) + [""]
+    text = "\n".join(["## GPU benchmarks", ""] + _throughput(out) + [""] + two_gpu
                      + _attention(out) + _sync(out) + _steps(out)) + "\n"
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(text)

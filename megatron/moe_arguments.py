@@ -159,6 +159,16 @@ def moe_layer_pattern(freq: Union[int, List[int]], num_layers: int) -> List[int]
     return list(freq)
 
 
+def describe_layer_freq(args) -> str:
+    """The flag that chose the MoE layers, as given: ``--expert-interval N`` (Microsoft's) or
+    ``--moe-layer-freq`` with its value."""
+    if getattr(args, "expert_interval", None) is not None:
+        return f"--expert-interval {args.expert_interval}"
+    freq = args.moe_layer_freq
+    shown = freq if isinstance(freq, int) else "[" + ",".join(str(x) for x in freq) + "]"
+    return f"--moe-layer-freq {shown}"
+
+
 def _num_experts(args) -> Optional[int]:
     """``args.num_experts`` as one count, None for a dense model (no flag, or Microsoft's [1])."""
     counts = args.num_experts

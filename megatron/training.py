@@ -287,7 +287,8 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     import deepspeed
     from deepspeed.pipe import PipelineModule
     from megatron.core import parallel_state
-    from megatron.parallel.experts import mark_expert_parameters
+    from megatron.moe_arguments import describe_layer_freq, moe_layer_pattern
+    from megatron.parallel.experts import check_stages_hold_experts, mark_expert_parameters
     from megatron.parallel.grads import install_sequence_parallel_grad_allreduce
     from megatron.parallel.pipe import check_grid_matches, install_model_grad_clipping
     from megatron.parallel.topology import MegatronCoreMPU
@@ -297,6 +298,9 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     pipe = isinstance(model, PipelineModule)
     # expert-parallel experts reduced over their expert-data-parallel group (DeepSpeed's MoE path)
     mark_expert_parameters(model, getattr(args, "expert_model_parallel_size", 1))
+    if getattr(args, "num_experts", None):
+        check_stages_hold_experts(model, moe_layer_pattern(args.moe_layer_freq, args.num_layers),
+                                  args.expert_model_parallel_size, describe_layer_freq(args))
     optimizer = build_optimizer(args, model)
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=deepspeed_config_from_args(args, initial_batch),

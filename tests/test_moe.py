@@ -238,6 +238,37 @@ def test_residual_moe_is_refused_naming_the_shared_expert(capsys):
     assert "--moe-shared-expert-intermediate-size" in err
 
 
+class _StagedModel(torch.nn.Module):
+    """A pipeline's layer partition as GPTModelPipe reports it (transformer layers per stage)."""
+
+    def __init__(self, counts):
+        super().__init__()
+        self.counts = counts
+
+    def transformer_layers_per_stage(self):
+        return self.counts
+
+
+def test_a_pipeline_stage_without_experts_is_refused_at_expert_parallel_2():
+    """At EP > 1 under the pipe engine a stage without an MoE layer would deadlock ZeRO's
+    per-group gradient norm (measured: T0 at PP 2 x EP 2 with --moe-layer-freq [0,1] hung, stage 0
+    in the loss broadcast, stage 1 in the experts' norm all-reduce): one ConfigError naming the
+    flags and the stage. Every stage with experts, EP 1, or one stage pass."""
+    from megatron.errors import ConfigError
+    from megatron.parallel.experts import check_stages_hold_experts
+
+    with pytest.raises(ConfigError, match=r"--moe-layer-freq \[0,1\] with "
+                       r"--pipeline-model-parallel-size 2 and --expert-model-parallel-size 2: "
+                       r"pipeline stage 0 \(layers 1-1\) holds no MoE layer"):
+        check_stages_hold_experts(_StagedModel([1, 1]), [0, 1], 2, "--moe-layer-freq [0,1]")
+    with pytest.raises(ConfigError, match=r"stage 1 \(layers 3-4\)"):
+        check_stages_hold_experts(_StagedModel([2, 2]), [1, 1, 0, 0], 2, "--moe-layer-freq x")
+    check_stages_hold_experts(_StagedModel([2, 2]), [0, 1, 0, 1], 2, "--moe-layer-freq x")
+    check_stages_hold_experts(_StagedModel([1, 1]), [0, 1], 1, "--moe-layer-freq x")
+    check_stages_hold_experts(_StagedModel([2]), [0, 1], 2, "--moe-layer-freq x")
+    check_stages_hold_experts(torch.nn.Linear(1, 1), [0, 1], 2, "--moe-layer-freq x")
+
+
 # ------------------------------------------------------------------ expert groups (4 ranks)
 def test_experts_are_reduced_over_their_expert_data_parallel_group_only(tmp_path):
     """DP 4 x EP 2, ZeRO 1, every rank its own data: after three steps each expert is bitwise the
@@ -561,3 +592,4 @@ def test_eval_router_is_deterministic_and_token_dropping_is_refused(moe_ep2_run,
     assert (dropless.moe_router_topk, dropless.moe_expert_capacity_factor) == (2, None)
     assert score_pairs(build_model(dropless), pairs, 32, 0, batch_size=3).tolist() \
         == plain.tolist()
+

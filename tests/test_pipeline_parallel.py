@@ -138,18 +138,10 @@ def test_tp2_pp2_checkpoint_resumes_on_data_parallel_2(tp2_pp2_run, dp2_resume):
     carried (without the moments the losses are ~2% off)."""
     _, losses, _ = tp2_pp2_run
     _, proc, resumed = dp2_resume
-    assert (f"(tensor-parallel 2, pipeline-parallel 2, data-parallel 1, ZeRO stage 0) to "
+    assert ("(tensor-parallel 2, pipeline-parallel 2, data-parallel 1, ZeRO stage 0) to "
             "tensor-parallel 1, pipeline-parallel 1, data-parallel 2, ZeRO stage 1") in proc.stdout
     assert_losses_match([r["lm_loss"] for r in resumed], losses[SAVE_AT:])
     assert [r["lr"] for r in resumed] == [r["lr"] for r in train_records(tp2_pp2_run[0])][SAVE_AT:]
-
-
-def test_tp2_pp2_checkpoint_resumes_on_pipeline_parallel_2(tp2_pp2_run, demo_data, tmp_path):
-    _, losses, _ = tp2_pp2_run
-    proc, resumed = _resume_on(tp2_pp2_run, demo_data, tmp_path, 2,
-                               ["--pipeline-model-parallel-size", "2"])
-    assert "to tensor-parallel 1, pipeline-parallel 2, data-parallel 1, ZeRO stage 0" in proc.stdout
-    assert_losses_match([r["lm_loss"] for r in resumed], losses[SAVE_AT:])
 
 
 def test_zero1_and_tp2_pp2_checkpoints_hold_the_same_state(tp2_pp2_run, dp2_resume):
@@ -206,23 +198,50 @@ def t0_flags(toy, run_dir, extra=()):
         "--prefix-lm", "--norm-target-loss", *extra]
 
 
-@pytest.mark.parametrize("name, ranks, extra, layout", [
-    ("pp2", 4, ["--pipeline-model-parallel-size", "2"],
-     "tensor-parallel 1, pipeline-parallel 2, data-parallel 2, ZeRO stage 1"),
-    ("ulysses-sp2", 2, ["--ds-sequence-parallel-size", "2"],
+@pytest.fixture(scope="module")
+def t0_one_rank(toy, tmp_path_factory):
+    """``reference(model_flags)``: the metrics records of the one-rank T0 run of that model (the
+    dense one for ``()``), run on first use, which the layouts are compared with."""
+    cache = {}
+
+    def reference(model_flags=()):
+        key = tuple(model_flags)
+        if key not in cache:
+            run_dir = tmp_path_factory.mktemp("t0_one_rank")
+            run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, model_flags), num_ranks=1)
+            cache[key] = read_jsonl(run_dir / "metrics.jsonl")
+        return cache[key]
+
+    return reference
+
+
+# dense and MoE layers alternating (biased experts, the default): each pipeline stage holds one
+# of each (a stage without experts is refused at EP > 1: tests/test_moe.py)
+T0_MOE = ["--num-layers", "4", "--num-experts", "4", "--moe-router-topk", "2",
+          "--moe-aux-loss-coeff", "0.01", "--moe-layer-freq", "[0,1,0,1]"]
+
+
+@pytest.mark.parametrize("name, ranks, model, extra, layout", [
+    ("moe-pp2-ep2", 4, T0_MOE, ["--pipeline-model-parallel-size", "2",
+                                "--expert-model-parallel-size", "2"],
+     "tensor-parallel 1, pipeline-parallel 2, data-parallel 2, expert-parallel 2, ZeRO stage 1"),
+    ("ulysses-sp2", 2, [], ["--ds-sequence-parallel-size", "2"],
      "tensor-parallel 1, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 1"),
-], ids=["pp2", "ulysses-sp2"])
-def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, extra, layout, toy, tmp_path,
-                                                     t0_one_rank):
+], ids=["moe-pp2-ep2", "ulysses-sp2"])
+def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, layout, toy,
+                                                     tmp_path, t0_one_rank):
     """Packed prefix-LM batches (segment_ids, is_prefix), --norm-target-loss weights, per-dataset
-    losses, named validation groups and a batch-size rampup give the one-rank numbers under PP 2 x
-    DP 2 (ZeRO stage 1, 4 ranks: the pipe engine's micro-batch count changes between iterations)
-    and under DeepSpeed-Ulysses SP 2 (each rank half of every packed sequence, attention over the
-    whole sequence for half the heads; ALiBi and RoPE there: tests/test_ulysses.py)."""
-    reference = t0_one_rank
+    losses, named validation groups and a batch-size rampup give the one-rank numbers of the same
+    model under DeepSpeed-Ulysses SP 2 (each rank half of every packed sequence, attention over
+    the whole sequence for half the heads; ALiBi and RoPE there: tests/test_ulysses.py), and, for
+    a model with a dense and an MoE layer, under PP 2 x DP 2 x EP 2 (ZeRO stage 1, 4 ranks: the
+    pipe engine's micro-batch count changes between iterations; each stage a dense and an MoE
+    layer, each data-parallel rank half of the experts): with its load-balancing loss, gradient norm and tokens per
+    expert too, the load-balancing loss kept out of the per-dataset losses."""
+    reference = t0_one_rank(model)
     run_dir = tmp_path / name
     run_dir.mkdir()
-    proc = run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, extra), num_ranks=ranks)
+    proc = run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, model + extra), num_ranks=ranks)
     assert layout in proc.stdout
     runs = {"layout": read_jsonl(run_dir / "metrics.jsonl"), "one": reference}
     train = {k: [r for r in v if "split" not in r] for k, v in runs.items()}
@@ -231,8 +250,15 @@ def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, extra, layout,
     assert train["layout"][-1]["global_batch_size"] == 8
     assert_losses_match([r["lm_loss"] for r in train["layout"]],
                         [r["lm_loss"] for r in train["one"]])
+    if model:
+        assert "MoE: 4 experts (FFN 256) in 2 of 4 layers, top-2 softmax router" in proc.stdout
+        for key in ("load_balancing_loss", "grad_norm"):
+            assert_losses_match([r[key] for r in train["layout"]], [r[key] for r in train["one"]])
+        for key in ("tokens_per_expert_min", "tokens_per_expert_max"):
+            assert [r[key] for r in train["layout"]] == [r[key] for r in train["one"]]
     for got, ref in zip(train["layout"], train["one"]):  # per-dataset losses (PP: the last stage)
         assert set(got["per_dataset_loss"]) == set(ref["per_dataset_loss"]) != set()
+        assert "load_balancing_loss" not in got["per_dataset_loss"]
         assert got["per_dataset_loss"] == pytest.approx(ref["per_dataset_loss"], rel=1e-4)
     evals = {k: [(r["iteration"], r["group"], r["lm_loss"]) for r in v if r.get("split") == "valid"]
              for k, v in runs.items()}
@@ -240,14 +266,6 @@ def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, extra, layout,
     assert [(it, g) for it, g, _ in evals["layout"]] == expected
     assert [loss for *_, loss in evals["layout"]] == pytest.approx(
         [loss for *_, loss in evals["one"]], rel=1e-4)
-
-
-@pytest.fixture(scope="module")
-def t0_one_rank(toy, tmp_path_factory):
-    """The metrics records of the one-rank T0 run the layouts are compared with."""
-    run_dir = tmp_path_factory.mktemp("t0_one_rank")
-    run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir), num_ranks=1)
-    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def test_tied_embedding_gradient_is_the_sum_over_both_stages(tmp_path):

@@ -24,6 +24,11 @@ parameters of each group sit in a group marked ``moe`` that ZeRO partitions over
 expert-data-parallel group. The dense parameters are reduced over the data-parallel group as
 before. Gradient norms add each expert shard once: DeepSpeed sums the expert groups' squared
 norms over the ranks holding distinct experts.
+
+Under the pipe engine every stage must then hold an MoE layer (:func:`check_stages_hold_experts`):
+ZeRO computes one gradient norm per parameter group with a collective over the model-parallel
+group, which spans the stages, so a stage without experts (no ``moe`` group) would skip the
+collectives of the others and every rank would wait forever.
 """
 import torch
 
@@ -90,6 +95,32 @@ def mark_expert_parameters(model: torch.nn.Module, expert_parallel_size: int) ->
         experts = {m.config.num_moe_experts for m in model.modules() if isinstance(m, MoELayer)}
         model.deepspeed_expert_groups = DeepSpeedExpertGroups(max(experts), expert_parallel_size)
     return count
+
+
+def check_stages_hold_experts(model: torch.nn.Module, moe_pattern, expert_parallel_size: int,
+                              flags: str) -> None:
+    """ConfigError when ``model`` is a pipeline whose stages do not all hold an MoE layer (1s of
+    ``moe_pattern``, one per transformer layer) at expert-parallel size > 1 (module doc); ``flags``
+    names the MoE layer flag as given. Nothing for one stage or expert-parallel size 1."""
+    from megatron.errors import ConfigError
+
+    per_stage = getattr(model, "transformer_layers_per_stage", None)
+    if expert_parallel_size == 1 or per_stage is None:
+        return
+    counts, start, empty = per_stage(), 0, []
+    if len(counts) < 2:
+        return
+    for stage, count in enumerate(counts):
+        if count and not any(moe_pattern[start:start + count]):
+            empty.append(f"stage {stage} (layers {start + 1}-{start + count})")
+        start += count
+    if empty and len(empty) < len(counts):
+        raise ConfigError(
+            f"{flags} with --pipeline-model-parallel-size {len(counts)} and "
+            f"--expert-model-parallel-size {expert_parallel_size}: pipeline {', '.join(empty)} "
+            "holds no MoE layer, and DeepSpeed's ZeRO computes the experts' gradient norm with "
+            "collectives every stage must join; give every stage an MoE layer (--moe-layer-freq, "
+            "or the partition: --pp-partition-method), or use --expert-model-parallel-size 1")
 
 
 def first_local_expert(num_experts) -> int:

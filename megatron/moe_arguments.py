@@ -169,6 +169,12 @@ def describe_layer_freq(args) -> str:
     return f"--moe-layer-freq {shown}"
 
 
+def _recorded_model_flags(args) -> dict:
+    """The model flags ``--use-checkpoint-args`` took from the checkpoint (dest -> value; empty
+    without the flag)."""
+    return (getattr(args, "checkpoint_model_args", None) or {}).get("model") or {}
+
+
 def _num_experts(args) -> Optional[int]:
     """``args.num_experts`` as one count, None for a dense model (no flag, or Microsoft's [1])."""
     counts = args.num_experts
@@ -217,8 +223,7 @@ def validate_moe_args(args) -> None:
         if not any(args.moe_layer_freq):
             raise ArgumentError(f"--expert-interval {args.expert_interval} exceeds --num-layers "
                                 f"{args.num_layers}: no layer would be MoE")
-        recorded = ((getattr(args, "checkpoint_model_args", None) or {}).get("model") or {}).get(
-            "moe_layer_freq")
+        recorded = _recorded_model_flags(args).get("moe_layer_freq")
         if recorded is not None and moe_layer_pattern(recorded, args.num_layers) \
                 != args.moe_layer_freq:
             raise ArgumentError(f"--expert-interval {args.expert_interval} makes layers "
@@ -268,8 +273,7 @@ def _apply_microsoft_defaults(args) -> None:
     args.microsoft_moe_defaults = any(given.get(d) == f for d, f in _MICROSOFT_SPELLINGS.items())
     if not args.microsoft_moe_defaults:
         return
-    record = getattr(args, "checkpoint_model_args", None) or {}
-    settled = set(given) | set(record.get("model") or {})
+    settled = set(given) | set(_recorded_model_flags(args))
     applied = []
     if "moe_router_topk" not in settled:
         args.moe_router_topk = 1

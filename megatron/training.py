@@ -297,10 +297,10 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     model = model_provider(args)
     pipe = isinstance(model, PipelineModule)
     # expert-parallel experts reduced over their expert-data-parallel group (DeepSpeed's MoE path)
-    mark_expert_parameters(model, getattr(args, "expert_model_parallel_size", 1))
     if getattr(args, "num_experts", None):
         check_stages_hold_experts(model, moe_layer_pattern(args.moe_layer_freq, args.num_layers),
                                   args.expert_model_parallel_size, describe_layer_freq(args))
+    mark_expert_parameters(model, getattr(args, "expert_model_parallel_size", 1))
     optimizer = build_optimizer(args, model)
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=deepspeed_config_from_args(args, initial_batch),

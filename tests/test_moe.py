@@ -263,6 +263,8 @@ def test_a_pipeline_stage_without_experts_is_refused_at_expert_parallel_2():
         check_stages_hold_experts(_StagedModel([1, 1]), [0, 1], 2, "--moe-layer-freq [0,1]")
     with pytest.raises(ConfigError, match=r"stage 1 \(layers 3-4\)"):
         check_stages_hold_experts(_StagedModel([2, 2]), [1, 1, 0, 0], 2, "--moe-layer-freq x")
+    with pytest.raises(ConfigError, match=r"stage 2 \(no transformer layer\)"):
+        check_stages_hold_experts(_StagedModel([1, 1, 0]), [1, 1], 2, "--moe-layer-freq x")
     check_stages_hold_experts(_StagedModel([2, 2]), [0, 1, 0, 1], 2, "--moe-layer-freq x")
     check_stages_hold_experts(_StagedModel([1, 1]), [0, 1], 1, "--moe-layer-freq x")
     check_stages_hold_experts(_StagedModel([2]), [0, 1], 2, "--moe-layer-freq x")

@@ -110,11 +110,12 @@ def check_stages_hold_experts(model: torch.nn.Module, moe_pattern, expert_parall
     counts, start, empty = per_stage(), 0, []
     if len(counts) < 2:
         return
-    for stage, count in enumerate(counts):
-        if count and not any(moe_pattern[start:start + count]):
-            empty.append(f"stage {stage} (layers {start + 1}-{start + count})")
+    for stage, count in enumerate(counts):  # a stage of no transformer layer has no experts either
+        if not any(moe_pattern[start:start + count]):
+            layers = f"layers {start + 1}-{start + count}" if count else "no transformer layer"
+            empty.append(f"stage {stage} ({layers})")
         start += count
-    if empty and len(empty) < len(counts):
+    if empty:
         raise ConfigError(
             f"{flags} with --pipeline-model-parallel-size {len(counts)} and "
             f"--expert-model-parallel-size {expert_parallel_size}: pipeline {', '.join(empty)} "

@@ -91,12 +91,19 @@ def test_megatron_core_accepts_the_gpu_fields(extra):
                       **fields)
 
 
+def _uncompiled(function):
+    """The Python function behind a torch.compile'd one (torch.compile returns the function itself
+    under TORCHDYNAMO_DISABLE=1)."""
+    return getattr(function, "__wrapped__", function)
+
+
 def test_fused_bias_gelu_is_the_cpu_tanh_gelu(monkeypatch):
     """megatron-core's bias_gelu_impl (the GPU path, its torch.compile'd kernels run uncompiled
-    here) equals tanh_gelu(y + bias), the CPU path, forward and backward."""
+    here: the compiled wrapper's ``__wrapped__``, or the function itself where torch's compiler is
+    disabled, as tools/cpu_env.sh does) equals tanh_gelu(y + bias), the CPU path, forward and backward."""
     from megatron.core.fusions import fused_bias_gelu
     for name in ("bias_gelu", "bias_gelu_back"):
-        monkeypatch.setattr(fused_bias_gelu, name, getattr(fused_bias_gelu, name).__wrapped__)
+        monkeypatch.setattr(fused_bias_gelu, name, _uncompiled(getattr(fused_bias_gelu, name)))
     y = torch.randn(5, 3, 8, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(8, dtype=torch.float64, requires_grad=True)
     grad = torch.randn(5, 3, 8, dtype=torch.float64)
@@ -115,7 +122,7 @@ def test_fused_bias_swiglu_is_the_unfused_glu(monkeypatch):
     unfused MLP computes it, forward and backward, with and without biases."""
     from megatron.core.fusions import fused_bias_swiglu
     for name in ("bias_swiglu", "bias_swiglu_back", "swiglu", "swiglu_back"):
-        monkeypatch.setattr(fused_bias_swiglu, name, getattr(fused_bias_swiglu, name).__wrapped__)
+        monkeypatch.setattr(fused_bias_swiglu, name, _uncompiled(getattr(fused_bias_swiglu, name)))
     y = torch.randn(4, 2, 12, dtype=torch.float64, requires_grad=True)
     grad = torch.randn(4, 2, 6, dtype=torch.float64)
     for bias in (torch.randn(12, dtype=torch.float64, requires_grad=True), None):

@@ -9,15 +9,19 @@
 #   master_port    a function printing the port for the next launch: $MASTER_PORT when set, else
 #                  a port nothing listens on now (another job may hold DeepSpeed's default 29500)
 # and exports the CPU run settings: DS_ACCELERATOR=cpu, one OpenMP thread per rank (unless
-# OMP_NUM_THREADS is set), unbuffered output, and TORCH_EXTENSIONS_DIR beside the venv, so the
+# OMP_NUM_THREADS is set), unbuffered output, TORCH_EXTENSIONS_DIR beside the venv, so the
 # CPU communication op DeepSpeed builds on first use is built once per venv and never picked up
-# from (or left locked by) another environment.
+# from (or left locked by) another environment, and TORCHDYNAMO_DISABLE=1 (unless set). Nothing is
+# compiled on a CPU run (the torch.compile'd fused kernels are GPU-only: megatron/model/fusions.py),
+# but megatron-core wraps 38 functions in torch.compile at import, which loads torch's compiler
+# stack: about 1 s of every rank's start-up. With it set, torch.compile returns the function as is.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$(bash "$ROOT/tools/setup_env.sh" | tail -n 1)"
 DEEPSPEED="$(dirname "$PY")/deepspeed"
 cd "$ROOT"
 export DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export TORCHDYNAMO_DISABLE="${TORCHDYNAMO_DISABLE:-1}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(dirname "$(dirname "$PY")")/torch_extensions}"
 
 master_port() {

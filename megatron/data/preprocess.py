@@ -20,8 +20,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 
 import numpy
 
-from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-from megatron.tokenizer import build_tokenizer
+# megatron-core (the indexed-dataset writer, the tokenizers) is imported where data is written, not
+# here: tools/make_demo_data.py's up-to-date check needs only output_prefix_for_key, and an import
+# of megatron.core costs every run of an example script several seconds.
 
 LEVEL = "document"
 
@@ -75,6 +76,8 @@ _WORKER: dict = {}
 
 def _init_worker(tokenizer_args: argparse.Namespace, json_keys, append_eod, input_path) -> None:
     """Pool initializer: build this process's tokenizer once."""
+    from megatron.tokenizer import build_tokenizer
+
     _WORKER["tokenizer"] = build_tokenizer(argparse.Namespace(**vars(tokenizer_args)))
     _WORKER["json_keys"] = tuple(json_keys)
     _WORKER["append_eod"] = append_eod
@@ -151,6 +154,8 @@ def preprocess_jsonl(
             setattr(tokenizer_args, attr, None)
     workers = max(1, int(workers))
     log_stream = sys.stderr if log_stream is None else log_stream
+
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     # Build once here: validates the tokenizer files before any worker starts, gives the dtype.
     _init_worker(tokenizer_args, json_keys, append_eod, input_path)

@@ -1,6 +1,9 @@
 """Shared test set-up: the repository root on sys.path, a 1-process gloo group, demo data."""
 
+import contextlib
+import fcntl
 import os
+import shutil
 import socket
 import sys
 
@@ -62,11 +65,35 @@ def one_rank_model_parallel(dist_group):
     yield
 
 
+@contextlib.contextmanager
+def shared_session_dir(tmp_path_factory, name: str):
+    """A directory ``name`` made once per test session and shared by its pytest-xdist workers
+    (session fixtures are per worker): yields (directory, done), with the other workers waiting on
+    a file lock meanwhile; ``done`` says an earlier holder finished it (the body writes it and then
+    touches ``directory / "DONE"``; a body that raises leaves it to the next holder, on an emptied
+    directory). Without xdist the directory is the session's own."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield tmp_path_factory.mktemp(name), False
+        return
+    root = tmp_path_factory.getbasetemp().parent  # pytest-N/, the workers' basetemps' parent
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        directory = root / name
+        done = (directory / "DONE").exists()
+        if not done:  # new, or left unfinished by a worker whose body failed
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+        yield directory, done
+        (directory / "DONE").touch()
+
+
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory):
-    """A small copy of the embedded demo corpus: {"web"|"code"|"math": .bin/.idx prefix}."""
+    """A small copy of the embedded demo corpus, made once for all workers: {"web"|"code"|"math":
+    .bin/.idx prefix}."""
     from tools.make_demo_data import make_demo_data
-    return make_demo_data(str(tmp_path_factory.mktemp("demo")), size_mb=0.2, verbose=False)
+    with shared_session_dir(tmp_path_factory, "demo") as (directory, _):
+        return make_demo_data(str(directory), size_mb=0.2, verbose=False)  # kept when made
 
 
 @pytest.fixture(scope="session")
@@ -94,10 +121,12 @@ def sentencepiece_model(tiny_tokenizers):
 @pytest.fixture(scope="session")
 def single_rank_layout_dir(demo_data, tmp_path_factory):
     """The run directory (``metrics.jsonl``) of the layout-comparison model (tests/parallel_helpers.py)
-    trained on one rank: the reference every parallel layout must reproduce; run once per session."""
+    trained on one rank: the reference every parallel layout must reproduce; run once per session,
+    for all workers."""
     from parallel_helpers import run_layout
-    run_dir = tmp_path_factory.mktemp("layout_reference")
-    run_layout(demo_data, run_dir, num_ranks=1)
+    with shared_session_dir(tmp_path_factory, "layout_reference") as (run_dir, done):
+        if not done:
+            run_layout(demo_data, run_dir, num_ranks=1)
     return run_dir
 
 

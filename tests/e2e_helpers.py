@@ -39,15 +39,32 @@ def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: in
     return proc
 
 
-def run_single_process(script: str, flags: List[str], cwd=ROOT, timeout: int = 300
-                       ) -> subprocess.CompletedProcess:
-    """Run ``script`` as a plain 1-process job (rank 0 of 1, gloo on a free port), without the
-    launcher's start-up: cheaper, for runs that stop at start-up or need no second rank."""
+def run_single_process(script: str, flags: List[str], cwd=ROOT, timeout: int = 300,
+                       check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``script`` as a plain 1-process job (rank 0 of 1, gloo on a free port, the environment
+    the launcher gives its one rank), without the launcher's own start-up (two Python processes
+    importing DeepSpeed before the rank starts): for runs that stop at start-up or need no second
+    rank, such as the one-rank references the layouts are compared with; with ``check``, raise
+    with the log when it fails."""
     env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", DS_ACCELERATOR="cpu",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false")
-    return subprocess.run([sys.executable, os.path.join(ROOT, script)] + flags, cwd=str(cwd),
-                          env=env, capture_output=True, text=True, timeout=timeout)
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, os.path.join(ROOT, script)] + flags
+    proc = subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
+                             f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+    return proc
+
+
+def run_ranks(script: str, flags: List[str], num_ranks: int, check: bool = True
+              ) -> subprocess.CompletedProcess:
+    """``num_ranks`` CPU ranks of ``script``: through the deepspeed launcher (:func:`run_deepspeed`)
+    for two or more, as one plain process (:func:`run_single_process`) for one."""
+    if num_ranks == 1:
+        return run_single_process(script, flags, timeout=600, check=check)
+    return run_deepspeed(script, flags, num_ranks=num_ranks, check=check)
 
 
 def read_jsonl(path) -> List[dict]:

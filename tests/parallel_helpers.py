@@ -1,6 +1,6 @@
 """Run one parallel layout of a tiny GPT (SwiGLU, so the strided fc1 split is covered) through the
-real deepspeed launcher and return its per-iteration losses, so layouts can be compared with the
-single-rank run.
+real deepspeed launcher (the single-rank reference as one plain process) and return its
+per-iteration losses, so layouts can be compared with the single-rank run.
 
 All layouts use the same data (a curriculum over the session's ``demo_data``: ``web`` at weight 1,
 ``code`` from weight 1 falling to 0.2 by iteration 10, with two named validation groups evaluated at
@@ -15,7 +15,7 @@ norm. Under --bf16/--fp16 each layout stays within the issue's bounds of the fp3
 """
 from typing import List, Sequence
 
-from e2e_helpers import read_jsonl, run_deepspeed
+from e2e_helpers import read_jsonl, run_ranks
 
 LAYOUT_ITERS = 20
 GLOBAL_BATCH = 8
@@ -59,11 +59,11 @@ def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAY
 
 def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
                iters: int = LAYOUT_ITERS, script: str = "pretrain_gpt.py", first_iteration: int = 1):
-    """Train to iteration ``iters`` with ``num_ranks`` CPU ranks and the layout flags ``extra``
-    (from ``first_iteration``: a resume); returns (per-iteration lm losses, the launcher's
-    CompletedProcess)."""
+    """Train to iteration ``iters`` with ``num_ranks`` CPU ranks (:func:`e2e_helpers.run_ranks`:
+    the deepspeed launcher for two or more) and the layout flags ``extra`` (from
+    ``first_iteration``: a resume); returns (per-iteration lm losses, the CompletedProcess)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    proc = run_deepspeed(script, layout_flags(demo_data, run_dir, extra, iters), num_ranks=num_ranks)
+    proc = run_ranks(script, layout_flags(demo_data, run_dir, extra, iters), num_ranks)
     records = train_records(run_dir)
     assert [r["iteration"] for r in records] == list(range(first_iteration, iters + 1)), records
     return [r["lm_loss"] for r in records], proc

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import ROOT, free_port
-from e2e_helpers import deepspeed_launcher, read_jsonl, run_deepspeed
+from e2e_helpers import deepspeed_launcher, read_jsonl, run_deepspeed, run_ranks
 
 TRAIN_ITERS = 16
 KILL_SEED = 20261202  # the kill points are random, but the same in every test run
@@ -245,7 +245,7 @@ def test_resume_on_fewer_data_parallel_ranks(reference, tmp_path):
     shutil.copytree(run_dir / "ckpt" / f"iter_{start:07d}", ckpt / f"iter_{start:07d}")
     (ckpt / "latest_checkpointed_iteration.txt").write_text(f"{start}\n")
     flags = pretrain_flags(data, tmp_path, ["--load", str(ckpt), "--no-load-optim"])
-    proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=1)
+    proc = run_ranks("pretrain_gpt.py", flags, num_ranks=1)
     assert "data-parallel 1," in proc.stdout
     got = train_records(tmp_path / "metrics.jsonl")
     ref = want[start:]

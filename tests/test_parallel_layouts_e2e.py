@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from e2e_helpers import read_jsonl, run_deepspeed
+from e2e_helpers import read_jsonl, run_deepspeed, run_ranks
 from parallel_helpers import (CLIP_GRAD, LAYOUT_ITERS, assert_curriculum_records_match,
                               assert_losses_match, assert_low_precision_matches, fp16_supported,
                               layout_flags, run_layout, train_records)
@@ -179,7 +179,7 @@ def test_ulysses_sp2_checkpoint_resumes_at_sp1(sp2_run, demo_data, tmp_path):
     ckpt = _checkpoint_at(run_dir / "ckpt", SAVE_AT, tmp_path / "ckpt")
     flags = layout_flags(demo_data, tmp_path, ["--load", str(ckpt)])
     flags[flags.index("--data-cache-path") + 1] = str(run_dir / "cache")
-    proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=1)
+    proc = run_ranks("pretrain_gpt.py", flags, num_ranks=1)
     assert ("(tensor-parallel 1, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 1, "
             "ZeRO stage 0) to tensor-parallel 1, pipeline-parallel 1, data-parallel 1, ZeRO stage 0"
             ) in proc.stdout
@@ -215,7 +215,7 @@ def test_resume_of_another_model_on_another_layout_is_refused(tp2_run, demo_data
     ckpt = _checkpoint_at(run_dir / "ckpt", SAVE_AT, tmp_path / "ckpt")
     flags = layout_flags(demo_data, tmp_path, ["--load", str(ckpt)])
     flags[flags.index("--hidden-size") + 1] = "128"
-    proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=1, check=False)
+    proc = run_ranks("pretrain_gpt.py", flags, num_ranks=1, check=False)
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert (f"--load {ckpt}: checkpoint {ckpt / f'iter_{SAVE_AT:07d}'} holds another model than "

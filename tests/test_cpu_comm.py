@@ -105,21 +105,28 @@ def test_build_notice_once_per_launch_whichever_rank_looks_first(tmp_path, capsy
     assert capsys.readouterr().out.startswith("building the op")
 
 
-def test_launch_leaves_no_buffers_after_sigterm(demo_data, tmp_path):
-    """A bare ``deepspeed.init_distributed`` launch leaves its buffers in /dev/shm (what DeepSpeed
-    does); pretrain_gpt.py, stopped by SIGTERM in the middle of training, leaves none."""
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    bare = tmp_path / "bare.py"
-    bare.write_text("import deepspeed\ndeepspeed.init_distributed(dist_backend='gloo')\n")
-    port = free_port()
-    try:
-        subprocess.run([deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(port),
-                        str(bare)], cwd=ROOT, env=env, capture_output=True, timeout=600, check=True)
-        assert len(_own_buffers(port)) == 2  # the control: DeepSpeed itself leaves them
-    finally:
-        for path in _own_buffers(port):
-            os.remove(path)
+def _mapped_buffers(pid: int):
+    """The DeepSpeed all-reduce buffers (of this user) that process ``pid`` maps, from
+    /proc/PID/maps, each as ``(path, unlinked)``."""
+    prefix = os.path.join(cpu_comm.SHM_DIR, f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_")
+    found = set()
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith(prefix):
+                path, _, deleted = fields[5].strip().partition(" ")
+                found.add((path, deleted == "(deleted)"))
+    return found
 
+
+def test_launch_leaves_no_buffers_after_sigterm(demo_data, tmp_path):
+    """pretrain_gpt.py, stopped by SIGTERM in the middle of training, leaves none of its launch's
+    DeepSpeed all-reduce buffers in /dev/shm. The control: while it trains, each rank maps both
+    ranks' buffers of this launch (DeepSpeed made them, and never unlinks them itself), already
+    unlinked (megatron/cpu_comm.py)."""
+    import psutil
+
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     port = free_port()
     cmd = [deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(port),
            os.path.join(ROOT, "pretrain_gpt.py")] + FLAGS + [
@@ -133,6 +140,12 @@ def test_launch_leaves_no_buffers_after_sigterm(demo_data, tmp_path):
                 break
         else:
             pytest.fail("no training iteration logged")
+        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if any(a.startswith("--local_rank=") for a in p.cmdline())]
+        assert len(ranks) == 2
+        unlinked = {(cpu_comm.shm_buffer_path(r, "127.0.0.1", str(port)), True) for r in range(2)}
+        for rank in ranks:
+            assert _mapped_buffers(rank.pid) == unlinked
         os.killpg(proc.pid, signal.SIGTERM)  # launcher and ranks, as a job scheduler does
         proc.communicate(timeout=120)
     finally:

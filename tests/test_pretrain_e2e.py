@@ -1,6 +1,7 @@
 """End to end: pretrain_gpt.py through the deepspeed launcher with 2 CPU ranks, then --finetune from
 its checkpoint. (Resuming is tested bitwise in tests/test_exact_resume.py, and unusable checkpoints
-in tests/test_checkpoint_safety.py.)"""
+in tests/test_checkpoint_safety.py; a batch-size rampup through the engines against megatron-core's
+rule in tests/test_pipeline_parallel.py.)"""
 import pytest
 
 from e2e_helpers import read_jsonl, run_deepspeed
@@ -82,21 +83,3 @@ def test_finetune_says_what_it_loaded_and_what_starts_fresh(full_run, demo_data,
     assert [(r["iteration"], r["consumed_samples"]) for r in train] == [(1, 8), (2, 16)]
     first_pretrain_loss = [r for r in records if "split" not in r][0]["lm_loss"]
     assert train[0]["lm_loss"] < first_pretrain_loss - 0.5  # the trained weights, not fresh ones
-
-
-def test_batch_size_rampup_through_the_engine(demo_data, tmp_path):
-    """--rampup-batch-size changes DeepSpeed's gradient accumulation on the fly; the logged batch
-    sizes and consumed samples follow megatron-core's rampup rule (BatchSchedule)."""
-    from megatron.schedules.units import BatchSchedule
-    run = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
-           "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "16",
-           "--rampup-batch-size", "4", "4", "64", "--train-iters", "12", "--lr", "1e-3",
-           "--data-path", demo_data["web"], "--split", "98,1,1", "--eval-iters", "0",
-           "--data-cache-path", str(tmp_path / "cache"), "--log-interval", "1",
-           "--metrics-jsonl", str(tmp_path / "m.jsonl")]
-    run_deepspeed("pretrain_gpt.py", run)
-    records = read_jsonl(tmp_path / "m.jsonl")
-    table = BatchSchedule(16, (4, 4, 64)).consumed_samples_table(12)
-    assert [r["consumed_samples"] for r in records] == table[1:].tolist()
-    assert [r["global_batch_size"] for r in records] == (table[1:] - table[:-1]).tolist()
-    assert records[-1]["global_batch_size"] == 16 and records[0]["global_batch_size"] == 4

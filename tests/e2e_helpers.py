@@ -1,9 +1,10 @@
 """Helpers for end-to-end tests that run entry points through the real ``deepspeed`` launcher."""
+import glob
 import json
 import os
 import subprocess
 import sys
-from typing import Dict, List
+from typing import Dict, List, Set, Tuple
 
 from conftest import ROOT, free_port
 
@@ -71,3 +72,28 @@ def read_jsonl(path) -> List[dict]:
     """All records of a ``--metrics-jsonl`` file."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def own_shm_buffers(port: int) -> List[str]:
+    """DeepSpeed's CPU all-reduce buffers (of this user) of the launch on ``port`` that are in
+    /dev/shm (megatron/cpu_comm.py)."""
+    from megatron import cpu_comm
+
+    pattern = f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_*_{port}_*"
+    return glob.glob(os.path.join(cpu_comm.SHM_DIR, pattern))
+
+
+def mapped_shm_buffers(pid: int) -> Set[Tuple[str, bool]]:
+    """DeepSpeed's CPU all-reduce buffers (of this user) that process ``pid`` maps, from
+    /proc/PID/maps, each as ``(path, unlinked)``."""
+    from megatron import cpu_comm
+
+    prefix = os.path.join(cpu_comm.SHM_DIR, f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_")
+    found = set()
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith(prefix):
+                path, _, deleted = fields[5].strip().partition(" ")
+                found.add((path, deleted == "(deleted)"))
+    return found

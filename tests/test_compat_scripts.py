@@ -8,7 +8,6 @@ that names them and the replacement.
 All scripts share one module-scoped data directory (tools/make_compat_data.py). A script writes its
 entry point and flags instead of launching when ``COMPAT_ARGS_FILE`` is set (examples/compat/common.sh).
 """
-import glob
 import os
 import re
 import subprocess
@@ -18,7 +17,7 @@ from typing import Dict, List
 import pytest
 
 from conftest import ROOT, free_port
-from e2e_helpers import read_jsonl
+from e2e_helpers import own_shm_buffers, read_jsonl
 
 SCRIPT_DIR = os.path.join(ROOT, "examples", "compat")
 # name -> (script, environment)
@@ -234,7 +233,7 @@ def run_script(name: str, compat_data: str, out_dir: str, extra=(), **env) -> st
         f.write(log)
     assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{log[-8000:]}"
     assert "unrecognized arguments" not in log and "error:" not in log, log[-4000:]
-    assert glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*") == []
+    assert own_shm_buffers(port) == []
     return log
 
 

@@ -1,28 +1,14 @@
 """DeepSpeed's CPU shared-memory all-reduce buffers (megatron/cpu_comm.py) and the notice before a
-one-time op build (megatron/jit_ops.py)."""
-import glob
+one-time op build (megatron/jit_ops.py). A launch through the deepspeed launcher maps its buffers
+already unlinked and leaves none when it ends: tests/test_graceful_exit.py."""
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 
-import pytest
-
-from conftest import ROOT, free_port
-from e2e_helpers import deepspeed_launcher
-
+from e2e_helpers import own_shm_buffers
 from megatron import cpu_comm, jit_ops
-
-FLAGS = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length",
-         "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3",
-         "--log-interval", "1", "--eval-iters", "0"]
-
-
-def _own_buffers(port: int):
-    pattern = f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_*_{port}_*"
-    return glob.glob(os.path.join(cpu_comm.SHM_DIR, pattern))
 
 
 def test_buffer_path_is_named_as_deepspeed_names_it():
@@ -103,53 +89,3 @@ def test_build_notice_once_per_launch_whichever_rank_looks_first(tmp_path, capsy
     os.remove(os.path.join(directory, "op.so"))  # a later launch that must build again
     assert jit_ops.announce_build("op", directory, "the op", "1 s") is not None
     assert capsys.readouterr().out.startswith("building the op")
-
-
-def _mapped_buffers(pid: int):
-    """The DeepSpeed all-reduce buffers (of this user) that process ``pid`` maps, from
-    /proc/PID/maps, each as ``(path, unlinked)``."""
-    prefix = os.path.join(cpu_comm.SHM_DIR, f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_")
-    found = set()
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith(prefix):
-                path, _, deleted = fields[5].strip().partition(" ")
-                found.add((path, deleted == "(deleted)"))
-    return found
-
-
-def test_launch_leaves_no_buffers_after_sigterm(demo_data, tmp_path):
-    """pretrain_gpt.py, stopped by SIGTERM in the middle of training, leaves none of its launch's
-    DeepSpeed all-reduce buffers in /dev/shm. The control: while it trains, each rank maps both
-    ranks' buffers of this launch (DeepSpeed made them, and never unlinks them itself), already
-    unlinked (megatron/cpu_comm.py)."""
-    import psutil
-
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    port = free_port()
-    cmd = [deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(port),
-           os.path.join(ROOT, "pretrain_gpt.py")] + FLAGS + [
-        "--train-iters", "100000", "--data-path", demo_data["web"], "--split", "90,5,5",
-        "--data-cache-path", str(tmp_path / "cache")]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        for line in proc.stdout:
-            if " iteration " in line:
-                break
-        else:
-            pytest.fail("no training iteration logged")
-        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                 if any(a.startswith("--local_rank=") for a in p.cmdline())]
-        assert len(ranks) == 2
-        unlinked = {(cpu_comm.shm_buffer_path(r, "127.0.0.1", str(port)), True) for r in range(2)}
-        for rank in ranks:
-            assert _mapped_buffers(rank.pid) == unlinked
-        os.killpg(proc.pid, signal.SIGTERM)  # launcher and ranks, as a job scheduler does
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert _own_buffers(port) == []

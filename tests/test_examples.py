@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from e2e_helpers import own_shm_buffers
 
 VENV = sys.prefix
 DEMO_ARGS = ["--train-iters", "6", "--lr-warmup-iters", "2", "--power-scheduler-decay-iters", "2",
@@ -75,7 +76,7 @@ def _check_launches(log: str, expected: int) -> None:
     assert len(ports) == expected, log[-3000:]
     assert "29500" not in ports
     for port in ports:
-        assert glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*") == []
+        assert own_shm_buffers(port) == []
     for noise in NOISE:
         assert noise not in log, (noise, log[-3000:])
 

@@ -1,4 +1,5 @@
-"""--exit-signal-handler and --exit-duration-in-mins: save a checkpoint and exit 0."""
+"""--exit-signal-handler and --exit-duration-in-mins: save a checkpoint and exit 0, leaving none of
+the launch's shared-memory buffers (megatron/cpu_comm.py)."""
 import os
 import signal
 import subprocess
@@ -7,7 +8,9 @@ import time
 import psutil
 
 from conftest import ROOT, free_port
-from e2e_helpers import deepspeed_launcher, read_jsonl, run_deepspeed
+from e2e_helpers import (deepspeed_launcher, mapped_shm_buffers, own_shm_buffers, read_jsonl,
+                         run_deepspeed)
+from megatron import cpu_comm
 
 
 def flags(demo_data, run_dir, extra=()):
@@ -19,8 +22,14 @@ def flags(demo_data, run_dir, extra=()):
             "--metrics-jsonl", str(run_dir / "metrics.jsonl"), *extra]
 
 
-def test_sigterm_to_every_rank_saves_and_exits_zero(demo_data, tmp_path):
-    cmd = [deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(free_port()),
+def test_sigterm_to_every_rank_saves_exits_zero_and_leaves_no_buffers(demo_data, tmp_path):
+    """SIGTERM to every rank (as a cluster scheduler does) with --exit-signal-handler: the ranks
+    save a checkpoint of the same iteration and the launch exits 0. And none of the launch's
+    DeepSpeed all-reduce buffers is left in /dev/shm: while it trains, each rank already maps both
+    ranks' buffers unlinked (DeepSpeed made them and never unlinks them; megatron/cpu_comm.py
+    does once every rank has mapped them), so no way the launch ends can leave them."""
+    port = free_port()
+    cmd = [deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(port),
            os.path.join(ROOT, "pretrain_gpt.py")] + flags(demo_data, tmp_path, ["--exit-signal-handler"])
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -33,6 +42,8 @@ def test_sigterm_to_every_rank_saves_and_exits_zero(demo_data, tmp_path):
     ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
              if any(a.startswith("--local_rank=") for a in p.cmdline())]
     assert len(ranks) == 2
+    unlinked = {(cpu_comm.shm_buffer_path(r, "127.0.0.1", str(port)), True) for r in range(2)}
+    assert [mapped_shm_buffers(rank.pid) for rank in ranks] == [unlinked, unlinked]
     for rank in ranks:  # as a cluster scheduler does: every task gets the signal
         rank.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
@@ -42,6 +53,7 @@ def test_sigterm_to_every_rank_saves_and_exits_zero(demo_data, tmp_path):
     assert saved >= 3
     assert saved == read_jsonl(metrics)[-1]["iteration"]
     assert (tmp_path / "ckpt" / f"iter_{saved:07d}").is_dir()
+    assert own_shm_buffers(port) == []
 
 
 def test_exit_duration_saves_and_exits_zero(demo_data, tmp_path):

@@ -12,7 +12,6 @@ is skipped by the threshold; iteration 8, below it, by the z-score rule (window 
 4-7, about 35 standard deviations above). Resumed from the checkpoint of iteration 6, iteration 8
 is only skipped again when the window of iterations 3-6 came back from the checkpoint (without it
 the window would hold one value, too few to judge)."""
-import glob
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ import pytest
 import torch
 
 from conftest import free_port
-from e2e_helpers import read_jsonl, run_deepspeed
+from e2e_helpers import own_shm_buffers, read_jsonl, run_deepspeed
 from test_skip_step import _tensors
 from wandb_helpers import offline_runs, read_run, wandb_env
 
@@ -57,7 +56,7 @@ def _launch(flags, **kwargs):
     port = free_port()
     proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=4, master_port=port, **kwargs)
     # the launch's CPU all-reduce buffers are gone from /dev/shm (megatron/cpu_comm.py)
-    assert glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*") == []
+    assert own_shm_buffers(port) == []
     return proc
 
 

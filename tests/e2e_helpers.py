@@ -34,28 +34,32 @@ def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: in
                               timeout=timeout)
         if proc.returncode == 0 or PORT_TAKEN not in proc.stderr:
             break
-    if check and proc.returncode != 0:
+    if check:
+        _raise_if_failed(cmd, proc)
+    return proc
+
+
+def _raise_if_failed(cmd: List[str], proc: subprocess.CompletedProcess) -> None:
+    if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
                              f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
-    return proc
 
 
 def run_single_process(script: str, flags: List[str], cwd=ROOT, timeout: int = 300,
                        check: bool = False) -> subprocess.CompletedProcess:
-    """Run ``script`` as a plain 1-process job (rank 0 of 1, gloo on a free port, the environment
-    the launcher gives its one rank), without the launcher's own start-up (two Python processes
-    importing DeepSpeed before the rank starts): for runs that stop at start-up or need no second
-    rank, such as the one-rank references the layouts are compared with; with ``check``, raise
-    with the log when it fails."""
+    """Run ``script`` as a plain 1-process job (rank 0 of 1: WORLD_SIZE, RANK, LOCAL_RANK and the
+    master address set as the launcher sets them, gloo on a free port), without the launcher's own
+    start-up (two Python processes importing DeepSpeed before the rank starts): for runs that stop
+    at start-up or need no second rank, such as the one-rank references the layouts are compared
+    with; with ``check``, raise with the log when it fails."""
     env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", DS_ACCELERATOR="cpu",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, os.path.join(ROOT, script)] + flags
     proc = subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
                           timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
-                             f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+    if check:
+        _raise_if_failed(cmd, proc)
     return proc
 
 

@@ -312,8 +312,8 @@ def test_bigscience_tr13_eval_only(compat_data, tr13_run, tmp_path):
 
 
 def test_megatron_lm_gpt3_175b(compat_data, tmp_path):
-    """The 2026 flag set; the 2024 one differs by --rampup-batch-size (no --attention-backend),
-    whose launch tr11 above covers: its flags parse in-process above."""
+    """The 2026 flag set. The 2024 one differs by --rampup-batch-size (and no --attention-backend):
+    its flags parse in test_every_flag_of_the_script_parses, and tr11 launches that rampup."""
     records = trained("gpt3_2026", compat_data, str(tmp_path))
     # --step-batch-size-schedule "0:2 256:4" (tokens, seq 64): the batch grows from 2 to 4 samples
     # after 4 consumed samples, as the 2024 flag set's --rampup-batch-size 2 2 4 does

@@ -7,7 +7,6 @@ import sys
 import textwrap
 import time
 
-from e2e_helpers import own_shm_buffers
 from megatron import cpu_comm, jit_ops
 
 

@@ -100,7 +100,8 @@ def _uncompiled(function):
 def test_fused_bias_gelu_is_the_cpu_tanh_gelu(monkeypatch):
     """megatron-core's bias_gelu_impl (the GPU path, its torch.compile'd kernels run uncompiled
     here: the compiled wrapper's ``__wrapped__``, or the function itself where torch's compiler is
-    disabled, as tools/cpu_env.sh does) equals tanh_gelu(y + bias), the CPU path, forward and backward."""
+    disabled, as tools/cpu_env.sh does) equals tanh_gelu(y + bias), the CPU path, forward and
+    backward."""
     from megatron.core.fusions import fused_bias_gelu
     for name in ("bias_gelu", "bias_gelu_back"):
         monkeypatch.setattr(fused_bias_gelu, name, _uncompiled(getattr(fused_bias_gelu, name)))

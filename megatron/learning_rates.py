@@ -13,7 +13,8 @@ vectorised functions of progress in iterations, samples or tokens. The same func
   in iterations are converted through the run's :class:`BatchSchedule` (rampup aware), and the
   batch size in the formula is the batch of the current iteration.
 * ``--lr-schedule-config FILE``: ``lr_schedule`` (and optionally ``weight_decay_schedule``) in the
-  schedule language.
+  schedule language; keys of ``lr_schedule`` that default to ``--lr``/``--min-lr`` (the ``inv``
+  kind's) are filled in from the flags.
 
 Every group gets ``lr = get_lr(group) * group['lr_mult']`` and
 ``weight_decay = get_wd(group) * group['wd_mult']`` (multipliers default to 1).
@@ -26,6 +27,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from megatron.errors import ConfigError
+from megatron.schedules.base import fill_run_defaults
 from megatron.schedules.registry import Schedule, ScheduleContext, build_schedule
 from megatron.schedules.units import (BatchSchedule, batch_schedule_from_args,
                                       train_iterations_from_args)
@@ -206,6 +208,15 @@ def power_spans_from_args(args, bs: BatchSchedule) -> Tuple[float, float, float]
     return warmup, end, decay
 
 
+def lr_schedule_with_run_defaults(lr_schedule, args):
+    """The ``lr_schedule`` of a ``--lr-schedule-config`` file with the keys that default to the
+    run's LR flags filled in (e.g. a bare ``{type: inv}`` takes ``learning_rate`` = ``--lr`` and
+    ``min_lr`` = ``--min-lr``), so the values it runs with are stored, and compared on resume, with
+    the schedule."""
+    flags = {"lr": getattr(args, "lr", None), "min_lr": getattr(args, "min_lr", None)}
+    return fill_run_defaults(lr_schedule, {k: float(v) for k, v in flags.items() if v is not None})
+
+
 def scheduler_params_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:
     """Everything that defines the LR and WD schedules, as a flat, checkpointable dict (keys not
     used by the chosen style are None)."""
@@ -219,7 +230,7 @@ def scheduler_params_from_args(args, batch_schedule: Optional[BatchSchedule] = N
     if config is None and getattr(args, "lr_schedule_config", None):
         config = load_schedule_config(args.lr_schedule_config)
     if config is not None:
-        params["lr_schedule"] = config["lr_schedule"]
+        params["lr_schedule"] = lr_schedule_with_run_defaults(config["lr_schedule"], args)
         if config.get("weight_decay_schedule") is not None:
             params["weight_decay_schedule"] = config["weight_decay_schedule"]
             for key in ("start_wd", "end_wd", "wd_incr_style", "wd_incr_steps"):

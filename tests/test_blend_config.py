@@ -182,3 +182,198 @@ def test_canonical_ignores_locations(data):
     b = parse_blend_config({"train": {"blend": [{"path": data["web"], "weight": 1}]}}, "b.yaml")
     c = parse_blend_config({"train": {"blend": [{"path": data["web"], "weight": 2}]}}, "a.yaml")
     assert a.canonical() == b.canonical() != c.canonical()
+
+
+# ---- energon's metadataset spelling (tests/data/seeds: the YAML users bring, verbatim) ------
+SEEDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "seeds")
+ENERGON_POINTS = {"type": "linear", "unit": "iterations", "points": {0: 100, 100: 10, 1000: 0}}
+# the same thing in this project's own spelling, one per seed file
+OUR_SPELLING = {
+    "energon_blend.yaml": {"train": {"blend": [
+        {"path": "ds1", "weight": 1}, {"path": "ds2", "weight": ENERGON_POINTS}]}},
+    "energon_epochized_blend.yaml": {"train": {"epochized_blend": [
+        {"path": "ds1", "repetitions": 1},
+        {"path": "ds2", "repetitions": 2, "weight": ENERGON_POINTS}]}},
+    "energon_sequential_schedule.yaml": {"train": {"sequential": [
+        {"epochized_blend": [{"path": "ds1", "repetitions": 1}, {"path": "ds2", "repetitions": 2}]},
+        {"blend": [{"path": "ds3", "weight": 1}]}]}},
+}
+
+
+@pytest.fixture(scope="module")
+def seed_dir(tmp_path_factory):
+    """The seed files next to small datasets named as the seeds name them (ds1, ds2, ds3: about
+    20 samples of 16 tokens each), so their relative paths resolve against the file's directory."""
+    import shutil
+    d = tmp_path_factory.mktemp("seeds")
+    for name in os.listdir(SEEDS):
+        shutil.copy(os.path.join(SEEDS, name), d / name)
+    for i, name in enumerate(["ds1", "ds2", "ds3"]):
+        _make(str(d / name), seed=10 + i)
+    return d
+
+
+def _without_where(obj):
+    """A parsed config with every ``where``/``source`` blanked (they name the file's own keys)."""
+    import dataclasses
+    if dataclasses.is_dataclass(obj):
+        changes = {f.name: _without_where(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        changes.update({k: "" for k in ("where", "source") if k in changes})
+        return dataclasses.replace(obj, **changes)
+    if isinstance(obj, tuple):
+        return tuple(_without_where(v) for v in obj)
+    return obj
+
+
+def _index(split_blend, train_iters, global_batch=4, seq_length=16):
+    """The curriculum index training builds for ``split_blend`` (megatron/data/curriculum.py)."""
+    from megatron.data.curriculum import CurriculumIndex, resolve_constituents
+    from megatron.schedules.units import BatchSchedule
+    return CurriculumIndex(split_blend, resolve_constituents(split_blend, seq_length),
+                           train_iters * global_batch, BatchSchedule(global_batch, None, seq_length),
+                           seed=1234, cache_dir=None)
+
+
+@pytest.mark.parametrize("seed, train_iters", [("energon_blend.yaml", 150),
+                                               ("energon_epochized_blend.yaml", 12),
+                                               ("energon_sequential_schedule.yaml", 40)])
+def test_energon_seed_equals_our_spelling(seed_dir, seed, train_iters):
+    """Each seed parses to the typed config of our spelling of the same blend, and the built
+    curriculum index is the same, sample for sample."""
+    theirs = load_blend_config(str(seed_dir / seed))
+    ours = parse_blend_config(OUR_SPELLING[seed], "ours.yaml", base_dir=str(seed_dir))
+    assert _without_where(theirs) == _without_where(ours)
+    assert theirs.canonical() == ours.canonical()
+    a, b = _index(theirs.train, train_iters), _index(ours.train, train_iters)
+    assert a.names == b.names and len(a.names) == len(set(e.path for s in ours.train.stages
+                                                               for e in s.entries))
+    np.testing.assert_array_equal(np.asarray(a.dataset_index), np.asarray(b.dataset_index))
+    np.testing.assert_array_equal(np.asarray(a.dataset_sample_index),
+                                  np.asarray(b.dataset_sample_index))
+
+
+def test_energon_weight_schedule_is_linear_in_iterations(seed_dir):
+    """energon's ``linear: {0: 100, 100: 10, 1000: 0}`` is the piecewise-linear weight of
+    (global) iteration, constant after the last point: the index targets w2 / (1 + w2)."""
+    cfg = load_blend_config(str(seed_dir / "energon_blend.yaml"))
+    stage = cfg.train.stages[0]
+    assert stage.kind == "blend" and stage.entries[0].weight == 1.0
+    assert stage.entries[1].weight == {"type": "linear", "unit": "iterations",
+                                       "points": {0.0: 100.0, 100.0: 10.0, 1000.0: 0.0}}
+    index = _index(cfg.train, 150)
+    iters = np.arange(150)
+    w2 = np.interp(iters, [0, 100, 1000], [100, 10, 0])
+    target = index.target_weights(iters * 4)
+    np.testing.assert_allclose(target[1], w2 / (1 + w2))
+    np.testing.assert_allclose(target[0], 1 / (1 + w2))
+
+
+def test_energon_step_weight_and_splits(seed_dir):
+    """``step`` holds a value from its point to the next; ``val``/``test`` hold one blend or one
+    dataset each: one group named after the split; ``blend_epochized`` is ``epochized_blend``;
+    a dataset stage of ``sequential_schedule`` with ``until`` is a blend stage."""
+    text = f"""
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    sequential_schedule:
+      - path: ds1
+        until: {{iterations: 5}}
+      - blend_epochized:
+          - {{path: ds2, repetitions: 0.5}}
+          - {{path: ds3}}
+      - blend:
+          - path: ds1
+          - path: ds2
+            weight:
+              __module__: megatron.energon
+              __class__: WeightSchedule
+              step: {{0: 3, 20: 0}}
+  val: {{path: ds3, split: "0.9:1"}}
+  test:
+    blend: [{{path: ds1, weight: 2}}, {{path: ds2}}]
+"""
+    path = seed_dir / "mixed.yaml"
+    path.write_text(text)
+    theirs = load_blend_config(str(path))
+    ours = parse_blend_config({
+        "train": {"sequential": [
+            {"blend": [{"path": "ds1", "weight": 1}], "until": {"iterations": 5}},
+            {"epochized_blend": [{"path": "ds2", "repetitions": 0.5},
+                                 {"path": "ds3", "repetitions": 1}]},
+            {"blend": [{"path": "ds1", "weight": 1},
+                       {"path": "ds2", "weight": {"type": "step", "unit": "iterations",
+                                                  "points": {0: 3, 20: 0}}}]}]},
+        "valid": [{"name": "val", "path": "ds3", "split": "0.9:1"}],
+        "test": {"blend": [{"path": "ds1", "weight": 2}, {"path": "ds2", "weight": 1}]}},
+        "ours.yaml", base_dir=str(seed_dir))
+    assert _without_where(theirs) == _without_where(ours)
+    assert [g.name for g in theirs.valid] == ["val"] and [g.name for g in theirs.test] == ["test"]
+    from megatron.schedules.registry import build_schedule
+    step = build_schedule(theirs.train.stages[2].entries[1].weight)
+    assert list(step([0, 19, 19.5, 20, 100])) == [3.0, 3.0, 3.0, 0.0, 0.0]
+
+
+def _bad_text(tmp_path, text, *needles):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(BlendConfigError) as info:
+        load_blend_config(str(path))
+    msg = str(info.value)
+    assert str(path) in msg, msg
+    for needle in needles:
+        assert needle in msg, msg
+    return msg
+
+
+def _energon(train, cls="MetadatasetV2"):
+    return f"__module__: megatron.energon\n__class__: {cls}\nsplits:\n  train:\n{train}"
+
+
+def test_energon_errors_name_file_key_value(data, tmp_path):
+    web = data["web"]
+    weight = ("          __module__: megatron.energon\n          __class__: WeightSchedule\n")
+    msg = _bad_text(tmp_path, _energon(f"    blend: [{{path: {web}}}]\n", cls="Metadataset3"),
+                    "__class__", "'Metadataset3'", "MetadatasetV2, Metadataset")
+    assert msg.count("error") <= 1
+    _bad_text(tmp_path, _energon(f"    blend: [{{path: {web}}}]\n").replace(
+        "megatron.energon", "megatron.energy", 1), "__module__", "'megatron.energy'")
+    _bad_text(tmp_path, _energon(f"    blend:\n      - path: {web}\n        weight:\n{weight}"
+                                 "          linear: {0: 1, 10: 0}\n          step: {0: 1}\n"),
+              "splits.train.blend[0].weight", "exactly one of linear, step", "linear, step")
+    _bad_text(tmp_path, _energon(f"    blend:\n      - path: {web}\n        weight:\n{weight}"),
+              "splits.train.blend[0].weight", "exactly one of linear, step", "neither")
+    _bad_text(tmp_path, _energon(f"    blend:\n      - path: {web}\n        weight:\n"
+                                 "          __class__: Schedule\n          linear: {0: 1}\n"),
+              "splits.train.blend[0].weight", "__class__ 'Schedule'", "WeightSchedule")
+    _bad_text(tmp_path, _energon(f"    blend:\n      - path: {web}\n        weight:\n{weight}"
+                                 "          linear: {0: 1, 10: 2, 5: 0}\n"),
+              "splits.train.blend[0].weight.linear", "not sorted")
+    for key, value in (("subflavors", "{a: 1}"), ("split_part", "val"),
+                       ("shuffle_over_epochs_multiplier", "2"), ("dataset_config", "ds.yaml")):
+        _bad_text(tmp_path, _energon(f"    blend:\n      - path: {web}\n        {key}: {value}\n"),
+                  "splits.train.blend[0]", f"key {key!r}", "energon's and not supported")
+    _bad_text(tmp_path, _energon("    join: [{path: a}, {path: b}]\n    joiner: x\n"),
+              "splits.train", "'join'", "energon's and not supported")
+    _bad_text(tmp_path, _energon(f"    blend: [{{path: {web}}}]\n") + "  training: {}\n",
+              "splits", "'training'", "train, val, valid, test")
+    _bad_text(tmp_path, _energon(f"    blend_epochized: [{{path: {web}}}]\n    blend: []\n"),
+              "splits.train", "exactly one of")
+    _bad_text(tmp_path, _energon(f"    sequential_schedule:\n      - path: {web}\n"
+                                 f"      - path: {data['code']}\n"),
+              "splits.train.sequential_schedule[0]", "until")
+    _bad_text(tmp_path, _energon(f"    blend_epochized: [{{path: {web}, repetitions: 0}}]\n"),
+              "splits.train.blend_epochized[0].repetitions", "must be > 0")
+    _bad_text(tmp_path, "__module__: megatron.energon\n__class__: MetadatasetV2\n",
+              "needs 'splits")
+
+
+def test_our_spelling_errors_unchanged(data, tmp_path):
+    """The energon reading leaves our own spelling's errors as they were."""
+    msg = _bad(data, tmp_path, {"train": {"blend": [{"path": data["web"]}]}}, "missing key 'weight'")
+    assert "train.blend[0]" in msg
+    _bad(data, tmp_path, {"train": {"sequential_schedule": []}},
+         "give exactly one of blend, epochized_blend, sequential")
+    _bad(data, tmp_path, {"__class__": "MetadatasetV2", "train": {}}, "'train'", "__module__, "
+         "__class__, splits")

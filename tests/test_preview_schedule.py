@@ -197,3 +197,27 @@ def test_preview_under_ulysses_counts_data_parallel_ranks_only(tmp_path):
     with pytest.raises(SystemExit):
         preview_schedule.parse_preview_args(flags + ["--world-size", "6",
                                                      "--ds-sequence-parallel-size", "3"])
+
+
+@pytest.mark.parametrize("text, words", [
+    ("train:\n  blend:\n    - {path: no_such_dataset, weight: 1}\n",
+     ["train.blend[0].path", "no_such_dataset.bin", "does not exist"]),
+    ("__module__: megatron.energon\n__class__: MetadatasetV3\nsplits: {train: {path: a}}\n",
+     ["__class__ 'MetadatasetV3'", "MetadatasetV2, Metadataset"]),
+])
+def test_preview_bad_blend_file_is_one_error_line(tmp_path, text, words):
+    """A bad --data-blend-config: one `error: ...` line naming the file, key and value, exit
+    status 1 (a ConfigError, as the training entry points), no traceback."""
+    blend = tmp_path / "bad_blend.yaml"
+    blend.write_text(text)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "preview_schedule.py")] + BASE +
+        "--global-batch-size 4 --train-iters 20 --lr 1e-3 --data-blend-config".split() +
+        [str(blend), "--output-json", str(tmp_path / "p.json")],
+        cwd=str(tmp_path), capture_output=True, text=True, env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {blend}: "), proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert not (tmp_path / "p.json").exists()

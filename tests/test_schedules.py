@@ -1,5 +1,6 @@
 """The schedule language: registry, built-in kinds, staged schedules, units, config errors."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -271,3 +272,142 @@ def test_config_file_unparsable(tmp_path):
     args, path = config_args(tmp_path, "lr_schedule: [unclosed", "bad.yaml")
     with pytest.raises(ArgumentError, match="cannot parse"):
         validate_args(args, 1, require_data=False)
+
+
+# ---- Levanter's staged spelling, the inv kind, numbers written as strings ----
+
+SEEDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "seeds")
+
+
+def levanter_inv(count, lr, min_lr, decay_steps):
+    """Levanter's ``_inv_decay_schedule`` (src/levanter/optim/config.py), transcribed."""
+    decay = min(1.0, 1.0 / ((lr / min_lr - 1) * max(count, 1) / decay_steps + 1))
+    return max(lr * decay, min_lr)
+
+
+def test_levanter_seed_file(tmp_path):
+    """The Levanter staged schedule (tests/data/seeds/levanter_lr_schedule.yaml: `value:` stages,
+    `initial_lr`/`final_lr`, `learning_rate`, a bare `inv`, `1e-4` read by YAML 1.1 as a string)
+    with stages at 0, 10, 30 of a 50-iteration run: linear 0 -> 1e-4, constant 1e-4, then
+    Levanter's inv formula from --lr to --min-lr over the last stage."""
+    import torch
+    from megatron.learning_rates import build_opt_param_scheduler
+    flags = BASE[:-4] + ["--train-iters", "50", "--lr", "1e-4", "--min-lr", "1e-5",
+                         "--lr-schedule-config", os.path.join(SEEDS, "levanter_lr_schedule.yaml")]
+    args = validate_args(get_parser().parse_args(flags), 1, require_data=False)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    s = build_opt_param_scheduler(args, opt)
+    seen = []
+    for _ in range(51):
+        seen.append(opt.param_groups[0]["lr"])
+        s.step(4)
+    want = ([1e-4 * i / 10 for i in range(10)] + [1e-4] * 20
+            + [levanter_inv(i - 30, 1e-4, 1e-5, 20) for i in range(30, 51)])
+    np.testing.assert_allclose(seen, want, rtol=1e-12, atol=0)
+    assert seen[50] == pytest.approx(1e-5) and seen[31] == pytest.approx(1e-4 / (9 / 20 + 1))
+    # the run's --lr/--min-lr are stored with the schedule (a resume with others is refused)
+    assert s.params["lr_schedule"][2]["value"] == {"type": "inv", "learning_rate": 1e-4,
+                                                   "min_lr": 1e-5}
+
+
+def test_inv_kind_matches_levanters_formula():
+    for lr, low, span in ((1e-4, 1e-5, 20), (3e-3, 3e-5, 1000), (1.0, 0.5, 7)):
+        s = build_schedule({"type": "inv", "learning_rate": lr, "min_lr": low, "span": span}, CTX)
+        p = np.arange(0, 3 * span + 1)
+        np.testing.assert_allclose(s(p), [levanter_inv(c, lr, low, span) for c in p], rtol=1e-13)
+        assert s(span) == pytest.approx(low) and s(2 * span) == low
+    aliased = build_schedule({"type": "inv", "from": 1e-3, "to": 1e-4}, CTX)  # span: the run
+    assert aliased(400) == pytest.approx(levanter_inv(400, 1e-3, 1e-4, 1000))
+    staged = build_schedule([{"start": 0, "schedule": 1e-3},
+                             {"start": 600, "value": {"type": "inv", "from": 1e-3, "to": 1e-4}}], CTX)
+    assert staged(700) == pytest.approx(levanter_inv(100, 1e-3, 1e-4, 400))
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"type": "inv", "learning_rate": 1e-3, "min_lr": 0}, ["'min_lr' 0", "> 0", "--min-lr"]),
+    ({"type": "inv", "from": 1e-3, "to": -1e-4}, ["'min_lr' -0.0001", "> 0", "'to' is 'min_lr'"]),
+    ({"type": "inv", "min_lr": 1e-4}, ["'learning_rate'", "'from'", "--lr"]),
+    ({"type": "inv", "learning_rate": 1e-3}, ["'min_lr'", "'to'", "--min-lr"]),
+    ({"type": "inv", "learning_rate": 1e-3, "min_lr": 1e-4, "span": 0}, ["'span' 0"]),
+    ({"type": "linear", "initial_lr": 0.0, "from": 0.1}, ["'initial_lr'", "'from'", "same key"]),
+    ({"type": "linear", "initial_lr": "fast"}, ["'from'", "'fast'", "'initial_lr' is 'from'"]),
+    ({"type": "constant", "learning_rate": "high"}, ["expected a number, got 'high'"]),
+    ([{"start": 0, "value": 1.0, "schedule": 2.0}], ["stage 0", "'value'", "'schedule'"]),
+    ([{"start": 0, "valeu": 1.0}], ["stage 0", "'valeu'", "value"]),
+])
+def test_levanter_spelling_errors_name_the_key(config, words):
+    with pytest.raises(ScheduleError) as info:
+        build_schedule(config, CTX)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+
+
+def test_bare_inv_with_min_lr_zero_is_refused_naming_the_flag(tmp_path):
+    args, path = config_args(tmp_path, "lr_schedule: {type: inv}\n", "inv.yaml")
+    with pytest.raises(ArgumentError) as info:
+        validate_args(args, 1, require_data=False)   # --min-lr defaults to 0
+    assert path in str(info.value) and "'min_lr' 0.0 must be > 0" in str(info.value)
+    assert "--min-lr" in str(info.value)
+
+
+def test_numbers_written_as_strings():
+    """PyYAML reads `1e-4` (no dot) as a string: a string that spells a finite number is a
+    number wherever a schedule reads one; other strings are refused as before."""
+    as_float = build_schedule({"type": "cosine", "from": 3e-4, "to": 3e-5, "warmup": 10}, CTX)
+    as_text = build_schedule({"type": "cosine", "from": "3e-4", "to": "3e-5", "warmup": "10"}, CTX)
+    p = np.arange(1001)
+    np.testing.assert_array_equal(as_text(p), as_float(p))
+    pts = build_schedule({"type": "step", "points": {"0": "1e-4", "100": "2e-5"}}, CTX)
+    assert list(pts([0, 99, 100])) == [1e-4, 1e-4, 2e-5]
+    assert build_schedule("1e-4")(5) == 1e-4
+    staged = build_schedule([{"start": "0", "schedule": "1e-4"}, {"start": "1e2", "schedule": 0.5}], CTX)
+    assert list(staged([99, 100])) == [1e-4, 0.5]
+    for bad, words in (("3e-4x", ["'from'", "expected a number, got '3e-4x'"]),
+                       ("inf", ["'from'", "'inf' is not a finite number"]),
+                       ("nan", ["'from'", "'nan' is not a finite number"])):
+        with pytest.raises(ScheduleError) as info:
+            build_schedule({"type": "cosine", "from": bad}, CTX)
+        for word in words:
+            assert word in str(info.value)
+    with pytest.raises(ScheduleError, match="value at point 5.*expected a number, got 'x'"):
+        build_schedule({"type": "step", "points": {0: 1.0, 5: "x"}})
+    with pytest.raises(ScheduleError, match="a schedule is a number"):
+        build_schedule("cosine")
+
+
+def test_levanter_yaml_strings_through_the_flags(tmp_path):
+    args, _ = config_args(tmp_path, "lr_schedule:\n  - {start: 0, value: {type: constant, "
+                                    "learning_rate: 1e-4}}\n  - {start: 500, value: 5e-5}\n")
+    validate_args(args, 1, require_data=False)
+    from megatron.learning_rates import build_schedules, scheduler_params_from_args, \
+        schedule_context_from_args
+    lr, _ = build_schedules(scheduler_params_from_args(args), schedule_context_from_args(args))
+    assert list(lr([0, 499, 500, 999])) == [1e-4, 1e-4, 5e-5, 5e-5]
+
+
+def test_bare_inv_resume_with_another_lr_is_refused(tmp_path):
+    """A bare `inv` runs with --lr/--min-lr, so they are part of the stored schedule: a resume
+    with another --min-lr names the key, the checkpoint's value and the new one."""
+    from megatron.learning_rates import build_opt_param_scheduler
+
+    class _Opt:
+        param_groups = []
+
+    path = tmp_path / "inv.yaml"
+    path.write_text("lr_schedule: [{start: 0, value: 1e-3}, {start: 100, value: {type: inv}}]\n")
+
+    def scheduler(min_lr):
+        flags = BASE + ["--min-lr", min_lr, "--lr-schedule-config", str(path)]
+        return build_opt_param_scheduler(validate_args(get_parser().parse_args(flags), 1,
+                                                       require_data=False), _Opt())
+
+    old = scheduler("1e-5")
+    for _ in range(3):
+        old.step(4)
+    with pytest.raises(ValueError) as info:
+        scheduler("2e-5").load_state_dict(old.state_dict())
+    assert ("--lr-schedule-config lr_schedule[1].value.min_lr: checkpoint 1e-05, now 2e-05"
+            in str(info.value))
+    same = scheduler("1e-5")
+    same.load_state_dict(old.state_dict())
+    assert same.num_iters == 3

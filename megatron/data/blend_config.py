@@ -19,6 +19,11 @@ Every entry may carry ``split: "START:END"``: the documents of ``path`` in that 
 position. Relative paths are resolved against the working directory first, then against the
 directory of the blend file.
 
+energon's metadataset spelling (``__module__: megatron.energon``, ``__class__: MetadatasetV2``,
+``splits: {train: {blend|blend_epochized|sequential_schedule: ...}}``, weights ``{__class__:
+WeightSchedule, linear|step: {x: w}}``) is read into the same typed config
+(:func:`parse_energon_metadataset`); energon keys without a meaning here are refused by name.
+
 Errors are ``BlendConfigError`` (a ``ValueError``) naming the file, the key and the offending value.
 Checks that need the run length (all weights zero at some point, schedule values negative) happen
 when the curriculum index is built (``megatron.data.curriculum``).
@@ -36,7 +41,8 @@ from megatron.errors import ConfigError
 
 __all__ = [
     "BlendConfigError", "BlendEntry", "BlendStage", "SplitBlend", "BlendConfig",
-    "load_blend_config", "parse_blend_config", "parse_split_range", "check_dataset_prefix",
+    "load_blend_config", "parse_blend_config", "parse_energon_metadataset", "is_energon_metadataset",
+    "parse_split_range", "check_dataset_prefix",
     "short_dataset_name",
     "indexed_dataset_problem",
 ]
@@ -268,9 +274,10 @@ def _parse_weight(value: Any, where: str) -> Weight:
     return weight
 
 
-def _parse_schedule(spec: Dict[str, Any], where: str) -> Dict[str, Any]:
+def _parse_schedule(spec: Dict[str, Any], where: str, points_key: str = "points") -> Dict[str, Any]:
     """Validate the parts of a weight schedule dict this module understands (``unit``,
-    ``points``, constant values); other keys are left to the schedule registry."""
+    ``points``, constant values); other keys are left to the schedule registry. ``points_key``
+    is what the file called ``points`` (energon's ``linear``/``step``), for error locations."""
     out = dict(spec)
     if "type" not in spec:
         raise _err(where, f"weight schedule {spec!r} has no 'type' (e.g. linear, step, cosine)")
@@ -286,27 +293,28 @@ def _parse_schedule(spec: Dict[str, Any], where: str) -> Dict[str, Any]:
                 isinstance(p, (list, tuple)) and len(p) == 2 for p in points):
             items = [tuple(p) for p in points]
         else:
-            raise _err(where + ".points", f"points {points!r} must be a mapping "
-                                          "{progress: weight} or a list of [progress, weight] pairs")
+            raise _err(f"{where}.{points_key}", f"points {points!r} must be a mapping {{progress: "
+                                                "weight}} or a list of [progress, weight] pairs")
         if not items:
-            raise _err(where + ".points", "points is empty")
+            raise _err(f"{where}.{points_key}", "points is empty")
         xs, ys = [], []
         for x, y in items:
-            xv = _number(x, where + ".points", f"point {x!r}")
-            yv = _number(y, where + f".points[{x!r}]", f"weight {y!r}")
+            xv = _number(x, f"{where}.{points_key}", f"point {x!r}")
+            yv = _number(y, f"{where}.{points_key}[{x!r}]", f"weight {y!r}")
             if yv < 0:
-                raise _err(where + f".points[{x!r}]", f"weight {y!r} is negative")
+                raise _err(f"{where}.{points_key}[{x!r}]", f"weight {y!r} is negative")
             if xv < 0:
-                raise _err(where + ".points", f"point {x!r} is negative")
+                raise _err(f"{where}.{points_key}", f"point {x!r} is negative")
             xs.append(xv)
             ys.append(yv)
         for a, b in zip(xs, xs[1:]):
             if not b > a:
-                raise _err(where + ".points", f"points are not sorted in increasing order: {b:g} "
-                                              f"comes after {a:g} (points {points!r})")
+                raise _err(f"{where}.{points_key}", f"points are not sorted in increasing order: "
+                                                    f"{b:g} comes after {a:g} (points {points!r})")
         out["points"] = {x: y for x, y in zip(xs, ys)}
     try:  # unknown schedule types/keys: ask the schedule registry when it is there
         from megatron.schedules import registry
+        from megatron.schedules.base import allowed_keys
     except ImportError:
         registry = None
     if registry is not None:
@@ -314,7 +322,7 @@ def _parse_schedule(spec: Dict[str, Any], where: str) -> Dict[str, Any]:
             cls = registry.get_schedule_class(spec["type"])
         except ValueError as exc:
             raise _err(where + ".type", str(exc)) from None
-        allowed = set(cls.keys) | {"type", "unit"}
+        allowed = allowed_keys(cls)
         for key in spec:
             if key not in allowed:
                 raise _err(where, f"unknown key {key!r} (value {spec[key]!r}) for schedule type "
@@ -399,23 +407,32 @@ def _parse_split_blend(obj: Any, where: str, base_dir, check_files, name=None) -
         if len(kinds) != 1:
             raise _err(ws, f"a stage needs exactly one of blend, epochized_blend (got {spec!r})")
         kind = kinds[0]
-        until = None
-        if "until" in spec:
-            if kind == "epochized_blend":
-                raise _err(ws + ".until", "an epochized_blend stage ends when its repetitions are "
-                                          f"done; 'until' ({spec['until']!r}) is not allowed")
-            until = _parse_until(spec["until"], ws + ".until")
-            if last_until and last_until[0] == until[0] and until[1] <= last_until[1]:
-                raise _err(ws + ".until", f"until {until[0]}={until[1]} is not after the previous "
-                                          f"stage's {last_until[0]}={last_until[1]}: a stage with "
-                                          "nothing to draw")
-            last_until = until
-        elif kind == "blend" and i != len(stages_spec) - 1:
-            raise _err(ws, "a blend stage other than the last needs 'until: {iterations|samples|"
-                           "tokens: N}'")
+        until = _stage_until(spec, kind, ws, i == len(stages_spec) - 1, last_until)
+        last_until = until or last_until
         entries = _parse_entries(spec[kind], kind, f"{ws}.{kind}", base_dir, check_files)
         stages.append(BlendStage(kind, entries, until, ws))
     return SplitBlend(stages=tuple(stages), name=name, sequential=True, where=where)
+
+
+def _stage_until(spec: Dict[str, Any], kind: str, ws: str, is_last: bool,
+                 last_until: Optional[Tuple[str, int]]) -> Optional[Tuple[str, int]]:
+    """The ``until`` (unit, N) of a sequential stage ``spec`` of ``kind``, or None: only blend
+    stages take one, every blend stage but the last needs one, and it must lie after the previous
+    stage's ``last_until`` when both are in the same unit."""
+    if "until" not in spec:
+        if kind == "blend" and not is_last:
+            raise _err(ws, "a blend stage other than the last needs 'until: {iterations|samples|"
+                           "tokens: N}'")
+        return None
+    if kind == "epochized_blend":
+        raise _err(ws + ".until", "an epochized_blend stage ends when its repetitions are "
+                                  f"done; 'until' ({spec['until']!r}) is not allowed")
+    until = _parse_until(spec["until"], ws + ".until")
+    if last_until and last_until[0] == until[0] and until[1] <= last_until[1]:
+        raise _err(ws + ".until", f"until {until[0]}={until[1]} is not after the previous "
+                                  f"stage's {last_until[0]}={last_until[1]}: a stage with "
+                                  "nothing to draw")
+    return until
 
 
 def _parse_groups(obj: Any, split: str, where: str, base_dir, check_files) -> Tuple[SplitBlend, ...]:
@@ -450,8 +467,11 @@ def _parse_groups(obj: Any, split: str, where: str, base_dir, check_files) -> Tu
 
 def parse_blend_config(data: Any, source: str = "<blend config>", base_dir: Optional[str] = None,
                        check_files: bool = True) -> BlendConfig:
-    """Typed :class:`BlendConfig` from already-loaded YAML/JSON ``data``; ``source`` names the file
+    """Typed :class:`BlendConfig` from already-loaded YAML/JSON ``data`` (this module's spelling, or
+    energon's metadataset spelling: :func:`parse_energon_metadataset`); ``source`` names the file
     in errors."""
+    if is_energon_metadataset(data):
+        return parse_energon_metadataset(data, source, base_dir, check_files)
     _check_keys(data, ("train", "valid", "test"), source)
     train = None
     if data.get("train") is not None:
@@ -462,6 +482,183 @@ def parse_blend_config(data: Any, source: str = "<blend config>", base_dir: Opti
     test = _parse_groups(data["test"], "test", f"{source}: test", base_dir, check_files) \
         if data.get("test") is not None else ()
     return BlendConfig(source=source, train=train, valid=valid, test=test)
+
+
+# ----------------------------------------------------------------------------------------------
+# megatron-energon's metadataset spelling (docs/curriculum.md, "Energon's metadataset spelling"),
+# read into the same typed config as this module's spelling.
+ENERGON_MODULE = "megatron.energon"
+ENERGON_CLASSES = ("MetadatasetV2", "Metadataset")
+ENERGON_WEIGHT_CLASS = "WeightSchedule"
+ENERGON_WEIGHT_KINDS = ("linear", "step")
+# energon's split names -> ours (energon calls the validation split "val")
+ENERGON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "test": "test"}
+# energon's blend forms (and ours, also accepted) -> the kind they are here
+ENERGON_FORMS = {"blend": "blend", "datasets": "blend", "blend_epochized": "epochized_blend",
+                 "epochized_blend": "epochized_blend", "sequential_schedule": "sequential",
+                 "sequential": "sequential"}
+ENERGON_STAGE_FORMS = ("blend", "epochized_blend", "blend_epochized")
+# energon keys with no meaning here: refused by name rather than as unknown
+ENERGON_UNSUPPORTED = ("subflavors", "subflavor", "split_part", "shuffle_over_epochs_multiplier",
+                       "dataset_config", "split_config", "subset", "aux", "join", "joiner",
+                       "nonmatch", "path")
+
+
+def is_energon_metadataset(data: Any) -> bool:
+    """Whether loaded blend-file ``data`` is written in energon's metadataset spelling (has
+    ``__module__``, ``__class__`` or ``splits`` at the top)."""
+    return isinstance(data, dict) and any(k in data for k in ("__module__", "__class__", "splits"))
+
+
+def _check_energon_keys(obj: Any, allowed: Sequence[str], where: str) -> None:
+    """:func:`_check_keys`, except that a key energon knows but this parser does not implement
+    gets its own error naming it."""
+    if isinstance(obj, dict):
+        for key in obj:
+            if key not in allowed and key in ENERGON_UNSUPPORTED:
+                raise _err(where, f"key {key!r} (value {obj[key]!r}) is energon's and not supported "
+                                  f"here; allowed keys here: {', '.join(allowed)}")
+    _check_keys(obj, allowed, where)
+
+
+def _check_energon_class(obj: Dict[str, Any], classes: Sequence[str], where: str) -> None:
+    """``__module__`` (if given) must be ``megatron.energon`` and ``__class__`` (if given) one of
+    ``classes``."""
+    module = obj.get("__module__", ENERGON_MODULE)
+    if module != ENERGON_MODULE:
+        raise _err(where, f"__module__ {module!r} is not supported; allowed: {ENERGON_MODULE}")
+    if "__class__" in obj and obj["__class__"] not in classes:
+        raise _err(where, f"__class__ {obj['__class__']!r} is not supported; allowed: "
+                          f"{', '.join(classes)} (of {ENERGON_MODULE})")
+
+
+def _energon_weight(value: Any, where: str) -> Weight:
+    """An energon blend weight as ours: a number stays a number; ``{__module__: megatron.energon,
+    __class__: WeightSchedule, linear|step: {x: w}}`` (or energon's short ``{linear|step: {...}}``)
+    becomes ``{type: linear|step, unit: iterations, points: {x: w}}`` (x in iterations here;
+    energon's x is the per-rank batch index). Our own schedule dicts (with ``type``) pass."""
+    energon_keys = {"__module__", "__class__"} | set(ENERGON_WEIGHT_KINDS)
+    if not isinstance(value, dict) or ("type" in value and not energon_keys & set(value)):
+        return value  # ours: checked with the entry
+    _check_energon_keys(value, ("__module__", "__class__") + ENERGON_WEIGHT_KINDS, where)
+    _check_energon_class(value, (ENERGON_WEIGHT_CLASS,), where)
+    kinds = [k for k in ENERGON_WEIGHT_KINDS if k in value]
+    if len(kinds) != 1:
+        raise _err(where, f"an energon {ENERGON_WEIGHT_CLASS} needs exactly one of "
+                          f"{', '.join(ENERGON_WEIGHT_KINDS)} (got {', '.join(kinds) or 'neither'})")
+    kind = kinds[0]
+    return _parse_schedule({"type": kind, "unit": "iterations", "points": value[kind]}, where,
+                           points_key=kind)
+
+
+def _energon_entries(items: Any, kind: str, where: str, base_dir, check_files) -> Tuple[BlendEntry, ...]:
+    """energon dataset references as entries of a ``kind`` stage: weights translated
+    (:func:`_energon_weight`), energon's defaults filled (weight 1 in a blend, repetitions 1 in an
+    epochized blend)."""
+    allowed = ("path", "weight", "split") + (("repetitions",) if kind == "epochized_blend" else ())
+    if not isinstance(items, list):
+        return _parse_entries(items, kind, where, base_dir, check_files)  # its error
+    ours = []
+    for i, item in enumerate(items):
+        w = f"{where}[{i}]"
+        _check_energon_keys(item, allowed, w)
+        item = dict(item)
+        if "weight" in item:
+            item["weight"] = _energon_weight(item["weight"], w + ".weight")
+        elif kind == "blend":
+            item["weight"] = 1.0
+        if kind == "epochized_blend":
+            item.setdefault("repetitions", 1)
+        ours.append(item)
+    return _parse_entries(ours, kind, where, base_dir, check_files)
+
+
+def _energon_stage(spec: Any, ws: str) -> Tuple[str, Optional[str], Any]:
+    """(kind, key, entries) of one ``sequential_schedule`` stage: ``{blend|epochized_blend|
+    blend_epochized: [...]}`` (+ ``until``), or a dataset ``{path, weight?, split?, until?}``,
+    which is a blend stage of that one dataset (key None)."""
+    if isinstance(spec, dict) and "path" in spec:
+        _check_energon_keys(spec, ("path", "weight", "split", "until"), ws)
+        return "blend", None, [{k: v for k, v in spec.items() if k != "until"}]
+    _check_energon_keys(spec, ENERGON_STAGE_FORMS + ("until",), ws)
+    keys = [k for k in ENERGON_STAGE_FORMS if k in spec]
+    if len(keys) != 1:
+        raise _err(ws, f"a stage needs exactly one of {', '.join(ENERGON_STAGE_FORMS)}, or is a "
+                       f"dataset {{path: ...}} (got {spec!r})")
+    return ENERGON_FORMS[keys[0]], keys[0], spec[keys[0]]
+
+
+def _energon_sequential(stages_spec: Any, w: str, base_dir, check_files) -> Tuple[BlendStage, ...]:
+    """The stages of an energon ``sequential_schedule`` (same rules as ``sequential``)."""
+    if not isinstance(stages_spec, list) or not stages_spec:
+        raise _err(w, f"{w.rsplit('.', 1)[-1]} must be a non-empty list of stages, got "
+                      f"{stages_spec!r}")
+    stages, last_until = [], None
+    for i, spec in enumerate(stages_spec):
+        ws = f"{w}[{i}]"
+        kind, key, items = _energon_stage(spec, ws)
+        until = _stage_until(spec, kind, ws, i == len(stages_spec) - 1, last_until)
+        last_until = until or last_until
+        entries = _energon_entries(items, kind, f"{ws}.{key}" if key else ws, base_dir, check_files)
+        stages.append(BlendStage(kind, entries, until, ws))
+    return tuple(stages)
+
+
+def _energon_split_blend(obj: Any, where: str, base_dir, check_files, name: str) -> SplitBlend:
+    """One energon split: a blend form of :data:`ENERGON_FORMS` or a single dataset
+    ``{path: ..., split?}`` (a blend of that dataset)."""
+    if isinstance(obj, dict) and "path" in obj:
+        _check_energon_keys(obj, ("path", "split"), where)
+        entries = _energon_entries([obj], "blend", where, base_dir, check_files)
+        return SplitBlend(stages=(BlendStage("blend", entries, None, where),), name=name,
+                          where=where)
+    _check_energon_keys(obj, tuple(ENERGON_FORMS), where)
+    keys = [k for k in ENERGON_FORMS if k in obj]
+    if len(keys) != 1:
+        raise _err(where, f"give exactly one of {', '.join(ENERGON_FORMS)}, or a dataset "
+                          f"{{path: ...}} (got {obj!r})")
+    key = keys[0]
+    kind, w = ENERGON_FORMS[key], f"{where}.{key}"
+    if kind == "sequential":
+        return SplitBlend(stages=_energon_sequential(obj[key], w, base_dir, check_files), name=name,
+                          sequential=True, where=where)
+    entries = _energon_entries(obj[key], kind, w, base_dir, check_files)
+    return SplitBlend(stages=(BlendStage(kind, entries, None, w),), name=name, where=where)
+
+
+def parse_energon_metadataset(data: Dict[str, Any], source: str = "<blend config>",
+                              base_dir: Optional[str] = None, check_files: bool = True) -> BlendConfig:
+    """Typed :class:`BlendConfig` from energon's metadataset spelling::
+
+        __module__: megatron.energon
+        __class__: MetadatasetV2          # or Metadataset
+        splits:
+          train: {blend|blend_epochized|sequential_schedule: ...}   # or a dataset {path: ...}
+          val: {path: ...}                # one group, named after the split
+
+    energon's keys with the same meaning as ours are read as ours; the others are refused by
+    name. Weight schedule positions are global iterations here (energon: the per-rank batch
+    index)."""
+    _check_energon_keys(data, ("__module__", "__class__", "splits"), source)
+    _check_energon_class(data, ENERGON_CLASSES, source)
+    if not isinstance(data.get("splits"), dict):
+        raise _err(source, f"an energon metadataset needs 'splits: {{train: ..., val: ..., test: "
+                           f"...}}' (got {data.get('splits')!r})")
+    splits, where = data["splits"], f"{source}: splits"
+    _check_energon_keys(splits, tuple(ENERGON_SPLITS), where)
+    if "val" in splits and "valid" in splits:
+        raise _err(where, "'val' and 'valid' are the same split; give one")
+    parsed: Dict[str, Any] = {"train": None, "valid": (), "test": ()}
+    for key, value in splits.items():
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise _err(f"{where}.{key}", f"expected a blend or a dataset {{path: ...}} (a mapping), "
+                                         f"got {value!r}")
+        blend = _energon_split_blend(value, f"{where}.{key}", base_dir, check_files, name=key)
+        split = ENERGON_SPLITS[key]
+        parsed[split] = blend if split == "train" else (blend,)
+    return BlendConfig(source=source, **parsed)
 
 
 def load_blend_config(path: str, check_files: bool = True) -> BlendConfig:

@@ -96,6 +96,12 @@ class Schedule:
 
     kind: str = "?"
     keys: Dict[str, Any] = {}
+    aliases: Dict[str, str] = {}
+    """Other spellings of keys (alias -> key of ``keys``), e.g. Levanter's ``initial_lr`` for
+    ``from``; :func:`build_schedule` renames them before ``from_config`` sees the config."""
+    run_defaults: Dict[str, str] = {}
+    """Keys whose default is a value of the run (key -> name, e.g. ``"lr"`` for ``--lr``), filled
+    in by :func:`fill_run_defaults` where the caller knows those values (the LR schedule)."""
     default_unit: str = "iterations"
     unit: str = "iterations"
 
@@ -161,21 +167,76 @@ def get_schedule_class(name: str) -> Type[Schedule]:
     return _REGISTRY[name]
 
 
+def _numeric_string(value: str, where: str) -> float:
+    """A string that spells a number, as a float (PyYAML reads YAML 1.1, where ``1e-4`` without a
+    dot is the *string* "1e-4"); :class:`ScheduleError` naming ``where`` otherwise."""
+    try:
+        return float(value)
+    except ValueError:
+        raise ScheduleError(f"{where}: expected a number, got {value!r}") from None
+
+
 def _number(value, where: str) -> float:
     """``value`` as a float; :class:`ScheduleError` naming ``where`` unless it is a finite number
-    (``.inf``/``.nan`` in YAML, ``Infinity``/``NaN`` in JSON are refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    or a string that spells one (``"1e-4"``). ``.inf``/``.nan`` in YAML, ``Infinity``/``NaN`` in
+    JSON and the strings ``"inf"``/``"nan"`` are refused."""
+    number = _numeric_string(value, where) if isinstance(value, str) else value
+    if isinstance(number, bool) or not isinstance(number, (int, float, np.integer, np.floating)):
         raise ScheduleError(f"{where}: expected a number, got {value!r}")
-    if not np.isfinite(value):
+    if not np.isfinite(number):
         raise ScheduleError(f"{where}: {value!r} is not a finite number")
-    return float(value)
+    return float(number)
+
+
+def allowed_keys(cls: Type[Schedule]) -> set:
+    """The config keys a kind accepts: its ``keys``, their ``aliases``, ``type`` and ``unit``."""
+    return set(cls.keys) | set(cls.aliases) | {"type", "unit"}
+
+
+def _resolve_aliases(cls: Type[Schedule], config: Mapping[str, Any]) -> tuple:
+    """(``config`` with every alias key renamed to its canonical key, the ``(alias, key)`` pairs
+    used). Giving an alias and its key together is a :class:`ScheduleError` naming both."""
+    out, used = dict(config), []
+    for alias, key in cls.aliases.items():
+        if alias not in out:
+            continue
+        if key in out:
+            raise ScheduleError(f"schedule type {config['type']!r}: {alias!r} ({out[alias]!r}) and "
+                                f"{key!r} ({out[key]!r}) are the same key; give one")
+        out[key] = out.pop(alias)
+        used.append((alias, key))
+    return out, used
+
+
+def fill_run_defaults(config, run_values: Mapping[str, float]):
+    """``config`` (any schedule config, stages included, at any depth) with each schedule's
+    missing keys that default to a value of the run filled in: a kind's ``run_defaults`` maps a
+    key to a name of ``run_values`` (``inv``'s ``learning_rate`` -> ``"lr"``, the run's ``--lr``).
+    A key given through one of its aliases counts as given. ``config`` is not changed."""
+    if isinstance(config, (list, tuple)):
+        return [fill_run_defaults(item, run_values) for item in config]
+    if not isinstance(config, Mapping):
+        return config
+    out = {key: fill_run_defaults(value, run_values) for key, value in config.items()}
+    cls = _REGISTRY.get(config.get("type")) if isinstance(config.get("type"), str) else None
+    if cls is not None:
+        given = {cls.aliases.get(key, key) for key in out}
+        for key, name in cls.run_defaults.items():
+            if key not in given and name in run_values:
+                out[key] = run_values[name]
+    return out
 
 
 def build_schedule(config, context: Optional[ScheduleContext] = None,
                    default_unit: Optional[str] = None) -> Schedule:
-    """A schedule from ``config``: a number (constant), a list of stages (staged), or a dict
-    ``{"type": KIND, "unit": UNIT, ...KIND's keys}``. Unknown types and keys raise
-    :class:`ScheduleError` naming them."""
+    """A schedule from ``config``: a number or a string spelling one (constant), a list of stages
+    (staged), or a dict ``{"type": KIND, "unit": UNIT, ...KIND's keys or their aliases}``. Unknown
+    types and keys raise :class:`ScheduleError` naming them."""
+    if isinstance(config, str):
+        try:
+            config = _numeric_string(config, "constant schedule")
+        except ScheduleError:
+            pass  # not a number: refused below as not a schedule
     if isinstance(config, (int, float, np.integer, np.floating)) and not isinstance(config, bool):
         return _REGISTRY["constant"](unit=default_unit or "iterations",
                                      value=_number(config, "constant schedule"))
@@ -188,7 +249,7 @@ def build_schedule(config, context: Optional[ScheduleContext] = None,
         raise ScheduleError(f"schedule {dict(config)!r} has no 'type'; known types: "
                             f"{', '.join(known_kinds())}")
     cls = get_schedule_class(config["type"])
-    allowed = set(cls.keys) | {"type", "unit"}
+    allowed = allowed_keys(cls)
     for key in config:
         if key not in allowed:
             raise ScheduleError(f"schedule type {config['type']!r}: unknown key {key!r} (known keys: "
@@ -197,6 +258,13 @@ def build_schedule(config, context: Optional[ScheduleContext] = None,
     if unit not in UNITS:
         raise ScheduleError(f"schedule type {config['type']!r}: unknown unit {unit!r}; known units: "
                             f"{', '.join(UNITS)}")
-    schedule = cls.from_config(config, context, unit)
+    config, aliases_used = _resolve_aliases(cls, config)
+    try:
+        schedule = cls.from_config(config, context, unit)
+    except ScheduleError as e:
+        if not aliases_used:
+            raise
+        spelled = ", ".join(f"{alias!r} is {key!r}" for alias, key in aliases_used)
+        raise ScheduleError(f"{e} (in this schedule {spelled})") from None
     schedule.unit = unit
     return schedule

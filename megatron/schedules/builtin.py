@@ -1,5 +1,5 @@
 """Built-in schedule kinds: constant, linear, cosine, inverse-square-root, wsd, power, step,
-piecewise-linear.
+piecewise-linear, inv.
 
 The warmup/decay kinds follow megatron-core's ``OptimizerParamScheduler`` formulas exactly (with
 progress ``p`` in the schedule's unit, ``W`` = ``warmup``, ``S`` = ``span``):
@@ -9,6 +9,10 @@ progress ``p`` in the schedule's unit, ``W`` = ``warmup``, ``S`` = ``span``):
 * otherwise ``to + coeff(r) * (from - to)`` with ``r = (p - W) / (S - W)``.
 
 ``span`` defaults to the length of training in the schedule's unit (from the context).
+
+Levanter's key names are aliases (``Schedule.aliases``, renamed by ``build_schedule``):
+``constant``'s ``learning_rate`` is ``value``, ``linear``'s ``initial_lr``/``final_lr`` are
+``from``/``to``, and ``inv`` (Levanter's inverse decay) takes ``learning_rate``/``min_lr``.
 """
 import math
 from typing import Mapping, Optional
@@ -115,6 +119,7 @@ class _Decay(_Warmup):
 class Constant(_Warmup):
     """``value`` (after an optional linear warmup from ``warmup_from``)."""
     keys = {"value": REQUIRED, "warmup": 0, "warmup_from": 0.0}
+    aliases = {"learning_rate": "value"}  # Levanter
 
     def __init__(self, unit: str, value: float, warmup: float = 0, warmup_from: float = 0.0):
         self.unit = unit
@@ -146,6 +151,7 @@ class Linear(_Decay):
     """Linear from ``from`` to ``to`` over the span (after an optional warmup), or, given
     ``points: {x: value}``, piecewise-linear through the points."""
     keys = {"from": None, "to": 0.0, "warmup": 0, "warmup_from": 0.0, "span": None, "points": None}
+    aliases = {"initial_lr": "from", "final_lr": "to"}  # Levanter
 
     @classmethod
     def from_config(cls, config, context, unit):
@@ -347,3 +353,52 @@ class Power(_Warmup):
         if self.warmup > 0:
             out = self._warm(p, out, self.power_lr(np.asarray([self.warmup]))[0])
         return out
+
+
+@register_schedule("inv")
+class InverseDecay(Schedule):
+    """Levanter's ``inv`` decay (``levanter.optim.config._inv_decay_schedule``) from
+    ``learning_rate`` to ``min_lr`` over ``span`` units of progress ``p``::
+
+        decay = min(1, 1 / ((learning_rate / min_lr - 1) * max(p, 1) / span + 1))
+        value = max(learning_rate * decay, min_lr)
+
+    It reaches ``min_lr`` at ``p = span`` and stays there. ``p`` is the progress the schedule is
+    given (inside a relative stage: since the stage start, as Levanter's ``count``; ``span`` then
+    defaults to the stage length, Levanter's ``decay_steps``). ``min_lr`` must be > 0 (the formula
+    divides by it). In an ``lr_schedule`` of ``--lr-schedule-config`` the two values default to
+    ``--lr`` and ``--min-lr`` (``run_defaults``); elsewhere they are required.
+    """
+    keys = {"learning_rate": REQUIRED, "min_lr": REQUIRED, "span": None}
+    aliases = {"from": "learning_rate", "to": "min_lr"}
+    run_defaults = {"learning_rate": "lr", "min_lr": "min_lr"}
+
+    def __init__(self, unit: str, learning_rate: float, min_lr: float, span: Optional[float] = None):
+        self.unit = unit
+        self.learning_rate = _number(learning_rate, "inv: 'learning_rate'")
+        self.min_lr = _number(min_lr, "inv: 'min_lr'")
+        if self.min_lr <= 0:
+            raise ScheduleError(f"inv: 'min_lr' {min_lr!r} must be > 0 (the formula divides by it; in "
+                                "an lr_schedule it defaults to --min-lr)")
+        if span is None:
+            raise ScheduleError("inv: no 'span' and no context to take it from")
+        self.span = _number(span, "inv: 'span'")
+        if self.span <= 0:
+            raise ScheduleError(f"inv: 'span' {self.span:g} {unit} must be positive")
+
+    @classmethod
+    def from_config(cls, config, context, unit):
+        for key, flag in (("learning_rate", "--lr"), ("min_lr", "--min-lr")):
+            if key not in config:
+                alias = next(a for a, k in cls.aliases.items() if k == key)
+                raise ScheduleError(f"inv: needs key {key!r} (or {alias!r}); only an lr_schedule of "
+                                    f"--lr-schedule-config defaults it to {flag}")
+        kwargs = _with_defaults(cls, config)
+        if kwargs.get("span") is None and context is not None:
+            kwargs["span"] = context.span(unit)
+        return cls(unit=unit, **kwargs)
+
+    def values(self, p):
+        lr, low = self.learning_rate, self.min_lr
+        decay = np.minimum(1.0, 1.0 / ((lr / low - 1.0) * np.maximum(p, 1.0) / self.span + 1.0))
+        return np.maximum(lr * decay, low)

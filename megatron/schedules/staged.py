@@ -15,7 +15,8 @@ stage start** (``p - start``). With ``relative: false`` it sees the absolute pro
       - start: 90000
         schedule: {type: cosine, from: 3.0e-4, to: 3.0e-5}
 
-or ``{type: staged, unit: samples, relative: true, stages: [...]}``. Stages must start at 0, in
+or ``{type: staged, unit: samples, relative: true, stages: [...]}``. A stage's schedule may also be
+written ``value:`` (Levanter's spelling). Stages must start at 0, in
 strictly increasing order, before the end of training; a stage schedule with an explicit ``span``
 longer than its stage overlaps the next and is rejected.
 """
@@ -26,6 +27,32 @@ import numpy as np
 
 from megatron.schedules.base import (Schedule, ScheduleContext, ScheduleError, _number,
                                      build_schedule, register_schedule)
+
+
+STAGE_KEY_ALIASES = {"value": "schedule"}
+"""Other spellings of a stage's keys: Levanter writes a stage's schedule as ``value``."""
+
+
+def _stage(stage, i: int) -> dict:
+    """Stage ``i`` as ``{"start": ..., "schedule": ...}`` (``value`` read as ``schedule``);
+    :class:`ScheduleError` naming the stage and the key for anything else."""
+    if not isinstance(stage, Mapping):
+        raise ScheduleError(f"stage {i}: expected {{start: N, schedule: ...}}, got {stage!r}")
+    known = {"start", "schedule"} | set(STAGE_KEY_ALIASES)
+    unknown = sorted(set(stage) - known)
+    if unknown:
+        raise ScheduleError(f"stage {i}: unknown key {unknown[0]!r} (known keys: schedule (or "
+                            f"value), start)")
+    out = dict(stage)
+    for alias, key in STAGE_KEY_ALIASES.items():
+        if alias in out:
+            if key in out:
+                raise ScheduleError(f"stage {i}: {alias!r} and {key!r} are the same key (the "
+                                    f"stage's schedule); give one")
+            out[key] = out.pop(alias)
+    if "start" not in out or "schedule" not in out:
+        raise ScheduleError(f"stage {i}: needs 'start' and 'schedule'; got {dict(stage)!r}")
+    return out
 
 
 @register_schedule("staged")
@@ -47,19 +74,13 @@ class Staged(Schedule):
         relative = config.get("relative", True)
         if not isinstance(relative, bool):
             raise ScheduleError(f"staged: 'relative' must be true or false; got {relative!r}")
+        stages = [_stage(stage, i) for i, stage in enumerate(stages)]
         if "unit" not in config:
-            first = stages[0].get("schedule") if isinstance(stages[0], Mapping) else None
+            first = stages[0]["schedule"]
             if isinstance(first, Mapping) and "unit" in first:
                 unit = first["unit"]
         starts = []
         for i, stage in enumerate(stages):
-            if not isinstance(stage, Mapping):
-                raise ScheduleError(f"stage {i}: expected {{start: N, schedule: ...}}, got {stage!r}")
-            unknown = sorted(set(stage) - {"start", "schedule"})
-            if unknown:
-                raise ScheduleError(f"stage {i}: unknown key {unknown[0]!r} (known keys: schedule, start)")
-            if "start" not in stage or "schedule" not in stage:
-                raise ScheduleError(f"stage {i}: needs 'start' and 'schedule'; got {dict(stage)!r}")
             start = _number(stage["start"], f"stage {i}: 'start'")
             if i == 0 and start != 0:
                 raise ScheduleError(f"stage 0: 'start' {start:g} must be 0 (stages cover all of training)")

@@ -42,12 +42,12 @@ def extra_args_provider(parser):
     return parser
 
 
-def datasets_provider(args) -> TrainData:
+def datasets_provider(args, resume=None) -> TrainData:
     """Train: the blend of all ``--train-weighted-split-paths`` items (by weight); one named
     EvalGroup per ``--valid-weighted-split-paths`` (and ``--test-...``) group
     (megatron/data/mtf_builder.py). Every sample carries ``segment_ids`` (checked by the blend,
     megatron/data/mtf_dataset.py, under every layout)."""
-    return build_mtf_data(args, args.tokenizer)
+    return build_mtf_data(args, args.tokenizer, resume)
 
 
 def model_provider(args):

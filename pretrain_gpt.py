@@ -24,10 +24,11 @@ def model_provider(args):
     return gpt_model_for_layout(args)
 
 
-def datasets_provider(args) -> TrainData:
+def datasets_provider(args, resume=None) -> TrainData:
     """Training set and evaluation groups from the data flags (static blend, curriculum blend
-    file, or weighted split paths)."""
-    data = build_pretraining_data(args, args.tokenizer)
+    file, or weighted split paths); ``resume``: the checkpoint whose data ledger a resumed run
+    continues (megatron/data/mix_resume.py)."""
+    data = build_pretraining_data(args, args.tokenizer, resume)
     if args.reset_attention_mask:
         data = with_document_segments(data, args.tokenizer.eod)
     return data

@@ -307,6 +307,15 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
                        help=f"File with the --{split}-weighted-split-paths text (quoted groups on one "
                             "line, as BigScience's xP3 files, or one group per line).")
     g.add_argument("--data-cache-path", default=None, help="Directory for dataset index caches.")
+    g.add_argument("--override-data-mix", action="store_true",
+                   help="With --load: continue under this run's training data mix when it differs "
+                        "from the checkpoint's (weights, datasets, stages); every dataset continues "
+                        "at its position in the checkpoint's data ledger. Without it an edited mix "
+                        "is an error listing the changes. See docs/curriculum.md.")
+    g.add_argument("--phase-transition-iterations", nargs="+", default=None, metavar="N",
+                   help="Megatron-LM's flag: save a checkpoint and exit (status 0) at each of these "
+                        "iterations ('1000,5000' or '1000 5000'), so the next phase's data mix is "
+                        "given at the relaunch (with --override-data-mix).")
     g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes.")
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")
@@ -858,6 +867,34 @@ def _validate_training(args) -> None:
     if args.save_interval is not None and args.save is None:
         args.startup_notes.append(f"warning: --save-interval {args.save_interval} without --save: "
                                   "no checkpoints will be saved")
+    _validate_phase_transitions(args)
+
+
+def _validate_phase_transitions(args) -> None:
+    """``--phase-transition-iterations``: Megatron-LM's comma-separated list (or one number per
+    argument) -> sorted distinct positive iterations."""
+    texts = args.phase_transition_iterations
+    if not texts:
+        args.phase_transition_iterations = None
+        return
+    values = []
+    for text in texts:
+        for part in str(text).split(","):
+            if not part.strip():
+                continue
+            try:
+                value = int(part.strip())
+            except ValueError:
+                raise ArgumentError(f"--phase-transition-iterations: {part.strip()!r} is not an "
+                                    "iteration number (give e.g. 1000,5000)") from None
+            if value <= 0:
+                raise ArgumentError(f"--phase-transition-iterations: iteration {value} must be "
+                                    "positive")
+            values.append(value)
+    args.phase_transition_iterations = sorted(set(values))
+    if args.save is None:
+        args.startup_notes.append("warning: --phase-transition-iterations without --save: the run "
+                                  "exits at each phase end without a checkpoint to continue from")
 
 
 _FINITE_LR_FLAGS = ("lr", "min_lr", "lr_warmup_init", "lr_warmup_fraction", "weight_decay",

@@ -8,14 +8,17 @@ from typing import Any, Dict, Optional, Sequence
 def train_scalars(record: Dict[str, Any], keys: Optional[Sequence[str]] = None) -> Dict[str, float]:
     """The scalars of a training record as ``{tag: value}``: ``train/KEY`` for each of ``keys``
     (None: every numeric key but ``iteration``) whose value is not None, and
-    ``train/per_dataset_loss/NAME`` for each dataset's loss (nats per token). The step they belong
-    to is ``record["iteration"]`` (iterations)."""
+    ``train/per_dataset_loss/NAME`` for each dataset's loss (nats per token) and
+    ``train/samples_drawn/NAME`` for each dataset's samples drawn so far (the data ledger). The step
+    they belong to is ``record["iteration"]`` (iterations)."""
     if keys is None:
         keys = [k for k, v in record.items()
                 if k != "iteration" and isinstance(v, Number) and not isinstance(v, bool)]
     out = {f"train/{key}": record[key] for key in keys if record.get(key) is not None}
     for name, loss in (record.get("per_dataset_loss") or {}).items():
         out[f"train/per_dataset_loss/{name}"] = loss
+    for name, count in (record.get("samples_drawn") or {}).items():  # the data ledger
+        out[f"train/samples_drawn/{name}"] = count
     return out
 
 

@@ -272,7 +272,8 @@ def _evaluate_all(engine, args, groups: Sequence[EvalGroup], steps: StepFunction
     for group in groups:
         if group.split != split:
             continue
-        loss = evaluate(engine, args, group, steps, evaluation_index)
+        # a group that joined at a resume counts its windows from its first evaluation
+        loss = evaluate(engine, args, group, steps, max(evaluation_index - group.first_evaluation, 0))
         results[group.name] = loss
         label = split if group.name == split else f"{split} {group.name}"  # unnamed: "valid"
         print_rank_0(f" {label} | iteration {iteration} | lm loss: {loss:.6E} | "
@@ -320,15 +321,42 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
 
 
 def _maybe_save(engine, args, state: TrainingState, scheduler,
-                after_files_written: Optional[Callable[[int], None]] = None) -> None:
+                after_files_written: Optional[Callable[[int], None]] = None,
+                data: Optional[TrainData] = None) -> None:
     if not args.save:
         return
     state.extra["opt_param_scheduler"] = scheduler.state_dict()
     from megatron.checkpoint.model_args import model_args_from_args
 
+    mix = data.mix if data is not None else None  # the data ledger: data_mix.json
+    record = mix.record(state.iteration, state.consumed_samples).to_json() if mix else None
     directory = save_checkpoint(engine, args.save, state, model_args_from_args(args),
-                                after_files_written=after_files_written)
+                                after_files_written=after_files_written, data_mix=record)
     print_rank_0(f"saved checkpoint {directory}")
+
+
+def data_resume_from_args(args):
+    """The checkpoint a resumed run's data continues (megatron/data/mix_resume.py
+    ``DataResume``: its data ledger, read from ``data_mix.json`` before any dataset is built), or
+    None: no ``--load``, no checkpoint there yet, or ``--finetune``/``--reset-progress`` (whose
+    data starts at sample 0)."""
+    import os
+
+    from megatron.checkpoint.format import checkpoint_tag, read_data_mix, read_tracker
+    from megatron.data.mix_ledger import MixRecord
+    from megatron.data.mix_resume import DataResume
+
+    if not args.load or args.finetune or args.reset_progress:
+        return None
+    iteration = read_tracker(args.load)
+    if iteration is None:
+        return None
+    directory = os.path.join(args.load, checkpoint_tag(iteration))
+    record = read_data_mix(directory) if os.path.isdir(directory) else None
+    if record is not None:
+        record = MixRecord.from_json(record, os.path.join(directory, "data_mix.json"))
+    return DataResume(args.load, iteration, record, override=args.override_data_mix,
+                      evaluate_only=args.skip_train)
 
 
 def _restore(engine, args, scheduler) -> TrainingState:
@@ -371,7 +399,7 @@ def _restore(engine, args, scheduler) -> TrainingState:
 
 def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
                    grad_norm: Optional[float], dataset_names: List[str], batch_size: int,
-                   skip_fields: Optional[Dict[str, int]] = None, moe=None) -> None:
+                   skip_fields: Optional[Dict[str, int]] = None, moe=None, mix=None) -> None:
     loss, dataset_loss, dataset_count = stats.reduced()
     # MoE: load-balancing losses and tokens per expert, beside lm_loss (megatron/moe_metrics.py)
     moe_fields = moe.interval_record(stats.iterations) if moe else {}
@@ -399,7 +427,9 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
         "consumed_tokens": state.consumed_samples * args.seq_length, "lr": lr, "weight_decay": wd,
         "lm_loss": loss, "grad_norm": grad_norm, "per_dataset_loss": per_dataset,
         "tokens_per_second": tokens_per_s, "ms_per_iteration": ms_per_iter,
-        "global_batch_size": batch_size, **moe_fields, **(skip_fields or {})})
+        "global_batch_size": batch_size, **moe_fields, **(skip_fields or {}),
+        # the data ledger: samples drawn per dataset so far (megatron/data/mix_resume.py)
+        **({"samples_drawn": mix.samples_drawn(state.consumed_samples)} if mix else {})})
 
 
 def _unclipped_grad_norm(engine) -> Optional[float]:
@@ -465,25 +495,45 @@ def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFuncti
         if state.iteration % args.log_interval == 0:
             _log_iteration(args, metrics, stats, state, lr, wd, _grad_norm(engine, stage0_norm),
                            data.dataset_names, batch_size,
-                           skipper.log_fields() if skipper is not None else None, moe)
+                           skipper.log_fields() if skipper is not None else None, moe,
+                           data.mix if metrics.enabled else None)
             stats.reset()
         paused = time.perf_counter()  # evaluation and saving stay out of the per-iteration time
         if args.eval_iters and data.eval_groups and state.iteration % args.eval_interval == 0:
             _evaluate_all(engine, args, data.eval_groups, steps, state.iteration, metrics)
         if args.save_interval and state.iteration % args.save_interval == 0:
-            _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written)
+            _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written, data)
         stats.start += time.perf_counter() - paused
         reason = None
         if args.exit_interval and state.iteration % args.exit_interval == 0:
             reason = f"--exit-interval {args.exit_interval}"
+        elif state.iteration in (args.phase_transition_iterations or ()):
+            reason = (f"--phase-transition-iterations: a phase ends at iteration "
+                      f"{state.iteration}; relaunch with the next phase's data mix (and "
+                      "--override-data-mix) to continue")
         elif exit_request.should_exit():
             reason = exit_request.reason
         if reason is not None:
             if not (args.save_interval and state.iteration % args.save_interval == 0):
-                _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written)
+                _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written, data)
             print_rank_0(f"exiting at iteration {state.iteration}: {reason}")
             return True
     return False
+
+
+def _check_data_resume(resume, state: TrainingState) -> None:
+    """The data ledger read before the datasets were built must be the loaded checkpoint's."""
+    from megatron.errors import CheckpointError
+
+    if resume is None or resume.record is None or state.iteration == 0:
+        return
+    record = resume.record
+    if (record.iteration, record.consumed_samples) != (state.iteration, state.consumed_samples):
+        raise CheckpointError(
+            f"--load {resume.load_dir}: its data_mix.json is of iteration {record.iteration} "
+            f"(consumed samples {record.consumed_samples}) but the checkpoint loaded is of "
+            f"iteration {state.iteration} (consumed samples {state.consumed_samples}); was the "
+            "directory written to during the start-up?")
 
 
 def _kill_switch_at_start(args) -> bool:
@@ -509,7 +559,9 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     """Set up distributed state, model, engine, scheduler and data, restore ``--load``, train to
     ``--train-iters``, evaluate every group, save, and return the final training state.
 
-    ``datasets_provider(args) -> TrainData``; ``model_provider(args) -> torch.nn.Module``.
+    ``datasets_provider(args, resume) -> TrainData`` (``resume``: :func:`data_resume_from_args`,
+    the data ledger of the checkpoint a resumed run continues, or None);
+    ``model_provider(args) -> torch.nn.Module``.
     ``after_checkpoint_files_written(iteration)`` runs on every rank once its files of a
     checkpoint are written, before the tracker names it (a test's fault injection).
     """
@@ -521,12 +573,14 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
         return TrainingState()
     set_seeds(args.seed)
     batch_schedule = batch_schedule_from_args(args)  # args.train_iters: derived by validate_args
-    data = datasets_provider(args)
+    resume = data_resume_from_args(args)  # the checkpoint's data ledger, before any dataset
+    data = datasets_provider(args, resume)
     rank0 = torch.distributed.get_rank() == 0
     metrics = metrics_writer_from_args(args, enabled=rank0)  # jsonl, TensorBoard, W&B
     engine, optimizer, scheduler = setup_model_and_optimizer(
         args, model_provider, batch_schedule.batch_size_at_samples(0))
     state = _restore(engine, args, scheduler)
+    _check_data_resume(resume, state)
     if args.load and not args.skip_train and state.iteration >= args.train_iters > 0:
         # A resume at the end of training: no step, no evaluation, no duplicate metrics records.
         print_rank_0(f"nothing to train: the checkpoint in --load {args.load} is at iteration "
@@ -556,7 +610,7 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
                              moe_training_from_args(engine.module, args))
         if args.save and state.iteration > start_iteration and not exited_early \
                 and not (args.save_interval and state.iteration % args.save_interval == 0):
-            _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written)
+            _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written, data)
     if not exited_early and args.eval_iters:
         if state.iteration % args.eval_interval != 0 or args.skip_train or state.iteration == start_iteration:
             _evaluate_all(engine, args, data.eval_groups, steps, state.iteration, metrics)

@@ -16,12 +16,13 @@ from megatron.core.datasets.utils import Split
 from megatron.data import curriculum
 from megatron.data.blend_config import BlendConfigError, parse_blend_config
 from megatron.data.curriculum import CurriculumIndex, build_curriculum_dataset, resolve_constituents
-from megatron.data.mtf_dataset import blend_indices as build_blending_index  # the static blend
+from megatron.data.epoch_order import gpt_sample_documents
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.schedules.units import BatchSchedule
 from megatron.tokenizer import ByteLevelTokenizer
 
 from curriculum_helpers import fake_index
+from curriculum_helpers import megatron_blend_indices as build_blending_index  # the static peer
 
 SEQ = 16
 
@@ -239,23 +240,50 @@ def test_sequential_too_short_is_an_error():
 
 # --- real datasets ------------------------------------------------------------------------------
 def test_static_blend_equals_megatron_blended_dataset(data, tmp_path):
+    """Within every dataset's first epoch, a static blend is megatron-core's BlendedDataset over
+    GPTDatasets sample by sample: the same index (build_blending_indices' rule) and the same
+    tokens (one-epoch GPTDataset windows and shuffle)."""
     cfg = parse_blend_config({"train": {"blend": [{"path": data["a"], "weight": 0.3},
                                                   {"path": data["b"], "weight": 0.5},
                                                   {"path": data["c"], "weight": 0.2}]}}, "s.yaml")
     gc = _gpt_config(tmp_path / "cache")
-    N = 300
+    N = 100
     ours = build_curriculum_dataset(cfg.train, N, gc, BatchSchedule(4, None, SEQ))
+    assert max(ours.epochs.values()) <= 1.0
     low = {p: IndexedDataset(p) for p in (data["a"], data["b"], data["c"])}
     gpts = [GPTDataset(low[p], p, np.arange(len(low[p].sequence_lengths), dtype=np.int32), int(n),
                        Split.train, gc) for p, n in zip((data["a"], data["b"], data["c"]), ours.counts)]
     ref = BlendedDataset(gpts, [0.3, 0.5, 0.2], N, gc)
     np.testing.assert_array_equal(np.asarray(ours.dataset_index), ref.dataset_index)
     np.testing.assert_array_equal(np.asarray(ours.dataset_sample_index), ref.dataset_sample_index)
-    for i in (0, 1, 57, 299):
+    for i in range(N):
         a, b = ours[i], ref[i]
         assert int(a["dataset_id"]) == int(b["dataset_id"])
         assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["labels"], b["labels"])
-    assert ours.epochs["a"] > 1  # repeated past one epoch with GPTDataset's multi-epoch shuffle
+
+
+def test_epochs_past_the_first_reshuffle_the_first_epochs_windows(data, tmp_path):
+    """Sample k of a dataset is position k % n of epoch k // n whatever the run draws: epoch 0 is
+    the one-epoch GPTDataset, every later epoch the same n windows in a fresh order (each once),
+    and the samples of a dataset built for fewer samples are the same."""
+    cfg = parse_blend_config({"train": {"blend": [{"path": data["c"], "weight": 1}]}}, "e.yaml")
+    gc = _gpt_config(tmp_path / "cache")
+    bs = BatchSchedule(4, None, SEQ)
+    long = build_curriculum_dataset(cfg.train, 400, gc, bs)
+    short = build_curriculum_dataset(cfg.train, 37, gc, bs)
+    n = long.constituents[0].samples_per_epoch
+    assert long.epochs["c"] == 400 / n > 3
+    source = long.datasets[0]
+    # a window is told apart by the (document, first token, last token) ranges it reads
+    epoch0 = [str(gpt_sample_documents(source.epoch_dataset, p)) for p in range(n)]
+    assert len(set(epoch0)) == n
+    for e in range(3):
+        order = [epoch0.index(str(source.sample_documents(e * n + p))) for p in range(n)]
+        assert sorted(order) == list(range(n))
+        assert (order == list(range(n))) == (e == 0)
+    for i in range(37):
+        assert short.datasets[0].sample_documents(i) == source.sample_documents(i)
+        assert torch.equal(short[i]["tokens"], long[i]["tokens"])
 
 
 def test_split_ranges_select_documents_by_position(data, tmp_path):
@@ -266,7 +294,7 @@ def test_split_ranges_select_documents_by_position(data, tmp_path):
     tail = build_curriculum_dataset(cfg.valid[1], 20, gc, BatchSchedule(4, None, SEQ), "valid")
     assert head.index.constituents[0].doc_begin == 0 and head.index.constituents[0].doc_end == 30
     assert tail.index.constituents[0].doc_begin == 30 and tail.index.constituents[0].doc_end == 60
-    g_head, g_tail = head.datasets[0], tail.datasets[0]
+    g_head, g_tail = head.datasets[0].epoch_dataset, tail.datasets[0].epoch_dataset
     assert set(np.asarray(g_head.document_index).tolist()) <= set(range(30))
     assert set(np.asarray(g_tail.document_index).tolist()) <= set(range(30, 60))
     assert head.names == ["b"] and tail.names == ["b"]  # one range per set: the short name
@@ -389,7 +417,7 @@ def test_blend_file_end_to_end_epochized_and_groups(data, tmp_path):
     train, valid, test = build_blend_config_datasets(cfg, (n_train, 12, 8), gc, bs)
     # one epoch as GPTDataset counts it
     for c, ds in zip(train.index.constituents, train.datasets):
-        one = GPTDataset(ds.dataset, f"probe-{c.name}", np.arange(c.doc_begin, c.doc_end, dtype=np.int32),
+        one = GPTDataset(ds.epoch_dataset.dataset, f"probe-{c.name}", np.arange(c.doc_begin, c.doc_end, dtype=np.int32),
                          None, Split.train, gc)
         assert len(one) == c.samples_per_epoch
     assert train.epochs == {"a": 2.0, "c": 1.0}
@@ -546,3 +574,35 @@ def test_python_fallback_matches_compiled_linear_fast_path(monkeypatch, chunk):
                                   np.asarray(slow.dataset_sample_index))
     err = _prefix_error(fast)
     assert err.max() <= 2.0 and (-err).max() <= 1.0
+
+
+def test_data_path_blends_are_megatron_cores_within_an_epoch(data, tmp_path):
+    """--data-path W A W B --split: the training set and the valid/test groups are megatron-core's
+    BlendedMegatronDatasetBuilder splits sample for sample while no dataset passes its first epoch
+    (the same document ranges, blending rule and one-epoch GPTDatasets), now with the ledger."""
+    from megatron.arguments import parse_args
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.data.builder import (build_pretraining_data, gpt_dataset_config,
+                                       train_valid_test_num_samples)
+
+    args = parse_args(["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+                       "--seq-length", str(SEQ), "--micro-batch-size", "2", "--global-batch-size",
+                       "4", "--train-iters", "10", "--lr", "1e-3", "--eval-interval", "5",
+                       "--eval-iters", "1", "--data-path", "0.3", data["a"], "0.7", data["b"],
+                       "--split", "80,15,5", "--data-cache-path", str(tmp_path / "cache")])
+    tokenizer = ByteLevelTokenizer()
+    ours = build_pretraining_data(args, tokenizer)
+    assert ours.mix is not None and ours.dataset_names == ["a", "b"]
+    assert max(ours.train.epochs.values()) < 1
+    sizes = train_valid_test_num_samples(args)
+    ref = BlendedMegatronDatasetBuilder(GPTDataset, list(sizes), lambda: True,
+                                        gpt_dataset_config(args, tokenizer)).build()
+    groups = {g.name: g.dataset for g in ours.eval_groups}
+    assert sorted(groups) == ["test", "valid"]
+    for mine, theirs, n in ((ours.train, ref[0], sizes[0]), (groups["valid"], ref[1], sizes[1]),
+                            (groups["test"], ref[2], sizes[2])):
+        assert max(mine.epochs.values()) <= 1
+        for i in range(n):
+            a, b = mine[i], theirs[i]
+            assert int(a["dataset_id"]) == int(b["dataset_id"]), i
+            assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["labels"], b["labels"])

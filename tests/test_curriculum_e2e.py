@@ -1,12 +1,12 @@
-"""End to end: pretrain_gpt.py with a curriculum blend file and with weighted split paths, through
-the deepspeed launcher with 2 CPU ranks; every validation group is evaluated and logged on its own,
-in metrics.jsonl and in an offline Weights & Biases run that holds the same records. (A bad blend
-file stops the entry point with one error line:
+"""End to end: pretrain_gpt.py with weighted split paths through the deepspeed launcher with 2 CPU
+ranks, every validation group evaluated and logged on its own; a blend file's run that ends off a
+batch boundary. (A blend file trained and resumed under an edited mix, with its groups evaluated
+on their own and an offline Weights & Biases run holding the same records:
+tests/test_mix_edit_e2e.py; a bad blend file stops the entry point with one error line:
 tests/test_bad_inputs.py::test_entry_point_bad_blend_file.)"""
 import json
 
 from e2e_helpers import read_jsonl, run_deepspeed, run_ranks
-from wandb_helpers import offline_runs, read_run, wandb_env
 
 ITERS = 8
 
@@ -33,54 +33,6 @@ def blend_file(demo_data, path):
     }
     path.write_text(json.dumps(config))
     return path
-
-
-def test_curriculum_blend_file_end_to_end(demo_data, tmp_path):
-    config = blend_file(demo_data, tmp_path / "blend.json")
-    flags = base_flags(tmp_path) + ["--data-blend-config", str(config)]
-    flags += ["--wandb-project", "curriculum", "--wandb-exp-name", "blend",
-              "--wandb-save-dir", str(tmp_path / "wandb_runs")]  # an offline W&B run as well
-    proc = run_deepspeed("pretrain_gpt.py", flags, env=wandb_env(tmp_path))
-    records = read_jsonl(tmp_path / "m.jsonl")
-    train = [r for r in records if "split" not in r]
-    assert [r["iteration"] for r in train] == list(range(1, ITERS + 1))
-    # math's weight steps to 0 at iteration 4: no math samples afterwards; code fades in
-    assert "math" in train[0]["per_dataset_loss"]
-    assert all("math" not in r["per_dataset_loss"] for r in train[ITERS // 2 + 1:])
-    assert any("code" in r["per_dataset_loss"] for r in train[ITERS // 2:])
-    evals = [(r["iteration"], r["group"]) for r in records if r.get("split") == "valid"]
-    assert evals == [(4, "web_heldout"), (4, "math_heldout"), (8, "web_heldout"), (8, "math_heldout")]
-    assert "valid web_heldout | iteration 8" in proc.stdout
-    assert "curriculum:" in proc.stdout
-    _assert_wandb_run_holds_the_records(tmp_path / "wandb_runs", records, str(config))
-
-
-def _assert_wandb_run_holds_the_records(save_dir, records, config_path):
-    """One offline run (rank 0's), config = the validated args, and at each iteration as the
-    step exactly the values metrics.jsonl holds: every training scalar and per-dataset loss,
-    and each validation group's loss and perplexity under the group's name."""
-    runs = offline_runs(save_dir)
-    assert len(runs) == 1, runs
-    run = read_run(runs[0])
-    assert (run["project"], run["name"]) == ("curriculum", "blend")
-    assert run["config"]["data_blend_config"] == config_path
-    assert (run["config"]["train_iters"], run["config"]["data_parallel_size"]) == (ITERS, 2)
-    history = run["history"]
-    assert sorted(history) == list(range(1, ITERS + 1))
-    for r in (r for r in records if "split" not in r):
-        row = history[r["iteration"]]
-        for key in ("lm_loss", "lr", "weight_decay", "global_batch_size", "consumed_samples",
-                    "consumed_tokens", "tokens_per_second", "grad_norm"):
-            assert row.get(f"train/{key}") == r[key], (r["iteration"], key)
-        per_dataset = {k.rsplit("/", 1)[1]: v for k, v in row.items()
-                       if k.startswith("train/per_dataset_loss/")}
-        assert per_dataset == r["per_dataset_loss"] and per_dataset
-    evals = [r for r in records if r.get("split") == "valid"]
-    assert evals
-    for r in evals:
-        row = history[r["iteration"]]
-        assert row[f"valid/{r['group']}/lm_loss"] == r["lm_loss"]
-        assert row[f"valid/{r['group']}/ppl"] == r["ppl"]
 
 
 def test_weighted_split_paths_end_to_end(demo_data, tmp_path):

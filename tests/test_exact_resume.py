@@ -26,7 +26,7 @@ from e2e_helpers import deepspeed_launcher, read_jsonl, run_deepspeed, run_ranks
 TRAIN_ITERS = 16
 KILL_SEED = 20261202  # the kill points are random, but the same in every test run
 COMPARED = ("consumed_samples", "consumed_tokens", "lr", "weight_decay", "lm_loss", "grad_norm",
-            "per_dataset_loss")
+            "per_dataset_loss", "samples_drawn")  # samples_drawn: the data ledger
 
 STAGED_LR = """\
 lr_schedule:

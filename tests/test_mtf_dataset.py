@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-from megatron.data.mtf_dataset import (MTFBlendedDataset, MTFDataset, MTFDocumentPair,
-                                       blend_indices, document_range,
-                                       pack_lengths, pack_sample, truncated_lengths)
+from megatron.data.mtf_dataset import (MTFDataset, MTFDocumentPair, PackedSamplesOnly,
+                                       document_range, pack_lengths, pack_sample,
+                                       truncated_lengths)
 
 PAD = 999
 
@@ -321,33 +321,60 @@ def test_document_range_limits_the_pairs(pairs):
     assert not h & t and max(h) < 160 <= min(t)
 
 
-def test_blend_follows_weights_and_tags_dataset_id(pairs, tmp_path):
-    prefix, _ = pairs
-    index, sample = blend_indices([0.25, 0.75], 1000)
-    assert np.bincount(index).tolist() == [250, 750]
-    assert sample[index == 1].tolist() == list(range(750))
-    blend = MTFBlendedDataset([1, 3], 40, lambda k, n: MTFDataset(
-        f"b{k}", prefix, 64, n, seed=k, dataset_id=k), names=["x", "y"])
-    ids = [int(blend[i]["dataset_id"]) for i in range(len(blend))]
-    assert ids.count(0) == 10 and ids.count(1) == 30
+def _t0_args(tmp_path, train_paths, valid_paths=None):
+    from finetune_t0 import parse_t0_args
+
+    flags = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+             "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "4",
+             "--train-iters", "10", "--lr", "1e-3", "--data-cache-path", str(tmp_path / "cache"),
+             "--train-weighted-split-paths", train_paths]
+    if valid_paths:
+        flags += ["--valid-weighted-split-paths", valid_paths]
+    args = parse_t0_args(flags)
+    args.tokenizer = type("Tok", (), {"pad": PAD, "eod": PAD})()
+    return args
 
 
-@pytest.mark.parametrize("weights", [[1, 3], [0.2, 0.3, 0.5], [5, 1, 1, 2], [0.7, 0.1, 0.2]])
-def test_blend_index_is_megatron_cores(weights):
-    """The T0 blend is megatron-core's BlendedDataset rule (build_blending_indices on normalised
-    weights), index for index."""
-    from megatron.core.datasets import helpers
-    from megatron.core.datasets.utils import normalize
+def test_t0_blend_follows_megatron_cores_rule_and_tags_dataset_id(tmp_path, dist_group):
+    """The T0 training blend is megatron-core's BlendedDataset rule (build_blending_indices on
+    the normalised weights) index for index, its samples are each dataset's packed samples in
+    order, and every sample carries its dataset id."""
+    from megatron.data.mtf_builder import build_mtf_data
+    from curriculum_helpers import megatron_blend_indices
 
-    n = 1000
-    ref_index, ref_sample = np.zeros(n, np.int16), np.zeros(n, np.int64)
-    helpers.build_blending_indices(ref_index, ref_sample, normalize(weights), len(weights), n, False)
-    index, sample = blend_indices(weights, n)
-    np.testing.assert_array_equal(index, ref_index)
-    np.testing.assert_array_equal(sample, ref_sample)
-    for bad in ([], [1, 0], [1, -1], [1, float("nan")]):
-        with pytest.raises(ValueError, match="blend weights .* must be positive and finite"):
-            blend_indices(bad, n)
+    a, _ = make_pairs(tmp_path, name="a")
+    b, _ = make_pairs(tmp_path, seed=1, name="b")
+    args = _t0_args(tmp_path, f"T: 1 0:1 {a}, 3 0:1 {b}")
+    data = build_mtf_data(args, args.tokenizer)
+    train = data.train
+    assert len(train) == 40 and data.dataset_names == ["a", "b"]
+    ref_index, ref_sample = megatron_blend_indices([1, 3], 40)
+    got = [train.dataset.locate(i) for i in range(40)]
+    assert [d for d, _ in got] == ref_index.tolist()
+    assert [k for _, k in got] == ref_sample.tolist()
+    alone = MTFDataset("b", b, 64, 30, seed=1234, pad_id=PAD)
+    for i in range(40):
+        sample = train[i]
+        assert int(sample["dataset_id"]) == ref_index[i]
+        if ref_index[i] == 1:
+            assert torch.equal(sample["tokens"], alone[int(ref_sample[i])]["tokens"])
+
+
+def test_t0_sample_documents_are_its_packed_pairs(tmp_path):
+    """documents(k) names the pairs packed into sample k, with the token ranges kept: the input
+    (truncated from the left) then the target, exactly the sample's non-padding tokens."""
+    prefix, ref = make_pairs(tmp_path, max_in=80)
+    ds = MTFDataset("p", prefix, 64, 30, seed=0)
+    for k in range(len(ds)):
+        tokens = []
+        for doc, first, last in ds.sample_documents(k):
+            inp, tgt = ref[doc]
+            tokens += (list(inp) + list(tgt))[first:last + 1]
+        sample = ds[k]
+        n = int((sample["segment_ids"] > 0).sum())
+        assert sample["tokens"][:n].tolist() == tokens
+        epoch, position = ds.epoch_and_position(k)
+        assert ds.epoch_starts[epoch] + position == k
 
 
 @pytest.mark.parametrize("position", ["learned_absolute", "alibi", "rope"])
@@ -408,10 +435,9 @@ def test_prefix_lm_mask_small_case():
 def test_blend_refuses_samples_without_segment_ids():
     """The T0 blend (what every layout reads, pipe engine included) refuses a sample that does
     not carry segment_ids, so attention can never cross packed segments unnoticed."""
-    plain = [{"tokens": torch.zeros(4, dtype=torch.long)}] * 4
-    blend = MTFBlendedDataset([1.0], 4, lambda k, n: plain)
+    plain = [{"tokens": torch.zeros(4, dtype=torch.long), "dataset_id": 0}] * 4
     with pytest.raises(ValueError, match=r"T0 samples must carry segment_ids \(blend sample 0, "
                                          r"dataset 0\)"):
-        blend[0]
+        PackedSamplesOnly(plain)[0]
     packed = [dict(plain[0], segment_ids=torch.ones(4, dtype=torch.int32))] * 4
-    assert MTFBlendedDataset([1.0], 4, lambda k, n: packed)[3]["segment_ids"].tolist() == [1] * 4
+    assert PackedSamplesOnly(packed)[3]["segment_ids"].tolist() == [1] * 4

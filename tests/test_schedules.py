@@ -286,25 +286,32 @@ def levanter_inv(count, lr, min_lr, decay_steps):
 
 
 def test_levanter_seed_file(tmp_path):
-    """The Levanter staged schedule (tests/data/seeds/levanter_lr_schedule.yaml: `value:` stages,
-    `initial_lr`/`final_lr`, `learning_rate`, a bare `inv`, `1e-4` read by YAML 1.1 as a string)
-    with stages at 0, 10, 30 of a 50-iteration run: linear 0 -> 1e-4, constant 1e-4, then
+    """The Levanter staged schedule (tests/data/seeds/levanter_lr_schedule.yaml, verbatim: `value:`
+    stages at 0, 1000, 100000, `initial_lr`/`final_lr`, `learning_rate`, a bare `inv`, `1e-4` read
+    by YAML 1.1 as a string) in a 120000-iteration run: linear 0 -> 1e-4, constant 1e-4, then
     Levanter's inv formula from --lr to --min-lr over the last stage."""
     import torch
     from megatron.learning_rates import build_opt_param_scheduler
-    flags = BASE[:-4] + ["--train-iters", "50", "--lr", "1e-4", "--min-lr", "1e-5",
+    flags = BASE[:-4] + ["--train-iters", "120000", "--lr", "1e-4", "--min-lr", "1e-5",
                          "--lr-schedule-config", os.path.join(SEEDS, "levanter_lr_schedule.yaml")]
     args = validate_args(get_parser().parse_args(flags), 1, require_data=False)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     s = build_opt_param_scheduler(args, opt)
-    seen = []
-    for _ in range(51):
+    iterations = np.arange(120001)
+    lr, _ = s.values_at(iterations, iterations * 4)
+    i = iterations.astype(np.float64)
+    count = np.maximum(i - 100000, 1)
+    inv = np.maximum(1e-4 * np.minimum(1.0, 1.0 / ((1e-4 / 1e-5 - 1) * count / 20000 + 1)), 1e-5)
+    want = np.where(i < 1000, 1e-4 * i / 1000, np.where(i < 100000, 1e-4, inv))
+    np.testing.assert_allclose(lr, want, rtol=1e-12, atol=0)
+    for k in (100001, 100500, 119000):
+        assert lr[k] == pytest.approx(levanter_inv(k - 100000, 1e-4, 1e-5, 20000), rel=1e-12)
+    seen = []  # the stepped scheduler gives the same values
+    for _ in range(1001):
         seen.append(opt.param_groups[0]["lr"])
         s.step(4)
-    want = ([1e-4 * i / 10 for i in range(10)] + [1e-4] * 20
-            + [levanter_inv(i - 30, 1e-4, 1e-5, 20) for i in range(30, 51)])
-    np.testing.assert_allclose(seen, want, rtol=1e-12, atol=0)
-    assert seen[50] == pytest.approx(1e-5) and seen[31] == pytest.approx(1e-4 / (9 / 20 + 1))
+    np.testing.assert_allclose(seen, lr[:1001], rtol=1e-12, atol=0)
+    assert lr[-1] == pytest.approx(1e-5)
     # the run's --lr/--min-lr are stored with the schedule (a resume with others is refused)
     assert s.params["lr_schedule"][2]["value"] == {"type": "inv", "learning_rate": 1e-4,
                                                    "min_lr": 1e-5}

@@ -82,3 +82,34 @@ def read_run(path) -> dict:
                 if not key.startswith("_"):
                     row[key] = json.loads(item.value_json)
     return run
+
+
+def assert_wandb_run_holds_the_records(save_dir, records, project: str, name: str,
+                                       iterations: List[int], config: Dict = None) -> None:
+    """One offline run under ``save_dir`` (rank 0's) named ``project``/``name``, whose config
+    holds ``config``'s items, and at each of ``iterations`` as the step exactly the values the
+    ``--metrics-jsonl`` ``records`` hold: every training scalar, per-dataset loss and samples
+    drawn (the data ledger), and each validation group's loss and perplexity under its name."""
+    runs = offline_runs(save_dir)
+    assert len(runs) == 1, runs
+    run = read_run(runs[0])
+    assert (run["project"], run["name"]) == (project, name)
+    for key, value in (config or {}).items():
+        assert run["config"][key] == value, key
+    history = run["history"]
+    assert sorted(history) == list(iterations)
+    for r in (r for r in records if "split" not in r and r["iteration"] in history):
+        row = history[r["iteration"]]
+        for key in ("lm_loss", "lr", "weight_decay", "global_batch_size", "consumed_samples",
+                    "consumed_tokens", "tokens_per_second", "grad_norm"):
+            assert row.get(f"train/{key}") == r[key], (r["iteration"], key)
+        for group in ("per_dataset_loss", "samples_drawn"):
+            logged = {k.rsplit("/", 1)[1]: v for k, v in row.items()
+                      if k.startswith(f"train/{group}/")}
+            assert logged == r[group] and logged, (r["iteration"], group)
+    evals = [r for r in records if r.get("split") == "valid" and r["iteration"] in history]
+    assert evals
+    for r in evals:
+        row = history[r["iteration"]]
+        assert row[f"valid/{r['group']}/lm_loss"] == r["lm_loss"]
+        assert row[f"valid/{r['group']}/ppl"] == r["ppl"]

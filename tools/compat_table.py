@@ -130,8 +130,8 @@ _MS_MOE = _flags("""
     --mos --kd-beta-ce --load-teacher --num-layers-teacher --hidden-size-teacher
     --num-attention-heads-teacher --num-experts-teacher""")
 # Flags of other scripts of these families that users bring along (BigScience's earlier
-# configurations, a Microsoft-fork 175B run, Megatron-LM's precision flags): fp16 loss scaling,
-# gradient accumulation dtypes, aliases, logging extras.
+# configurations, a Microsoft-fork 175B run, Megatron-LM's precision flags and its phased data
+# mixes): fp16 loss scaling, gradient accumulation dtypes, aliases, logging extras.
 _OTHER = _flags("""
     --loss-scale --initial-loss-scale --min-loss-scale --loss-scale-window --hysteresis
     --accumulate-allreduce-grads-in-fp32 --grad-reduce-in-bf16
@@ -139,7 +139,7 @@ _OTHER = _flags("""
     --wandb-name --no-gradient-accumulation-fusion --use-flash-attn --use-checkpoint-args
     --exit-interval --cpu-optimizer --override-lr-scheduler --use-checkpoint-lr-scheduler
     --no-bias-gelu-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion --no-rope-fusion
-    --no-persist-layer-norm --no-masked-softmax-fusion""")
+    --no-persist-layer-norm --no-masked-softmax-fusion --phase-transition-iterations""")
 
 SOURCES: Tuple[Source, ...] = (
     Source("BS tr11", "bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm",
@@ -162,7 +162,8 @@ SOURCES: Tuple[Source, ...] = (
            "(ds_pretrain_gpt_{350M_PR-MoE32or64,1.3B_PR-MoE64or128}.sh) and their _MoS twins",
            "microsoft_moe_pretrain.sh", _MS_MOE),
     Source("other", "other scripts of these forks (BigScience's earlier configurations, a "
-           "Microsoft-fork 175B run, Megatron-LM's precision flags)", "", _OTHER),
+           "Microsoft-fork 175B run, Megatron-LM's precision flags and phased data mixes)", "",
+           _OTHER),
 )
 # Flags the tiny scripts give that their original does not (the reason is in each script's
 # header): --bf16 for the originals' --fp16 on CPU.

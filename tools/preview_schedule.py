@@ -11,6 +11,13 @@ after ``i`` completed iterations (the values the scheduler gives; lr_mult/wd_mul
 of the global batch of the step taken after ``i`` completed iterations that the built index draws
 from ``d``; ``target_mixture`` is what the weights ask) and ``"epochs"`` (``{dataset: epochs}``),
 warning about datasets repeated past ``--warn-epochs``.
+
+With ``--load CKPT`` the mixture is that of a resume from that checkpoint with these flags: the
+iterations before the checkpoint's as the run really drew them (its data ledger's history, across
+earlier edits), the rest as the resume would draw them (an edited mix needs
+``--override-data-mix``, as in training); ``"resume_iteration"`` says where the two meet,
+``"mix_changes"`` lists the iterations where the mix was edited (the new mix's among them) and
+``"epochs"`` counts every dataset the run has drawn by its end.
 Everything is vectorised, so 1e6 iterations take about a second.
 
 Structure for extensions: :func:`preview` returns the dict (more keys may be added by other
@@ -80,12 +87,19 @@ def schedule_arrays(args) -> Dict[str, np.ndarray]:
 
 
 def training_blend(args):
-    """The training :class:`SplitBlend` of ``--data-blend-config`` or
-    ``--train-weighted-split-paths`` (None for static ``--data-path`` blends)."""
+    """The training :class:`SplitBlend` of ``--data-blend-config``,
+    ``--train-weighted-split-paths`` or ``--data-path``/``--train-data-path`` (None without
+    training data)."""
     if getattr(args, "data_blend", None) is not None and args.data_blend.train is not None:
         return args.data_blend.train
     groups = getattr(args, "weighted_split_groups", {}).get("train") or []
-    return groups[0].to_split_blend("--train-weighted-split-paths") if groups else None
+    if groups:
+        return groups[0].to_split_blend("--train-weighted-split-paths")
+    if args.data_path or args.train_data_path:
+        from megatron.data.builder import data_path_blends
+
+        return data_path_blends(args)["train"]
+    return None
 
 
 def mixture_arrays(args, train_iters: int) -> Optional[dict]:
@@ -110,6 +124,46 @@ def mixture_arrays(args, train_iters: int) -> Optional[dict]:
             "epochs": dict(index.epochs)}
 
 
+def resumed_mixture_arrays(args, train_iters: int) -> dict:
+    """The mixture of a run resumed from ``--load`` with these flags: before the checkpoint's
+    iteration, what the run drew (its data ledger's phases, rebuilt); from it on, what the resume
+    would draw (an edited mix needs ``--override-data-mix``, as in training). Adds
+    ``resume_iteration`` and ``epochs`` (each dataset's epochs drawn by the end of the run, those
+    of datasets no longer drawn included)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from data_provenance import training_mix_of
+
+    mix = training_mix_of(args)
+    history = mix.history()
+    names: Dict[tuple, str] = {}
+    for entry in mix.ledger(len(mix.dataset)):
+        names[entry.key] = entry.name
+    mixture = {name: np.zeros(train_iters) for name in names.values()}
+    target = {name: np.zeros(train_iters) for name in names.values()}
+    for p, phase in enumerate(mix.phases):
+        dataset = history.dataset(p, with_sources=False)
+        stop = mix.phases[p + 1].begin_iteration if p + 1 < len(mix.phases) else train_iters
+        drawn = dataset.index.iteration_mixture(train_iters)
+        wanted = dataset.index.target_iteration_mixture(train_iters)
+        for d, c in enumerate(dataset.constituents):
+            name = names.get(c.ledger_key, c.name)
+            mixture.setdefault(name, np.zeros(train_iters))
+            target.setdefault(name, np.zeros(train_iters))
+            mixture[name][phase.begin_iteration:stop] = drawn[d][phase.begin_iteration:stop]
+            target[name][phase.begin_iteration:stop] = wanted[d][phase.begin_iteration:stop]
+    epochs = {e.name: e.drawn / e.samples_per_epoch for e in mix.ledger(len(mix.dataset))
+              if e.samples_per_epoch}
+    return {"mixture": mixture, "target_mixture": target, "epochs": epochs,
+            "resume_iteration": _checkpoint_iteration(args),
+            "mix_changes": [phase.begin_iteration for phase in mix.phases[1:]]}
+
+
+def _checkpoint_iteration(args) -> int:
+    from megatron.checkpoint.format import read_tracker
+
+    return int(read_tracker(args.load) or 0)
+
+
 def warn_repeated(epochs: Dict[str, float], threshold: float) -> List[str]:
     """Warnings for datasets drawn for more than ``threshold`` epochs."""
     return [f"warning: dataset {name} would be repeated {e:.2f} epochs (> --warn-epochs "
@@ -117,11 +171,19 @@ def warn_repeated(epochs: Dict[str, float], threshold: float) -> List[str]:
             for name, e in epochs.items() if e > threshold]
 
 
+def run_mixture_arrays(args, train_iters: int) -> Optional[dict]:
+    """The mixture keys of the preview: of a resumed run with ``--load`` (its history from the
+    data ledger), else of the flags' blend (None without one)."""
+    if args.load:
+        return resumed_mixture_arrays(args, train_iters)
+    return mixture_arrays(args, train_iters)
+
+
 def preview(args) -> dict:
     """The preview as a JSON-ready dict: schedule lists, and the mixture keys when the run has a
     curriculum blend."""
     arrays = schedule_arrays(args)
-    mixture = mixture_arrays(args, len(arrays["iteration"]) - 1)
+    mixture = run_mixture_arrays(args, len(arrays["iteration"]) - 1)
     if mixture is not None:
         arrays.update(mixture)
     return json.loads(_json_value(arrays))
@@ -138,13 +200,20 @@ def _plot_wd(ax, data):
 
 
 def _plot_mixture(ax, data):
-    steps = np.arange(len(next(iter(data["mixture"].values()))))
+    length = len(next(iter(data["mixture"].values())))
+    steps = np.asarray(data["iteration"])[:length]  # thinned with the mixture on long runs
     for k, (name, values) in enumerate(data["mixture"].items()):
         color = f"C{k % 10}"
         ax.plot(steps, values, color=color, label=f"{name} (drawn)")
         target = data.get("target_mixture", {}).get(name)
         if target is not None:
             ax.plot(steps, target, color=color, linestyle="--", linewidth=0.8)
+    if "resume_iteration" in data:  # --load: the ledger's history before, the resume after
+        for at in data.get("mix_changes", []):
+            ax.axvline(at, color="grey", linestyle="--", linewidth=0.8)
+            ax.annotate(" mix edited", (at, 0.9), fontsize=7, va="top", color="grey")
+        ax.axvline(data["resume_iteration"], color="k", linestyle=":", linewidth=1)
+        ax.annotate(" resume", (data["resume_iteration"], 1.0), fontsize=7, va="top")
     ax.set_ylabel("batch fraction")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=7, loc="upper right", title="dashed: target", title_fontsize=7)
@@ -229,7 +298,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     start = time.perf_counter()
     args = parse_preview_args(argv)
     arrays = schedule_arrays(args)
-    mixture = mixture_arrays(args, len(arrays["iteration"]) - 1)
+    mixture = run_mixture_arrays(args, len(arrays["iteration"]) - 1)
     if mixture is not None:
         arrays.update(mixture)
         for warning in warn_repeated(mixture["epochs"], args.warn_epochs):

@@ -26,7 +26,8 @@ from megatron.checkpoint.engine_index import canonical_namer, write_param_index
 from megatron.checkpoint.expert_weights import dense_checkpoint_layout, write_expert_weights
 from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, checkpoint_tag,
                                         read_layout, read_param_index, read_tracker,
-                                        write_layout, write_model_args, write_tracker)
+                                        write_data_mix, write_layout, write_model_args,
+                                        write_tracker)
 from megatron.errors import CheckpointError, ReshardError
 from megatron.parallel.topology import ParallelLayout, current_layout
 from megatron.rank_utils import all_reduce_small, print_rank_0
@@ -93,10 +94,12 @@ def _barrier() -> None:
 
 def save_checkpoint(engine, save_dir: str, state: TrainingState,
                     model_args: Optional[dict] = None,
-                    after_files_written: Optional[Callable[[int], None]] = None) -> str:
+                    after_files_written: Optional[Callable[[int], None]] = None,
+                    data_mix: Optional[dict] = None) -> str:
     """Write the checkpoint of ``state.iteration`` under ``save_dir``; returns its directory.
     ``model_args`` (megatron/checkpoint/model_args.py ``model_args_from_args``) is
-    written beside ``parallel_layout.json`` as ``model_args.json``. ``after_files_written``
+    written beside ``parallel_layout.json`` as ``model_args.json``, ``data_mix`` (the data
+    ledger's record, megatron/data/mix_ledger.py) as ``data_mix.json``. ``after_files_written``
     (iteration) runs on each rank once its files are written, before the tracker update.
 
     All ranks must call this. The tracker file is updated only after every rank has written.
@@ -113,6 +116,8 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState,
         write_layout(directory, current_layout())
         if model_args is not None:
             write_model_args(directory, model_args)
+        if data_mix is not None:
+            write_data_mix(directory, data_mix)
     write_expert_weights(engine, directory, canonical_namer(engine.module))  # expert-parallel ranks >= 1 (DeepSpeed writes rank 0's)
     write_param_index(engine, directory)  # what a resume on another layout reads
     atomic_torch_save(rng_state(), os.path.join(directory, f"rng_state_rank{_rank()}.pt"))

@@ -12,7 +12,9 @@ and:
   tensor-parallel split (megatron/checkpoint/engine_index.py writes the record of a training run,
   megatron/checkpoint/writer.py that of an offline write), so any layout can read it;
 - ``merge.json`` (merged checkpoints only, megatron/checkpoint/merge.py): the source checkpoints,
-  their weights and where the weights came from.
+  their weights and where the weights came from;
+- ``data_mix.json``: the data ledger (megatron/data/mix_ledger.py): per training dataset the
+  samples drawn, and the history of the run's mixes, which a resume continues.
 """
 import json
 import os
@@ -32,6 +34,7 @@ INDEX_FILENAME = "param_index.json"
 INDEX_VERSION = 1
 MERGE_FILENAME = "merge.json"  # a merged checkpoint's sources and weights (checkpoint/merge.py)
 MERGE_FORMAT_VERSION = 1
+DATA_MIX_FILENAME = "data_mix.json"  # the data ledger (megatron/data/mix_ledger.py MixRecord)
 TORCH_OPTIMIZER = "torch"  # optimizer_format: a plain torch optimizer (ZeRO stage 0, fp32)
 ZERO_OPTIMIZER = "zero"  # DeepSpeed's ZeRO stage 1/2 optimizer or BF16_Optimizer (flat fp32 partitions)
 
@@ -167,3 +170,24 @@ def read_merge_record(directory: str) -> Optional[Dict[str, Any]]:
         return None
     with open(path) as f:
         return json.load(f)
+
+
+# ------------------------------------------------------------------ data_mix.json
+def write_data_mix(directory: str, record: Dict[str, Any]) -> None:
+    """Write ``directory/data_mix.json``, the data ledger's record (JSON of
+    megatron/data/mix_ledger.py ``MixRecord``; call on one rank)."""
+    atomic_write_text(os.path.join(directory, DATA_MIX_FILENAME),
+                      json.dumps(record, indent=1) + "\n")
+
+
+def read_data_mix(directory: str) -> Optional[Dict[str, Any]]:
+    """The ``data_mix.json`` record of the checkpoint in ``directory``, or None for a checkpoint
+    written before checkpoints carried one. Raises :class:`ConfigError` for an unreadable file."""
+    path = os.path.join(directory, DATA_MIX_FILENAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not a readable JSON file ({e})") from None

@@ -1,14 +1,14 @@
-"""Build the train / valid / test GPT datasets from args with megatron-core's dataset builder."""
+"""Build the train / valid / test GPT datasets of ``pretrain_gpt.py`` from its data flags: a
+``--data-blend-config`` curriculum, weighted split groups or Megatron-LM's ``--data-path``
+static blends, the training set with its data ledger (megatron/data/mix_resume.py)."""
 import os
-from typing import List, Optional, Tuple
+from dataclasses import replace
+from typing import Dict, List, Optional, Sequence, Tuple
 
-import torch
-
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
 
-from megatron.data.blend_config import indexed_dataset_problem
+from megatron.data.blend_config import SplitBlend, indexed_dataset_problem
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.errors import ConfigError
 from megatron.rank_utils import print_rank_0
@@ -89,34 +89,57 @@ def check_split_has_documents(data_path: List[str], split: str) -> None:
                     f"{prefix!r}; give more documents or a larger {name} share (or share 0)")
 
 
-def build_train_valid_test_datasets(args, tokenizer) -> List[Optional[torch.utils.data.Dataset]]:
-    """[train, valid, test] datasets (None where a split is empty) sized for the whole run."""
-    for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
-        check_prefixes_exist("--" + flag.replace("_", "-"), getattr(args, flag))
-    if args.data_path:
-        check_split_has_documents(args.data_path, args.split)
-    sizes = list(train_valid_test_num_samples(args))
-    builder = BlendedMegatronDatasetBuilder(
-        GPTDataset, sizes, lambda: True, gpt_dataset_config(args, tokenizer))
-    return builder.build()
-
-
-def dataset_names(args) -> List[str]:
-    """Short names of the training blend's datasets, in blend order (``dataset_id`` order):
-    see :func:`~megatron.data.blend_config.short_dataset_name`."""
-    from megatron.data.blend_config import short_dataset_name
-
-    paths = args.data_path or args.train_data_path or []
-    prefixes, _ = get_blend_from_list(paths) if paths else ([], None)
-    return [short_dataset_name(prefix) for prefix in prefixes]
-
-
 def _eval_groups(valid, test) -> List[EvalGroup]:
     return ([EvalGroup(name, ds, "valid") for name, ds in valid]
             + [EvalGroup(name, ds, "test") for name, ds in test])
 
 
-def _weighted_split_data(args, tokenizer) -> TrainData:
+def gpt_mix_sources(args, kind: str, gpt_config, low_level: Optional[dict] = None):
+    """How GPT training datasets are built for the data ledger (megatron/data/mix_resume.py):
+    their constituents from the ``.idx`` files, and each one's samples from a one-epoch
+    megatron-core ``GPTDataset`` reshuffled per epoch, with a phase's seed."""
+    from dataclasses import replace
+
+    from megatron.data.curriculum import gpt_epoch_source, resolve_constituents
+    from megatron.data.mix_resume import MixSources
+
+    low_level = {} if low_level is None else low_level
+
+    def resolve(blend):
+        return resolve_constituents(blend, gpt_config.sequence_length,
+                                    gpt_config.add_extra_token_to_sequence, low_level)
+
+    def make_source(constituent, num_samples, seed):
+        config = gpt_config if seed == gpt_config.random_seed else replace(gpt_config,
+                                                                           random_seed=seed)
+        return gpt_epoch_source(constituent, num_samples, config, "train", low_level)
+
+    return MixSources(kind, resolve, make_source, args.data_cache_path)
+
+
+def training_mix(args, sources, blend, resume=None, eval_groups: Sequence[EvalGroup] = ()):
+    """The run's :class:`~megatron.data.mix_resume.TrainMix` for the training ``blend``: from
+    sample 0, or continuing the checkpoint of ``resume`` (``--override-data-mix`` takes an
+    edited mix); ``eval_groups`` get their counters (a group new at a resume starts at its first
+    window). Notes (the edit's table, groups added or removed) go to the rank-0 log."""
+    from megatron.data.mix_resume import continue_training_mix, eval_group_counters
+
+    schedule = batch_schedule_from_args(args)
+    mix = continue_training_mix(sources, blend, train_valid_test_num_samples(args)[0], schedule,
+                                args.seed, resume)
+    record = resume.record if resume is not None else None
+    counters, notes = eval_group_counters(record, [(g.split, g.name) for g in eval_groups],
+                                          resume.iteration if resume is not None else 0,
+                                          args.eval_interval)
+    for group, counter in zip(eval_groups, counters):
+        group.first_evaluation = counter.first_evaluation
+    mix.eval_groups = counters
+    for note in mix.notes + notes:
+        print_rank_0(note)
+    return mix
+
+
+def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
     """``--{train,valid,test}-weighted-split-paths``: one training blend, one eval set per group."""
     from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
 
@@ -134,48 +157,125 @@ def _weighted_split_data(args, tokenizer) -> TrainData:
     schedule = batch_schedule_from_args(args)
     built = {split: build_weighted_split_datasets(groups[split], n, config, schedule, split,
                                                   args.data_cache_path)
-             for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test))
-             if groups[split] and n > 0}
-    train = built.get("train", [(None, None)])[0][1]
-    return TrainData(train=train, eval_groups=_eval_groups(built.get("valid", []), built.get("test", [])),
-                     dataset_names=list(train.names) if train is not None else [])
+             for split, n in (("valid", n_valid), ("test", n_test)) if groups[split] and n > 0}
+    eval_groups = _eval_groups(built.get("valid", []), built.get("test", []))
+    if not groups["train"] or n_train <= 0:
+        return TrainData(train=None, eval_groups=eval_groups)
+    blend = groups["train"][0].to_split_blend("--train-weighted-split-paths")
+    mix = training_mix(args, gpt_mix_sources(args, "weighted_split", config), blend, resume,
+                       eval_groups)
+    return TrainData(train=mix.dataset, eval_groups=eval_groups,
+                     dataset_names=list(mix.dataset.names), mix=mix)
 
 
-def _blend_config_data(args, tokenizer) -> TrainData:
+def _blend_config_data(args, tokenizer, resume=None) -> TrainData:
     """``--data-blend-config``: a curriculum training set and the file's named eval groups."""
     from megatron.data.curriculum import build_blend_config_datasets
 
-    train, valid, test = build_blend_config_datasets(
-        args.data_blend, train_valid_test_num_samples(args), gpt_dataset_config(args, tokenizer),
+    config = gpt_dataset_config(args, tokenizer)
+    low_level: dict = {}
+    _, valid, test = build_blend_config_datasets(
+        replace(args.data_blend, train=None), train_valid_test_num_samples(args), config,
         batch_schedule_from_args(args), args.data_cache_path)
-    if train is not None:
-        epochs = ", ".join(f"{name} {e:.2f}" for name, e in train.epochs.items())
-        print_rank_0(f"curriculum: {len(train)} training samples from {len(train.names)} datasets; "
-                     f"epochs drawn: {epochs}")
-    return TrainData(train=train, eval_groups=_eval_groups(valid, test),
-                     dataset_names=list(train.names) if train is not None else [])
+    eval_groups = _eval_groups(valid, test)
+    if args.data_blend.train is None or train_valid_test_num_samples(args)[0] <= 0:
+        return TrainData(train=None, eval_groups=eval_groups)
+    mix = training_mix(args, gpt_mix_sources(args, "blend_config", config, low_level),
+                       args.data_blend.train, resume, eval_groups)
+    _print_epochs(mix.dataset)
+    return TrainData(train=mix.dataset, eval_groups=eval_groups,
+                     dataset_names=list(mix.dataset.names), mix=mix)
 
 
-def _static_blend_data(args, tokenizer) -> TrainData:
-    """``--data-path``/``--split`` or ``--{train,valid,test}-data-path``: megatron-core blends."""
-    train, valid, test = build_train_valid_test_datasets(args, tokenizer)
-    groups = []
-    if valid is not None:
-        groups.append(EvalGroup("valid", valid, "valid"))
-    if test is not None:
-        groups.append(EvalGroup("test", test, "test"))
-    return TrainData(train=train, eval_groups=groups, dataset_names=dataset_names(args))
+def _print_epochs(train) -> None:
+    epochs = ", ".join(f"{name} {e:.2f}" for name, e in train.epochs.items())
+    part = (f"samples {train.begin} to {len(train) - 1} of {len(train)} (continuing the data "
+            "ledger)" if train.begin else f"{len(train)} training samples")
+    print_rank_0(f"curriculum: {part} from {len(train.names)} datasets; epochs drawn by the end: "
+                 f"{epochs}")
 
 
-def build_pretraining_data(args, tokenizer) -> TrainData:
+def data_path_blends(args) -> Dict[str, Optional[SplitBlend]]:
+    """``{"train"|"valid"|"test": SplitBlend or None}`` of ``--data-path``/``--split`` (each
+    split's document range of every prefix, as megatron-core's builder cuts it) or of
+    ``--{train,valid,test}-data-path`` (whole files). Without weights a blend of several prefixes
+    weighs each by its samples per epoch (megatron-core: "weights inferred from the lengths")."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+    from megatron.data.blend_config import BlendEntry, BlendStage
+    from megatron.data.curriculum import resolve_constituents
+
+    if args.data_path:
+        bounds = convert_split_vector_to_split_matrix(parse_and_normalize_split(args.split))
+        sources = {split: (args.data_path, bound)
+                   for split, bound in zip(("train", "valid", "test"), bounds)}
+        flag = "--data-path"
+    else:
+        sources = {split: (getattr(args, f"{split}_data_path"), (0.0, 1.0))
+                   for split in ("train", "valid", "test")}
+        flag = None
+    out: Dict[str, Optional[SplitBlend]] = {}
+    for split, (paths, bound) in sources.items():
+        if not paths or bound is None or not bound[1] > bound[0]:
+            out[split] = None
+            continue
+        where = flag or f"--{split}-data-path"
+        prefixes, weights = get_blend_from_list(paths)
+
+        def blend_of(ws):
+            entries = tuple(BlendEntry(path=p, weight=float(w), split=(float(bound[0]), float(bound[1])),
+                                       where=f"{where} {p}") for p, w in zip(prefixes, ws))
+            return SplitBlend(stages=(BlendStage("blend", entries, None, where),), name=split,
+                              where=where)
+
+        if weights is None:
+            weights = [1.0] * len(prefixes)
+            if len(prefixes) > 1:
+                weights = [c.samples_per_epoch for c in
+                           resolve_constituents(blend_of(weights), args.seq_length)]
+        out[split] = blend_of(weights)
+    return out
+
+
+def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
+    """``--data-path``/``--split`` or ``--{train,valid,test}-data-path``: Megatron-LM's static
+    blends (each split's documents, megatron-core's blending rule and one-epoch GPTDatasets; see
+    :func:`data_path_blends`), the training blend with the data ledger."""
+    from megatron.data.curriculum import build_curriculum_dataset
+
+    for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+        check_prefixes_exist("--" + flag.replace("_", "-"), getattr(args, flag))
+    if args.data_path:
+        check_split_has_documents(args.data_path, args.split)
+    blends = data_path_blends(args)
+    config = gpt_dataset_config(args, tokenizer)
+    schedule = batch_schedule_from_args(args)
+    n_train, n_valid, n_test = train_valid_test_num_samples(args)
+    low_level: dict = {}
+    eval_groups = [EvalGroup(split, build_curriculum_dataset(blends[split], n, config, schedule,
+                                                             split, args.data_cache_path,
+                                                             low_level), split)
+                   for split, n in (("valid", n_valid), ("test", n_test))
+                   if blends[split] is not None and n > 0]
+    if blends["train"] is None or n_train <= 0:
+        return TrainData(train=None, eval_groups=eval_groups)
+    mix = training_mix(args, gpt_mix_sources(args, "data_path", config, low_level),
+                       blends["train"], resume, eval_groups)
+    return TrainData(train=mix.dataset, eval_groups=eval_groups,
+                     dataset_names=list(mix.dataset.names), mix=mix)
+
+
+def build_pretraining_data(args, tokenizer, resume=None) -> TrainData:
     """Training set and evaluation groups for ``pretrain_gpt.py`` from whichever data flags are
-    given (validated to be exactly one kind by ``megatron.arguments``). With ranks on several
-    hosts the index cache directories must be shared first (megatron/data/shared_cache.py)."""
+    given (validated to be exactly one kind by ``megatron.arguments``). ``resume``
+    (megatron/data/mix_resume.py ``DataResume``): the checkpoint a resumed run continues, whose
+    data ledger the training mix continues. With ranks on several hosts the index cache
+    directories must be shared first (megatron/data/shared_cache.py)."""
     from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
 
     require_shared_cache_dirs(index_cache_dirs(args), flag_given=bool(args.data_cache_path))
     if getattr(args, "data_blend", None) is not None:
-        return _blend_config_data(args, tokenizer)
+        return _blend_config_data(args, tokenizer, resume)
     if any(getattr(args, "weighted_split_groups", {}).values()):
-        return _weighted_split_data(args, tokenizer)
-    return _static_blend_data(args, tokenizer)
+        return _weighted_split_data(args, tokenizer, resume)
+    return _static_blend_data(args, tokenizer, resume)

@@ -56,13 +56,14 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from megatron.data.blend_config import (BlendConfigError, BlendEntry, BlendStage, SplitBlend,
                                         check_dataset_prefix)
+from megatron.data.mix_ledger import gpt_files_fingerprint
 from megatron.schedules.registry import ScheduleContext, build_schedule
 from megatron.schedules.units import BatchSchedule
 
@@ -70,7 +71,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "WeightContext", "weight_schedule", "Constituent", "resolve_constituents", "CurriculumIndex",
-    "CurriculumDataset", "build_curriculum_dataset", "build_blend_config_datasets",
+    "CurriculumDataset", "Continuation", "build_mix_dataset", "build_curriculum_dataset",
+    "build_blend_config_datasets", "gpt_epoch_source",
 ]
 
 INDEX_VERSION = "curriculum-index-v2"  # v2: piecewise-linear samples/tokens fast path
@@ -168,7 +170,10 @@ class _Progress:
 # Constituent datasets
 @dataclass(frozen=True)
 class Constituent:
-    """One dataset of the curriculum: a prefix and a document range [doc_begin, doc_end)."""
+    """One dataset of the curriculum: a prefix and a document range [doc_begin, doc_end).
+    ``samples_per_epoch`` is None for datasets whose epochs differ in length (packed T0 data);
+    ``fingerprint`` tells its files apart from others at the same path (the data ledger,
+    megatron/data/mix_ledger.py)."""
 
     path: str
     split: Tuple[float, float]
@@ -177,7 +182,15 @@ class Constituent:
     doc_end: int
     num_documents: int
     tokens: int
-    samples_per_epoch: int
+    samples_per_epoch: Optional[int]
+    fingerprint: str = ""
+
+    @property
+    def ledger_key(self) -> Tuple[str, float, float, str]:
+        """Its identity in the data ledger (megatron/data/mix_ledger.py ``ledger_key``)."""
+        from megatron.data.mix_ledger import ledger_key
+
+        return ledger_key(self.path, self.split, self.fingerprint)
 
 
 def _samples_per_epoch(tokens: int, seq_length: int, add_extra_token: bool = True) -> int:
@@ -219,7 +232,8 @@ def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bo
             while name in names:
                 name, k = f"{base}#{k}", k + 1
             names.add(name)
-            out[entry.key] = Constituent(entry.path, entry.split, name, beg, end, n, tokens, spe)
+            out[entry.key] = Constituent(entry.path, entry.split, name, beg, end, n, tokens, spe,
+                                         gpt_files_fingerprint(entry.path))
     return list(out.values())
 
 
@@ -414,19 +428,38 @@ class CurriculumIndex:
         cache_dir: where to cache the index (None: no caching).
         write_cache: write a missing cache entry (False on ranks that only read).
 
-    Attributes: ``dataset_index`` (uint8/int16 [N]), ``dataset_sample_index`` (int32/int64 [N]),
-    ``counts`` (samples drawn per dataset), ``names``, ``epochs`` ({name: epochs drawn}),
-    ``cache_path`` (directory used, or None), ``cache_hit``.
+    A continuation (a mix edited at a resume, megatron/data/mix_resume.py) covers only the
+    global samples ``[begin, N)``: ``base[d]`` samples of dataset ``d`` were drawn before ``begin``
+    (the ledger), so its samples continue at ``base[d]``; stage boundaries and weights keep their
+    meaning in absolute run progress (the plan is the file's as if it applied from sample 0), and
+    the blend restarts at ``begin`` (its deficits start at zero there, as a fresh blend would). An
+    ``epochized_blend`` stage running at ``begin`` draws what its repetitions still ask, given the
+    samples really drawn since the stage's start: ``drawn_before(s)`` gives the per-dataset
+    counts drawn before global sample ``s`` (the run's history).
+
+    Attributes: ``dataset_index`` (uint8/int16 [N - begin]) and ``dataset_sample_index``
+    (int32/int64 [N - begin]) for global samples ``begin..N-1``, ``counts`` (samples drawn per
+    dataset in ``[begin, N)``), ``totals`` (``base + counts``), ``names``, ``epochs`` ({name:
+    epochs drawn by the end of the run}), ``cache_path`` (directory used, or None), ``cache_hit``.
+    ``build=False`` plans only (target weights, no index).
     """
 
     def __init__(self, blend: SplitBlend, constituents: Sequence[Constituent], num_samples: int,
                  batch_schedule: BatchSchedule, seed: int = 1234, cache_dir: Optional[str] = None,
-                 write_cache: bool = True):
+                 write_cache: bool = True, begin: int = 0, base: Optional[Sequence[int]] = None,
+                 drawn_before: Optional[Callable[[int], np.ndarray]] = None, build: bool = True):
         if num_samples <= 0:
             raise ValueError(f"num_samples must be positive, got {num_samples}")
+        if not 0 <= int(begin) <= int(num_samples):
+            raise ValueError(f"begin {begin} outside [0, num_samples {num_samples}]")
         self.blend = blend
         self.constituents = list(constituents)
         self.num_samples = int(num_samples)
+        self.begin = int(begin)
+        D = len(self.constituents)
+        self.base = (np.zeros(D, dtype=np.int64) if base is None
+                     else np.asarray(base, dtype=np.int64).reshape(D))
+        self._drawn_before = drawn_before
         self.batch_schedule = batch_schedule
         self.seed = seed
         self.write_cache = write_cache
@@ -436,20 +469,40 @@ class CurriculumIndex:
         self._key_index = {(c.path, c.split[0], c.split[1]): i for i, c in enumerate(self.constituents)}
         self._schedules: Dict[Tuple[int, int], Any] = {}
         self.plans = self._plan()
-        D = len(self.constituents)
         if D > 32767:
             raise BlendConfigError(f"{blend.where}: {D} datasets; at most 32767 are supported")
         self.id_dtype = np.uint8 if D <= 255 else np.int16
-        self.sample_dtype = np.int32 if self.num_samples < 2 ** 31 - 1 else np.int64
+        self.sample_dtype = (np.int32 if self.num_samples + int(self.base.max(initial=0)) < 2 ** 31 - 1
+                             else np.int64)
         self.cache_path = None
         self.cache_hit = False
         self._built_counts: Optional[np.ndarray] = None
+        if not build:
+            return
         self.dataset_index, self.dataset_sample_index = self._load_or_build(cache_dir)
         # a fresh build knows its counts (the kernels' own): no pass over the index for them
-        self.counts = (self._built_counts if self._built_counts is not None and not self.cache_hit
-                       else self._counts())
-        self.epochs = {c.name: float(self.counts[i]) / c.samples_per_epoch
-                       for i, c in enumerate(self.constituents)}
+        self.counts = (self._built_counts - self.base
+                       if self._built_counts is not None and not self.cache_hit else self._counts())
+        self.totals = self.base + self.counts
+        self.epochs = {c.name: float(self.totals[i]) / c.samples_per_epoch
+                       for i, c in enumerate(self.constituents) if c.samples_per_epoch}
+
+    @property
+    def length(self) -> int:
+        """Global samples the index covers (``N - begin``)."""
+        return self.num_samples - self.begin
+
+    def drawn_before(self, sample: int) -> np.ndarray:
+        """Samples drawn per dataset before global sample ``sample`` (``begin <= sample <= N``):
+        the ledger at that point."""
+        if not self.begin <= int(sample) <= self.num_samples:
+            raise ValueError(f"sample {sample} outside [{self.begin}, {self.num_samples}]")
+        counts = self.base.copy()
+        stop = int(sample) - self.begin
+        for lo in range(0, stop, 1 << 24):
+            counts += np.bincount(self.dataset_index[lo:min(stop, lo + (1 << 24))],
+                                  minlength=len(self.constituents))
+        return counts
 
     # -- planning ------------------------------------------------------------------------------
     def _schedule(self, s: int, e: int, entry: BlendEntry):
@@ -470,6 +523,9 @@ class CurriculumIndex:
         for k, stage in enumerate(self.blend.stages):
             ids = tuple(self._key_index[e.key] for e in stage.entries)
             if stage.kind == "epochized_blend":
+                if any(not self.constituents[i].samples_per_epoch for i in ids):
+                    raise BlendConfigError(f"{stage.where}: epochized_blend needs datasets with a "
+                                           "fixed number of samples per epoch")
                 caps = tuple(int(round(e.repetitions * self.constituents[i].samples_per_epoch))
                              for e, i in zip(stage.entries, ids))
                 for e, c in zip(stage.entries, caps):
@@ -477,19 +533,27 @@ class CurriculumIndex:
                         raise BlendConfigError(f"{e.where}.repetitions: {e.repetitions!r} epochs "
                                                "of this dataset is less than one sample")
                 end = begin + sum(caps)
+                if begin < self.begin < end:  # running at a continuation's start
+                    caps = self._remaining_caps(stage, begin, ids, caps)
+                    begin, end = self.begin, self.begin + sum(caps)
             else:
                 caps = tuple(-1 for _ in ids)
                 if stage.until is None:
                     end = self.num_samples
                 else:
                     end = self.progress.samples_for(*stage.until)
-                    if end <= begin:
+                    if end <= begin and begin > self.begin > 0:
+                        # a continuation whose epochized stage, finishing its repetitions, ran
+                        # past this stage's end: nothing of it is left to draw
+                        end = begin
+                    elif end <= begin:
                         raise BlendConfigError(
                             f"{stage.where}.until: {stage.until[0]}={stage.until[1]} ends at sample "
                             f"{end}, not after the stage's start (sample {begin}): a stage with "
                             "nothing to draw")
-            if begin < self.num_samples:
-                plans.append(_StagePlan(stage, begin, min(end, self.num_samples), ids, caps))
+            lo, hi = max(begin, self.begin), min(end, self.num_samples)
+            if lo < hi:
+                plans.append(_StagePlan(stage, lo, hi, ids, caps))
             begin = end
             if stage.until is None and stage.kind == "blend":
                 break
@@ -498,6 +562,20 @@ class CurriculumIndex:
                                    f"{self.num_samples}; end with a blend stage without 'until' or "
                                    "add repetitions")
         return plans
+
+    def _remaining_caps(self, stage: BlendStage, stage_begin: int, ids: Tuple[int, ...],
+                        caps: Tuple[int, ...]) -> Tuple[int, ...]:
+        """An epochized stage that began at ``stage_begin`` and runs at this continuation's
+        start: what each dataset still has to give, its cap less what the run really drew from
+        it since ``stage_begin`` (``base`` less ``drawn_before(stage_begin)``)."""
+        if self._drawn_before is None:
+            raise BlendConfigError(
+                f"{stage.where}: this epochized_blend stage began at sample {stage_begin} and "
+                f"runs at the resume point (sample {self.begin}); continuing it needs the run's "
+                "history (the checkpoint's data ledger)")
+        before = np.asarray(self._drawn_before(stage_begin), dtype=np.int64).reshape(-1)
+        done = self.base[list(ids)] - before[list(ids)]
+        return tuple(int(max(c - d, 0)) for c, d in zip(caps, done))
 
     def _stage_units(self, plan: _StagePlan) -> Optional[str]:
         """Finest segment granularity the stage's schedules need: None (static), 'iterations',
@@ -550,10 +628,10 @@ class CurriculumIndex:
 
     # -- building ------------------------------------------------------------------------------
     def _build(self) -> Tuple[np.ndarray, np.ndarray]:
-        N = self.num_samples
-        out_id = np.empty(N, dtype=self.id_dtype)
-        out_sample = np.empty(N, dtype=self.sample_dtype)
-        global_counts = np.zeros(len(self.constituents), dtype=np.int64)
+        """The index arrays over global samples ``[begin, N)`` (``out[i - begin]``)."""
+        out_id = np.empty(self.length, dtype=self.id_dtype)
+        out_sample = np.empty(self.length, dtype=self.sample_dtype)
+        global_counts = self.base.copy()
         for plan in self.plans:
             Ds = len(plan.ids)
             base = global_counts[list(plan.ids)]
@@ -575,7 +653,8 @@ class CurriculumIndex:
             if Ds:  # stage-local ids -> global ids
                 mapping = np.asarray(plan.ids, dtype=self.id_dtype)
                 if not np.array_equal(mapping, np.arange(Ds, dtype=self.id_dtype)):
-                    out_id[plan.begin:plan.end] = mapping[out_id[plan.begin:plan.end]]
+                    lo, hi = plan.begin - self.begin, plan.end - self.begin
+                    out_id[lo:hi] = mapping[out_id[lo:hi]]
             global_counts[list(plan.ids)] += state.counts
         self._built_counts = global_counts
         return out_id, out_sample
@@ -592,9 +671,9 @@ class CurriculumIndex:
                 if pending is not None:
                     self._check_rc(plan, pending.result())
                     self._check_capped(plan, capped, *chunk, out_id)
-                g_lo, g_hi = plan.begin + lo, plan.begin + hi
-                pending = pool.submit(state.run, lo, hi, starts, norm, out_id[g_lo:g_hi],
-                                      out_sample[g_lo:g_hi])
+                o_lo, o_hi = plan.begin - self.begin + lo, plan.begin - self.begin + hi
+                pending = pool.submit(state.run, lo, hi, starts, norm, out_id[o_lo:o_hi],
+                                      out_sample[o_lo:o_hi])
                 chunk = (lo, hi, starts, norm)
             if pending is not None:
                 self._check_rc(plan, pending.result())
@@ -606,7 +685,7 @@ class CurriculumIndex:
         [lo, hi) (stage-local) where the datasets still to draw all have weight zero."""
         if check is None:
             return
-        ids = out_id[plan.begin + lo:plan.begin + hi]
+        ids = out_id[plan.begin - self.begin + lo:plan.begin - self.begin + hi]
         bad = check.first_zero(lo, hi, starts, norm, ids)
         if bad is None:
             return
@@ -695,9 +774,9 @@ class CurriculumIndex:
             for lo, hi, starts, first, slope in chunks():
                 if pending is not None:
                     self._check_rc(plan, pending.result())
-                g_lo, g_hi = plan.begin + lo, plan.begin + hi
+                o_lo, o_hi = plan.begin - self.begin + lo, plan.begin - self.begin + hi
                 pending = pool.submit(state.run_pl, lo, hi, starts, first, slope,
-                                      out_id[g_lo:g_hi], out_sample[g_lo:g_hi])
+                                      out_id[o_lo:o_hi], out_sample[o_lo:o_hi])
             if pending is not None:
                 self._check_rc(plan, pending.result())
 
@@ -738,11 +817,8 @@ class CurriculumIndex:
             f"{self.num_samples} samples: nothing to draw there{detail}")
 
     def _counts(self) -> np.ndarray:
-        counts = np.zeros(len(self.constituents), dtype=np.int64)
-        for lo in range(0, self.num_samples, 1 << 24):
-            counts += np.bincount(self.dataset_index[lo:lo + (1 << 24)],
-                                  minlength=len(self.constituents))
-        return counts
+        """Samples drawn per dataset in ``[begin, N)``."""
+        return self.drawn_before(self.num_samples) - self.base
 
     # -- cache ---------------------------------------------------------------------------------
     def cache_key(self) -> str:
@@ -754,6 +830,10 @@ class CurriculumIndex:
             "constituents": [asdict(c) for c in self.constituents],
             "num_samples": self.num_samples,
             "seed": self.seed,
+            # a continuation: where it starts, the ledger there, its (possibly shortened) stages
+            "begin": self.begin,
+            "base": [int(x) for x in self.base],
+            "plans": [[p.begin, p.end, list(p.caps)] for p in self.plans] if self.begin else None,
             "batch_schedule": [self.batch_schedule.global_batch_size,
                                list(self.batch_schedule.rampup or []),
                                self.batch_schedule.seq_length],
@@ -768,8 +848,8 @@ class CurriculumIndex:
                 meta = json.load(f)
             ids = np.load(os.path.join(path, "dataset_index.npy"), mmap_mode="r")
             samples = np.load(os.path.join(path, "dataset_sample_index.npy"), mmap_mode="r")
-            if (meta.get("num_samples") != self.num_samples or ids.shape != (self.num_samples,)
-                    or samples.shape != (self.num_samples,) or ids.dtype != self.id_dtype
+            if (meta.get("num_samples") != self.num_samples or ids.shape != (self.length,)
+                    or samples.shape != (self.length,) or ids.dtype != self.id_dtype
                     or samples.dtype != self.sample_dtype):
                 return None
             return ids, samples
@@ -844,11 +924,11 @@ class CurriculumIndex:
         n_it = self.progress.num_iterations if num_iterations is None else int(num_iterations)
         D = len(self.constituents)
         acc = np.zeros(n_it * D, dtype=np.int64)
-        for lo in range(0, self.num_samples, CHUNK * 4):
+        for lo in range(self.begin, self.num_samples, CHUNK * 4):
             hi = min(self.num_samples, lo + CHUNK * 4)
             it = self.progress.iteration_of(np.arange(lo, hi))
             keep = it < n_it
-            flat = it[keep] * D + np.asarray(self.dataset_index[lo:hi])[keep]
+            flat = it[keep] * D + np.asarray(self.dataset_index[lo - self.begin:hi - self.begin])[keep]
             acc += np.bincount(flat, minlength=n_it * D)
         acc = acc.reshape(n_it, D).T.astype(np.float64)
         tot = acc.sum(axis=0, keepdims=True)
@@ -916,30 +996,72 @@ def _strip_where(obj):
 
 # ---------------------------------------------------------------------------------------------
 # The dataset
+@dataclass(frozen=True)
+class Continuation:
+    """Where a mix starts when it continues a run (megatron/data/mix_resume.py): at global sample
+    ``begin``, each dataset at its ledger position ``base[ledger key]`` (absent: 0, a new dataset);
+    ``drawn_before(s)`` gives the ledger at an earlier global sample ``s`` (the run's history, for
+    an epochized stage running at ``begin``), or None."""
+
+    begin: int
+    base: Dict[Tuple[str, float, float, str], int]
+    drawn_before: Optional[Callable[[int], Dict[Tuple[str, float, float, str], int]]] = None
+
+
 class CurriculumDataset(torch.utils.data.Dataset):
     """Samples ``{"dataset_id": id, **constituent[sample]}`` following a :class:`CurriculumIndex`
-    (same shape as megatron-core's ``BlendedDataset``)."""
+    (same shape as megatron-core's ``BlendedDataset``), for global samples ``index.begin`` to
+    ``len() - 1``; ``sources[d]`` serves dataset ``d``'s samples by their ledger number (None for
+    a dataset this index never draws)."""
 
-    def __init__(self, index: CurriculumIndex, datasets: Sequence[Optional[torch.utils.data.Dataset]]):
+    def __init__(self, index: CurriculumIndex, sources: Sequence[Optional[torch.utils.data.Dataset]],
+                 constituents: Optional[Sequence[Constituent]] = None):
         self.index = index
-        self.datasets = list(datasets)
+        self.datasets = list(sources)
+        self.constituents = list(constituents if constituents is not None else index.constituents)
+        self.begin = index.begin
         # plain ndarray views of the (possibly memory-mapped) index: fast scalar indexing
         self.dataset_index = np.asarray(index.dataset_index)
         self.dataset_sample_index = np.asarray(index.dataset_sample_index)
         self.names = index.names
         self.epochs = index.epochs
         self.counts = index.counts
+        self._ledger_cache: Tuple[int, np.ndarray] = (index.begin, index.base.copy())
 
     def __len__(self) -> int:
         return self.index.num_samples
 
+    def locate(self, idx: int) -> Tuple[int, int]:
+        """(dataset id, that dataset's sample number) of global sample ``idx``."""
+        j = int(idx) - self.begin
+        if not 0 <= j < len(self.dataset_index):
+            raise IndexError(f"global sample {idx} is outside this mix's samples [{self.begin}, "
+                             f"{self.index.num_samples})")
+        return int(self.dataset_index[j]), int(self.dataset_sample_index[j])
+
     def __getitem__(self, idx: int) -> Dict[str, Any]:
-        dataset_id = self.dataset_index[idx]
-        return {"dataset_id": dataset_id,
-                **self.datasets[dataset_id][self.dataset_sample_index[idx]]}
+        dataset_id, sample = self.locate(idx)
+        return {"dataset_id": dataset_id, **self.datasets[dataset_id][sample]}
+
+    def drawn_before(self, sample: int) -> np.ndarray:
+        """Samples drawn per dataset before global sample ``sample`` (the ledger there); cheap
+        when called with growing ``sample`` (counts only the samples since the last call)."""
+        last, counts = self._ledger_cache
+        if sample < last:
+            last, counts = self.begin, self.index.base.copy()
+        lo, hi = last - self.begin, int(sample) - self.begin
+        if hi > lo:
+            counts = counts + np.bincount(self.dataset_index[lo:hi], minlength=len(self.names))
+        self._ledger_cache = (int(sample), counts)
+        return counts.copy()
 
     def target_weights(self, sample_indices) -> np.ndarray:
         return self.index.target_weights(sample_indices)
+
+    def __getstate__(self):  # DataLoader workers: the index arrays are shared, not the cache
+        state = dict(self.__dict__)
+        state["_ledger_cache"] = (self.index.begin, self.index.base.copy())
+        return state
 
 
 def _split_enum(split: str):
@@ -948,60 +1070,95 @@ def _split_enum(split: str):
     return {"train": Split.train, "valid": Split.valid, "test": Split.test}[split]
 
 
-def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
-                             batch_schedule: BatchSchedule, split: str = "train",
-                             cache_dir: Optional[str] = None,
-                             low_level: Optional[Dict[str, Any]] = None) -> CurriculumDataset:
-    """The :class:`CurriculumDataset` of ``blend`` for ``num_samples`` samples.
-
-    Each constituent is a megatron-core ``GPTDataset`` over the documents of its split range,
-    built for exactly the samples the curriculum draws from it (GPTDataset reshuffles per epoch
-    when that exceeds one epoch). ``gpt_config`` is a ``GPTDatasetConfig`` (seed, seq_length,
-    tokenizer, masks); ``cache_dir`` defaults to ``gpt_config.path_to_cache``.
-    """
+def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
+                     low_level: Dict[str, Any]):
+    """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
+    :class:`~megatron.data.epoch_order.EpochShuffledSamples` over a megatron-core ``GPTDataset``
+    of its documents built for exactly one epoch."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.data.epoch_order import EpochShuffledSamples
 
-    if int(gpt_config.sequence_length) != int(batch_schedule.seq_length):
-        raise ValueError(f"seq_length differs: GPTDatasetConfig {gpt_config.sequence_length} vs "
-                         f"BatchSchedule {batch_schedule.seq_length}")
-    cache_dir = cache_dir or gpt_config.path_to_cache
-    low_level = {} if low_level is None else low_level
-    # megatron-core's pattern: rank 0 builds (and caches) first, the other ranks then load
+    c = constituent
+    if c.path not in low_level:
+        low_level[c.path] = IndexedDataset(c.path, multimodal=False, mmap=True)
+    label = c.path if c.split == (0.0, 1.0) else f"{c.path}[{c.split[0]:g}:{c.split[1]:g}]"
+    indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
+    one_epoch = GPTDataset(low_level[c.path], label, indices, int(c.samples_per_epoch),
+                           _split_enum(split), gpt_config)
+    return EpochShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
+
+
+def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], num_samples: int,
+                      batch_schedule: BatchSchedule, seed: int, make_source: Callable,
+                      cache_dir: Optional[str] = None,
+                      continuation: Optional[Continuation] = None) -> CurriculumDataset:
+    """The :class:`CurriculumDataset` of ``blend`` over ``constituents`` for a run of
+    ``num_samples`` global samples (from ``continuation.begin`` on when given);
+    ``make_source(constituent, n)`` serves a dataset's samples ``0..n - 1``. Rank 0 builds (and
+    caches) first, the other ranks then load (megatron-core's pattern)."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     rank = torch.distributed.get_rank() if distributed else 0
     if distributed and rank != 0:
         torch.distributed.barrier()
     try:
-        constituents = resolve_constituents(blend, gpt_config.sequence_length,
-                                            gpt_config.add_extra_token_to_sequence, low_level)
-        index = CurriculumIndex(blend, constituents, num_samples, batch_schedule,
-                                seed=gpt_config.random_seed, cache_dir=cache_dir,
-                                write_cache=rank == 0)
-        datasets = []
-        for c, n in zip(constituents, index.counts):
-            if n == 0:
-                datasets.append(None)
-                continue
-            label = c.path if c.split == (0.0, 1.0) else f"{c.path}[{c.split[0]:g}:{c.split[1]:g}]"
-            indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
-            datasets.append(GPTDataset(low_level[c.path], label, indices, int(n),
-                                       _split_enum(split), gpt_config))
+        begin, base, drawn_before = 0, None, None
+        if continuation is not None:
+            keys = [c.ledger_key for c in constituents]
+            begin = continuation.begin
+            base = [int(continuation.base.get(k, 0)) for k in keys]
+            if continuation.drawn_before is not None:
+                history = continuation.drawn_before
+                drawn_before = (lambda s: np.asarray([int(history(s).get(k, 0)) for k in keys],
+                                                     dtype=np.int64))
+        index = CurriculumIndex(blend, constituents, num_samples, batch_schedule, seed=seed,
+                                cache_dir=cache_dir, write_cache=rank == 0, begin=begin, base=base,
+                                drawn_before=drawn_before)
+        sources = [make_source(c, int(total)) if count > 0 else None
+                   for c, count, total in zip(constituents, index.counts, index.totals)]
     finally:
         if distributed and rank == 0:
             torch.distributed.barrier()
-    return CurriculumDataset(index, datasets)
+    return CurriculumDataset(index, sources, constituents)
+
+
+def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
+                             batch_schedule: BatchSchedule, split: str = "train",
+                             cache_dir: Optional[str] = None,
+                             low_level: Optional[Dict[str, Any]] = None,
+                             continuation: Optional[Continuation] = None) -> CurriculumDataset:
+    """The :class:`CurriculumDataset` of ``blend`` for ``num_samples`` samples (from
+    ``continuation.begin`` on, each dataset at its ledger position, when given).
+
+    Each constituent is a megatron-core ``GPTDataset`` over the documents of its split range,
+    built for one epoch, repeated with a fresh order per epoch
+    (megatron/data/epoch_order.py). ``gpt_config`` is a ``GPTDatasetConfig`` (seed, seq_length,
+    tokenizer, masks); ``cache_dir`` defaults to ``gpt_config.path_to_cache``.
+    """
+    if int(gpt_config.sequence_length) != int(batch_schedule.seq_length):
+        raise ValueError(f"seq_length differs: GPTDatasetConfig {gpt_config.sequence_length} vs "
+                         f"BatchSchedule {batch_schedule.seq_length}")
+    cache_dir = cache_dir or gpt_config.path_to_cache
+    low_level = {} if low_level is None else low_level
+    constituents = resolve_constituents(blend, gpt_config.sequence_length,
+                                        gpt_config.add_extra_token_to_sequence, low_level)
+    return build_mix_dataset(
+        blend, constituents, num_samples, batch_schedule, gpt_config.random_seed,
+        lambda c, n: gpt_epoch_source(c, n, gpt_config, split, low_level), cache_dir, continuation)
 
 
 def build_blend_config_datasets(config, num_samples: Tuple[int, int, int], gpt_config,
-                                batch_schedule: BatchSchedule, cache_dir: Optional[str] = None):
+                                batch_schedule: BatchSchedule, cache_dir: Optional[str] = None,
+                                continuation: Optional[Continuation] = None):
     """All datasets of a :class:`~megatron.data.blend_config.BlendConfig`:
     ``(train or None, [(name, valid dataset)], [(name, test dataset)])``; ``num_samples`` is
-    (train, per valid group, per test group), e.g. from ``train_valid_test_num_samples(args)``."""
+    (train, per valid group, per test group), e.g. from ``train_valid_test_num_samples(args)``;
+    ``continuation``: where the training mix starts (a resumed run's ledger)."""
     low_level: Dict[str, Any] = {}
     train = None
     if config.train is not None and num_samples[0] > 0:
         train = build_curriculum_dataset(config.train, num_samples[0], gpt_config, batch_schedule,
-                                         "train", cache_dir, low_level)
+                                         "train", cache_dir, low_level, continuation)
     valid = [(g.name, build_curriculum_dataset(g, num_samples[1], gpt_config, batch_schedule,
                                                "valid", cache_dir, low_level))
              for g in config.valid] if num_samples[1] > 0 else []

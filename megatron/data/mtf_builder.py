@@ -1,17 +1,26 @@
 """T0 / multitask-finetuning data from the flags (``finetune_t0.py``'s datasets): the training set
 is one weighted blend of packed MTF datasets (megatron/data/mtf_dataset.py), one per item of every
-``--train-weighted-split-paths`` group; each ``--valid-``/``--test-weighted-split-paths`` group is
-one named evaluation group, blended the same way. The groups are parsed by ``validate_args``
+``--train-weighted-split-paths`` group, with the data ledger (megatron/data/mix_resume.py: a
+resumed run continues every dataset where it stood, ``--override-data-mix`` takes edited weights
+or items); each ``--valid-``/``--test-weighted-split-paths`` group is one named evaluation group,
+blended the same way. Blends follow megatron-core's blending rule
+(megatron/data/curriculum.py, static weights). The groups are parsed by ``validate_args``
 (megatron/data/weighted_splits.py); the sample counts are the pretraining builder's
 (megatron/data/builder.py ``train_valid_test_num_samples``).
 """
 import os
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
-from megatron.data.blend_config import short_dataset_name
+import numpy as np
+
+from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend, short_dataset_name
 from megatron.data.builder import train_valid_test_num_samples
-from megatron.data.mtf_dataset import MTFBlendedDataset, MTFDataset
+from megatron.data.curriculum import Constituent, build_mix_dataset
+from megatron.data.mix_ledger import gpt_files_fingerprint
+from megatron.data.mtf_dataset import (MTFDataset, MTFDocumentPair, PackedSamplesOnly,
+                                       document_range, truncated_lengths)
 from megatron.data.train_data import EvalGroup, TrainData
+from megatron.schedules.units import batch_schedule_from_args
 
 # (weight, start, end, prefix)
 SplitItem = Tuple[float, float, float, str]
@@ -25,53 +34,102 @@ def weighted_split_groups(args, split: str) -> List[Tuple[str, List[SplitItem]]]
             for g in args.weighted_split_groups[split]]
 
 
-def build_group_dataset(args, tokenizer, name: str, items: Sequence[SplitItem], num_samples: int,
-                        with_dataset_id: bool = False) -> MTFBlendedDataset:
-    """A weighted blend of packed MTF datasets, one per group item, ``num_samples`` long, padded
-    with the tokenizer's pad id (its eod when it has none)."""
+def items_blend(items: Sequence[SplitItem], name: str, where: str) -> SplitBlend:
+    """One static blend of MTF items; an item listed twice (the same prefix and range, in two
+    groups) is one dataset whose weight is the sum."""
+    merged: Dict[Tuple[str, float, float], float] = {}
+    for weight, start, end, prefix in items:
+        merged[(prefix, start, end)] = merged.get((prefix, start, end), 0.0) + float(weight)
+    entries = tuple(BlendEntry(path=prefix, weight=weight, split=(start, end),
+                               where=f"{where} item {prefix} {start:g}:{end:g}")
+                    for (prefix, start, end), weight in merged.items())
+    return SplitBlend(stages=(BlendStage("blend", entries, None, where),), name=name, where=where)
+
+
+def mtf_fingerprint(pair: MTFDocumentPair) -> str:
+    """The fingerprint of an MTF prefix's two files (megatron/data/mix_ledger.py)."""
+    return (f"inputs: {gpt_files_fingerprint(pair.inputs_path)}; "
+            f"targets: {gpt_files_fingerprint(pair.targets_path)}")
+
+
+def resolve_mtf_constituents(blend: SplitBlend, seq_length: int,
+                             pairs: Dict[str, MTFDocumentPair]) -> List[Constituent]:
+    """The blend's MTF datasets (one per prefix and document range), named after the prefix (a
+    name taken twice gets ``_2``, ``_3``, ...); their epochs pack differently, so they have no
+    fixed ``samples_per_epoch``."""
+    out: List[Constituent] = []
+    for entry in (e for stage in blend.stages for e in stage.entries):
+        if entry.path not in pairs:
+            pairs[entry.path] = MTFDocumentPair(entry.path)
+        pair = pairs[entry.path]
+        lo, hi = document_range(len(pair), *entry.split)
+        keep_in, keep_tg = truncated_lengths(pair.input_lengths[lo:hi], pair.target_lengths[lo:hi],
+                                             seq_length)
+        base, name, k = short_dataset_name(entry.path), short_dataset_name(entry.path), 1
+        while name in {c.name for c in out}:
+            k += 1
+            name = f"{base}_{k}"
+        out.append(Constituent(entry.path, entry.split, name, lo, hi, len(pair),
+                               int(np.sum(keep_in) + np.sum(keep_tg)), None, mtf_fingerprint(pair)))
+    return out
+
+
+def mtf_mix_sources(args, tokenizer, kind: str = "t0"):
+    """How T0 datasets are built (megatron/data/mix_resume.py ``MixSources``): packed
+    :class:`MTFDataset` samples (every epoch its own shuffle and packing, so sample ``k`` is the
+    same whatever a run draws), padded with the tokenizer's pad id (its eod when it has none)."""
+    from megatron.data.mix_resume import MixSources
+
     pad_id = tokenizer.pad if hasattr(tokenizer, "pad") else tokenizer.eod
+    pairs: Dict[str, MTFDocumentPair] = {}
 
-    def factory(k: int, n: int) -> MTFDataset:
-        weight, start, end, prefix = items[k]
-        cache = args.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(prefix)), "cache")
-        return MTFDataset(
-            f"{name}_{k}_{short_dataset_name(prefix)}", prefix, args.seq_length, n, args.seed,
-            doc_range=(start, end), cache_dir=cache, pad_id=pad_id, prefix_lm=args.prefix_lm,
-            loss_on_targets_only=args.loss_on_targets_only,
-            norm_target_loss=args.norm_target_loss,
-            dataset_id=k if with_dataset_id else None)
+    def make_source(c: Constituent, num_samples: int, seed: int) -> MTFDataset:
+        cache = args.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(c.path)), "cache")
+        return MTFDataset(c.name, c.path, args.seq_length, max(num_samples, 1), seed,
+                          doc_range=c.split, cache_dir=cache, pad_id=pad_id,
+                          prefix_lm=args.prefix_lm, loss_on_targets_only=args.loss_on_targets_only,
+                          norm_target_loss=args.norm_target_loss, pair=pairs.get(c.path))
 
-    names = [short_dataset_name(item[3]) for item in items]
-    return MTFBlendedDataset([item[0] for item in items], num_samples, factory, names)
+    return MixSources(kind, lambda blend: resolve_mtf_constituents(blend, args.seq_length, pairs),
+                      make_source, args.data_cache_path)
 
 
-def dataset_names(groups) -> List[str]:
-    """Per-dataset loss names of the training blend (item order), made unique."""
-    names = []
-    for _, items in groups:
-        for item in items:
-            base = short_dataset_name(item[3])
-            name, k = base, 1
-            while name in names:
-                k += 1
-                name = f"{base}_{k}"
-            names.append(name)
-    return names
+def build_group_dataset(args, tokenizer, name: str, items: Sequence[SplitItem], num_samples: int,
+                        split: str = "valid") -> PackedSamplesOnly:
+    """An evaluation group: the weighted blend of its packed MTF items, ``num_samples`` long."""
+    sources = mtf_mix_sources(args, tokenizer)
+    blend = items_blend(items, name, f"--{split}-weighted-split-paths group {name!r}")
+    dataset = build_mix_dataset(blend, sources.resolve(blend), num_samples,
+                                batch_schedule_from_args(args), args.seed,
+                                lambda c, n: sources.make_source(c, n, args.seed),
+                                args.data_cache_path)
+    return PackedSamplesOnly(dataset)
 
 
-def build_mtf_data(args, tokenizer) -> TrainData:
+def build_mtf_data(args, tokenizer, resume=None) -> TrainData:
     """Train: the blend of all ``--train-weighted-split-paths`` items (by weight), with per-dataset
-    ids for the per-dataset loss; one named EvalGroup per ``--valid-weighted-split-paths`` (and
-    ``--test-...``) group. Reads the T0 flags ``--prefix-lm``, ``--loss-on-targets-only`` and
-    ``--norm-target-loss`` (finetune_t0.py)."""
+    ids for the per-dataset loss and the data ledger (``resume``: the checkpoint a resumed run
+    continues, megatron/data/mix_resume.py ``DataResume``); one named EvalGroup per
+    ``--valid-weighted-split-paths`` (and ``--test-...``) group. Reads the T0 flags
+    ``--prefix-lm``, ``--loss-on-targets-only`` and ``--norm-target-loss`` (finetune_t0.py)."""
+    from megatron.data.builder import training_mix
+
     train_samples, valid_samples, test_samples = train_valid_test_num_samples(args)
-    train_groups = weighted_split_groups(args, "train")
-    train_items = [item for _, items in train_groups for item in items]
-    train = build_group_dataset(args, tokenizer, "train", train_items, train_samples,
-                                with_dataset_id=True)
     eval_groups = []
     for split, count in (("valid", valid_samples), ("test", test_samples)):
+        if count <= 0:
+            continue
         for name, items in weighted_split_groups(args, split):
             eval_groups.append(EvalGroup(name, build_group_dataset(args, tokenizer, name, items,
-                                                                   count), split))
-    return TrainData(train=train, eval_groups=eval_groups, dataset_names=dataset_names(train_groups))
+                                                                   count, split), split))
+    train_items = [item for _, items in weighted_split_groups(args, "train") for item in items]
+    if not train_items or train_samples <= 0:
+        return TrainData(train=None, eval_groups=eval_groups)
+    blend = items_blend(train_items, "train", "--train-weighted-split-paths")
+    mix = training_mix(args, mtf_mix_sources(args, tokenizer), blend, resume, eval_groups)
+    return TrainData(train=PackedSamplesOnly(mix.dataset), eval_groups=eval_groups,
+                     dataset_names=list(mix.dataset.names), mix=mix)
+
+
+__all__ = ["weighted_split_groups", "items_blend", "resolve_mtf_constituents", "mtf_mix_sources",
+           "build_group_dataset", "build_mtf_data"]

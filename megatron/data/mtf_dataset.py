@@ -44,7 +44,7 @@ import hashlib
 import json
 import os
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -355,6 +355,25 @@ class MTFDataset(torch.utils.data.Dataset):
         """Absolute document indices packed into sample ``index`` (segment order)."""
         return np.asarray(self.items[self.offsets[index]:self.offsets[index + 1]]) + self.lo
 
+    def sample_documents(self, index: int) -> List[List[int]]:
+        """``[[document, first_token, last_token], ...]`` of sample ``index``, one per segment in
+        order: the pair's document number (the same in the inputs and targets files) and the
+        range of its tokens packed, counted over the input followed by the target (an input
+        truncated from the left starts after 0; ``last_token`` inclusive)."""
+        out = []
+        for doc in self.documents_of_sample(index).tolist():
+            in_len, tg_len = int(self.pair.input_lengths[doc]), int(self.pair.target_lengths[doc])
+            keep_in, keep_tg = truncated_lengths(in_len, tg_len, self.seq_length)
+            out.append([int(doc), in_len - keep_in, in_len + keep_tg - 1])
+        return out
+
+    def epoch_and_position(self, index: int) -> Tuple[int, int]:
+        """(epoch, position within that epoch's packs) of sample ``index`` (epochs differ in
+        length: each packs its own shuffle)."""
+        starts = np.asarray(self.epoch_starts)
+        epoch = int(np.searchsorted(starts, index, side="right")) - 1
+        return epoch, int(index) - int(starts[epoch])
+
     def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(f"sample {index} outside [0, {len(self)}) of MTF dataset {self.name!r}")
@@ -409,52 +428,25 @@ def pack_sample(pairs: Sequence[Tuple[np.ndarray, np.ndarray]], seq_length: int,
 
 
 # -------------------------------------------------------------------- blends
-def blend_indices(weights: Sequence[float], num_samples: int) -> Tuple[np.ndarray, np.ndarray]:
-    """megatron-core's blending rule (``BlendedDataset``, via its C++
-    ``helpers.build_blending_indices``): with the weights normalised, sample ``i`` comes from the
-    first dataset whose count lags its share ``weight * max(i, 1)`` most. Returns (dataset index
-    int16, sample index within that dataset int64) per blended sample (``num_samples`` each)."""
-    from megatron.core.datasets import helpers
-    from megatron.core.datasets.utils import normalize
+class PackedSamplesOnly(torch.utils.data.Dataset):
+    """A T0 blend (megatron/data/mtf_builder.py) that refuses a sample without ``segment_ids``:
+    checked where every layout reads its samples (the pipe engine never calls a forward step), so
+    attention can never cross the segments of a packed sample unnoticed."""
 
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1 or len(w) == 0 or not (np.isfinite(w).all() and (w > 0).all()):
-        raise ValueError(f"blend weights {list(weights)} must be positive and finite (one per "
-                         "dataset)")
-    if len(w) > np.iinfo(np.int16).max:
-        raise ValueError(f"{len(w)} blended datasets; megatron-core's blend index holds at most "
-                         f"{np.iinfo(np.int16).max}")
-    dataset_index = np.zeros(num_samples, dtype=np.int16)
-    dataset_sample = np.zeros(num_samples, dtype=np.int64)
-    helpers.build_blending_indices(dataset_index, dataset_sample, normalize(w.tolist()), len(w),
-                                   int(num_samples), False)
-    return dataset_index, dataset_sample
-
-
-class MTFBlendedDataset(torch.utils.data.Dataset):
-    """A weighted, deterministic interleave of datasets, ``num_samples`` long. ``factory(k, n)``
-    builds dataset ``k`` for ``n`` samples (the count the blend draws from it). Every sample must
-    carry ``segment_ids`` (packed T0 samples do): checked here, where every layout reads its
-    samples (the pipe engine never calls a forward step), so attention can never cross the
-    segments of a packed sample unnoticed."""
-
-    def __init__(self, weights: Sequence[float], num_samples: int,
-                 factory: Callable[[int, int], torch.utils.data.Dataset], names: Sequence[str] = ()):
-        self.num_samples = int(num_samples)
-        self.dataset_index, self.dataset_sample = blend_indices(weights, self.num_samples)
-        counts = np.bincount(self.dataset_index, minlength=len(weights))
-        self.datasets = [factory(k, max(int(c), 1)) for k, c in enumerate(counts)]
-        self.names = list(names)
-        for k, ds in enumerate(self.datasets):
-            if len(ds) < counts[k]:
-                raise ValueError(f"blend dataset {k} has {len(ds)} samples, {counts[k]} needed")
+    def __init__(self, dataset: torch.utils.data.Dataset):
+        self.dataset = dataset
 
     def __len__(self) -> int:
-        return self.num_samples
+        return len(self.dataset)
 
     def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
-        sample = self.datasets[int(self.dataset_index[index])][int(self.dataset_sample[index])]
+        sample = self.dataset[index]
         if sample.get("segment_ids") is None:
             raise ValueError(f"T0 samples must carry segment_ids (blend sample {index}, dataset "
-                             f"{int(self.dataset_index[index])})")
+                             f"{int(sample.get('dataset_id', -1))})")
         return sample
+
+    def __getattr__(self, name):
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)

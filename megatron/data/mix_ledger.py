@@ -1,0 +1,226 @@
+"""The data ledger a checkpoint carries: which training datasets a run has drawn from, how many
+samples of each, and the history of mixes (phases) that drew them.
+
+A *dataset* of the ledger is identified by its ``.bin/.idx`` prefix (absolute path), its document
+range (``split``) and a fingerprint of its files (document and sequence counts and file sizes),
+so a dataset rebuilt from other documents is another dataset. Its *position* is the number of its
+samples drawn so far (``drawn``): sample ``k`` of a dataset is the same whatever the mix
+(megatron/data/epoch_order.py), so a resumed run, under the same or an edited mix, continues every
+dataset at ``drawn``.
+
+A *phase* is one mix over a range of global samples: phase ``p`` drew global samples
+``[begin_p, begin_{p+1})`` from its blend (a typed :class:`~megatron.data.blend_config.SplitBlend`
+kept as JSON, so an edited or deleted blend file does not change the history), planned for the
+run length and batch schedule it records, each dataset starting at the ledger position it had at
+``begin_p``. The first phase begins at 0; ``--override-data-mix`` appends one at a resume
+(megatron/data/mix_resume.py).
+
+The record is the JSON object ``data_mix.json`` of a checkpoint directory (written and read by
+megatron/checkpoint/format.py)::
+
+    {"version": 1, "kind": "blend_config" | "data_path" | "weighted_split" | "t0",
+     "iteration": I, "consumed_samples": S,
+     "phases": [{"begin", "begin_iteration", "num_samples", "seed", "batch_schedule": {...},
+                 "blend": {...}, "base": [ledger entries at begin]}, ...],
+     "ledger": [{"name", "path", "split", "fingerprint", "samples_per_epoch", "drawn", "epoch",
+                 "position"}, ...],
+     "eval_groups": [{"split", "name", "first_evaluation"}, ...]}
+
+``drawn`` counts samples (of that dataset); ``begin``/``num_samples``/``consumed_samples`` count
+global samples; ``first_evaluation`` is the evaluation number at which a validation group joined
+the run (its windows are counted from there).
+"""
+import os
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from megatron.errors import ConfigError
+
+__all__ = ["RECORD_VERSION", "LedgerKey", "LedgerEntry", "MixPhase", "EvalGroupCounter",
+           "MixRecord", "gpt_files_fingerprint", "ledger_key"]
+
+RECORD_VERSION = 1
+KINDS = ("blend_config", "data_path", "weighted_split", "t0")
+
+# (absolute prefix, split start, split end, fingerprint)
+LedgerKey = Tuple[str, float, float, str]
+
+
+def gpt_files_fingerprint(prefix: str) -> str:
+    """``"documents=D sequences=S idx_bytes=I bin_bytes=B"`` of a megatron-core indexed dataset
+    (``prefix.idx`` header and the two file sizes): what tells a dataset apart from another one
+    written at the same path."""
+    idx = prefix + ".idx"
+    with open(idx, "rb") as f:
+        header = f.read(34)
+    if len(header) < 34:
+        raise ConfigError(f"dataset index {idx!r} is truncated (no header)")
+    _, _, sequences, documents = struct.unpack("<QBQQ", header[9:34])
+    return (f"documents={documents - 1 if documents else 0} sequences={sequences} "
+            f"idx_bytes={os.path.getsize(idx)} bin_bytes={os.path.getsize(prefix + '.bin')}")
+
+
+def ledger_key(path: str, split: Tuple[float, float], fingerprint: str) -> LedgerKey:
+    """The ledger's identity of a dataset."""
+    return (os.path.abspath(path), float(split[0]), float(split[1]), fingerprint)
+
+
+@dataclass
+class LedgerEntry:
+    """One dataset of the ledger: identity, ``drawn`` samples so far, and where that leaves it:
+    ``epoch`` (completed epochs) and ``position`` (in the epoch in progress)."""
+
+    name: str
+    path: str
+    split: Tuple[float, float]
+    fingerprint: str
+    samples_per_epoch: Optional[int]
+    drawn: int = 0
+    epoch: int = 0
+    position: int = 0
+
+    @property
+    def key(self) -> LedgerKey:
+        return ledger_key(self.path, self.split, self.fingerprint)
+
+    def to_json(self) -> Dict[str, Any]:
+        out = asdict(self)
+        out["split"] = list(self.split)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Dict[str, Any]) -> "LedgerEntry":
+        return cls(name=obj["name"], path=obj["path"], split=tuple(obj["split"]),
+                   fingerprint=obj["fingerprint"], samples_per_epoch=obj.get("samples_per_epoch"),
+                   drawn=int(obj["drawn"]), epoch=int(obj.get("epoch", 0)),
+                   position=int(obj.get("position", 0)))
+
+
+@dataclass
+class MixPhase:
+    """One mix of the run, from global sample ``begin`` (after ``begin_iteration`` iterations)
+    until the next phase begins: its blend (JSON of a SplitBlend), the run length
+    ``num_samples`` (global samples) and batch schedule (BatchSchedule fields) its plan was made
+    for, the seed of its datasets' shuffles, and the ledger at ``begin`` (``base``: every dataset
+    drawn before it, with its ``drawn`` count)."""
+
+    begin: int
+    blend: Dict[str, Any]
+    num_samples: int
+    batch_schedule: Dict[str, Any]
+    seed: int
+    base: List[LedgerEntry] = field(default_factory=list)
+    begin_iteration: int = 0
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"begin": self.begin, "begin_iteration": self.begin_iteration, "blend": self.blend,
+                "num_samples": self.num_samples, "batch_schedule": self.batch_schedule,
+                "seed": self.seed, "base": [e.to_json() for e in self.base]}
+
+    @classmethod
+    def from_json(cls, obj: Dict[str, Any]) -> "MixPhase":
+        return cls(begin=int(obj["begin"]), blend=obj["blend"], num_samples=int(obj["num_samples"]),
+                   batch_schedule=dict(obj["batch_schedule"]), seed=int(obj["seed"]),
+                   base=[LedgerEntry.from_json(e) for e in obj.get("base", [])],
+                   begin_iteration=int(obj.get("begin_iteration", 0)))
+
+    def base_counts(self) -> Dict[LedgerKey, int]:
+        """``{dataset key: samples drawn before begin}``."""
+        return {e.key: e.drawn for e in self.base}
+
+
+@dataclass
+class EvalGroupCounter:
+    """A validation or test group and the evaluation number at which it joined the run: its
+    ``k``-th evaluation reads its ``k``-th window, ``k`` counted from ``first_evaluation``."""
+
+    split: str
+    name: str
+    first_evaluation: int = 0
+
+
+@dataclass
+class MixRecord:
+    """What a checkpoint records of the run's data (see the module docstring)."""
+
+    kind: str
+    iteration: int
+    consumed_samples: int
+    phases: List[MixPhase]
+    ledger: List[LedgerEntry]
+    eval_groups: List[EvalGroupCounter] = field(default_factory=list)
+    version: int = RECORD_VERSION
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"version": self.version, "kind": self.kind, "iteration": self.iteration,
+                "consumed_samples": self.consumed_samples,
+                "phases": [p.to_json() for p in self.phases],
+                "ledger": [e.to_json() for e in self.ledger],
+                "eval_groups": [asdict(g) for g in self.eval_groups]}
+
+    @classmethod
+    def from_json(cls, obj: Dict[str, Any], where: str = "data_mix.json") -> "MixRecord":
+        version = obj.get("version")
+        if version != RECORD_VERSION:
+            raise ConfigError(f"{where}: data ledger version {version!r} is not supported "
+                              f"(this code reads version {RECORD_VERSION})")
+        if obj.get("kind") not in KINDS:
+            raise ConfigError(f"{where}: unknown data kind {obj.get('kind')!r} (known: "
+                              f"{', '.join(KINDS)})")
+        return cls(kind=obj["kind"], iteration=int(obj["iteration"]),
+                   consumed_samples=int(obj["consumed_samples"]),
+                   phases=[MixPhase.from_json(p) for p in obj["phases"]],
+                   ledger=[LedgerEntry.from_json(e) for e in obj["ledger"]],
+                   eval_groups=[EvalGroupCounter(**g) for g in obj.get("eval_groups", [])])
+
+    def drawn(self) -> Dict[LedgerKey, int]:
+        """``{dataset key: samples drawn}`` at ``consumed_samples``."""
+        return {e.key: e.drawn for e in self.ledger}
+
+    def phase_at(self, sample: int) -> int:
+        """Index of the phase that drew global sample ``sample``."""
+        index = 0
+        for k, phase in enumerate(self.phases):
+            if phase.begin <= sample:
+                index = k
+        return index
+
+
+def blend_to_json(blend) -> Dict[str, Any]:
+    """A :class:`~megatron.data.blend_config.SplitBlend` as JSON (paths absolute, weights as
+    written: numbers or schedule dicts), for the record and for comparing two mixes."""
+    def entry(e):
+        out = {"path": os.path.abspath(e.path), "weight": e.weight, "split": list(e.split)}
+        if e.repetitions is not None:
+            out["repetitions"] = e.repetitions
+        return out
+
+    return {"name": blend.name, "sequential": bool(blend.sequential),
+            "stages": [{"kind": s.kind, "until": list(s.until) if s.until else None,
+                        "entries": [entry(e) for e in s.entries]} for s in blend.stages]}
+
+
+def blend_from_json(obj: Dict[str, Any], where: str = "data_mix.json"):
+    """The :class:`~megatron.data.blend_config.SplitBlend` of :func:`blend_to_json`'s JSON;
+    ``where`` prefixes the entries' error locations."""
+    from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend
+
+    stages = []
+    for k, s in enumerate(obj["stages"]):
+        w = f"{where} stage {k}"
+        entries = tuple(BlendEntry(path=e["path"], weight=_weight_from_json(e["weight"]),
+                                   split=tuple(float(x) for x in e["split"]),
+                                   repetitions=e.get("repetitions"), where=f"{w} entry {i}")
+                        for i, e in enumerate(s["entries"]))
+        until = (s["until"][0], int(s["until"][1])) if s.get("until") else None
+        stages.append(BlendStage(s["kind"], entries, until, w))
+    return SplitBlend(stages=tuple(stages), name=obj.get("name"),
+                      sequential=bool(obj.get("sequential")), where=where)
+
+
+def _weight_from_json(weight):
+    """JSON turns a schedule's ``points`` keys into strings: back to numbers (as parsed)."""
+    if isinstance(weight, dict) and isinstance(weight.get("points"), dict):
+        return dict(weight, points={float(x): y for x, y in weight["points"].items()})
+    return weight

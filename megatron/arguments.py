@@ -231,6 +231,15 @@ def _add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="On SIGTERM (or SIGINT), finish the iteration, save a checkpoint, exit 0.")
     g.add_argument("--exit-duration-in-mins", type=float, default=None,
                    help="Save and exit once training has run this many minutes.")
+    g.add_argument("--calculate-per-token-loss", action="store_true",
+                   help="Megatron-LM's flag: the loss is the sum of the masked token losses of the "
+                        "global batch over its loss tokens (not the mean of each micro batch's "
+                        "mean), so loss and gradient do not depend on the micro-batch size, the "
+                        "accumulation steps or the data-parallel size. docs/objective.md.")
+    g.add_argument("--calculate-per-sample-loss", action="store_true",
+                   help="The loss is each sample's token mean (each segment's, in packed T0 "
+                        "samples) averaged over the global batch: every sample counts once "
+                        "whatever its length, independent of the batch split. docs/objective.md.")
 
 
 def _add_lr_args(parser: argparse.ArgumentParser) -> None:
@@ -316,6 +325,11 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
                    help="Megatron-LM's flag: save a checkpoint and exit (status 0) at each of these "
                         "iterations ('1000,5000' or '1000 5000'), so the next phase's data mix is "
                         "given at the relaunch (with --override-data-mix).")
+    g.add_argument("--dataset-loss-weights", nargs="+", default=None, metavar="NAME=WEIGHT",
+                   help="Loss weight of a training dataset (its short name in the per-dataset "
+                        "losses), apart from how often it is sampled: its tokens' loss weights are "
+                        "multiplied before the loss is normalised (a blend file may give "
+                        "loss_weight per entry instead). docs/objective.md.")
     g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes.")
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")
@@ -868,6 +882,9 @@ def _validate_training(args) -> None:
         args.startup_notes.append(f"warning: --save-interval {args.save_interval} without --save: "
                                   "no checkpoints will be saved")
     _validate_phase_transitions(args)
+    if args.calculate_per_token_loss and args.calculate_per_sample_loss:
+        raise ArgumentError("--calculate-per-token-loss and --calculate-per-sample-loss are "
+                            "mutually exclusive: the loss is averaged over tokens or over samples")
 
 
 def _validate_phase_transitions(args) -> None:
@@ -1078,6 +1095,12 @@ def _validate_data(args, require_data: bool) -> None:
 
     # Files are checked when datasets are built (T0 prefixes name inputs/targets pairs).
     args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
+    from megatron.data.loss_weights import parse_dataset_loss_weights
+
+    try:  # the names are checked against the training datasets when they are built
+        parse_dataset_loss_weights(args.dataset_loss_weights)
+    except ConfigError as e:
+        raise ArgumentError(str(e)) from None
     if args.num_workers < 0:
         raise ArgumentError(f"--num-workers {args.num_workers} must be non-negative")
 
@@ -1230,6 +1253,23 @@ def _validate_logging(args) -> None:
                             f"imported ({problem}); install it: {INSTALL_HINT}")
 
 
+def _validate_pipe_accumulation(args) -> None:
+    """A pipeline with gradient accumulation on a DeepSpeed release with the pipe engine's
+    accumulation bug (megatron/parallel/pipe.py ``pipe_accumulation_problem``) is refused."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from megatron.parallel.pipe import pipe_accumulation_problem
+
+    try:
+        installed = version("deepspeed")
+    except PackageNotFoundError:
+        return
+    micro_batches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+    problem = pipe_accumulation_problem(installed, args.pipeline_model_parallel_size, micro_batches)
+    if problem:
+        raise ArgumentError(problem)
+
+
 def _validate_bloom_model(args) -> None:
     """``--pad-vocab-size-to``: positive and divisible by the tensor-parallel size (that it is at
     least the tokenizer's vocabulary is checked when the tokenizer is built)."""
@@ -1266,6 +1306,8 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("deepspeed", ("batch", "training"), lambda: _validate_deepspeed_config(args)),
               ("layout", ("batch", "model", "deepspeed"), lambda: _validate_layout(args)),
               ("BLOOM model", ("batch",), lambda: _validate_bloom_model(args)),
+              ("pipe accumulation", ("batch", "layout"),
+               lambda: _validate_pipe_accumulation(args)),
               ("logging", (), lambda: _validate_logging(args)),
               # after the flags they read (bf16/fp16 may come from --deepspeed_config)
               ("attention", ("model", "deepspeed"), lambda: _resolve_attention_backend(args)),

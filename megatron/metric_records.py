@@ -9,16 +9,18 @@ def train_scalars(record: Dict[str, Any], keys: Optional[Sequence[str]] = None) 
     """The scalars of a training record as ``{tag: value}``: ``train/KEY`` for each of ``keys``
     (None: every numeric key but ``iteration``) whose value is not None, and
     ``train/per_dataset_loss/NAME`` for each dataset's loss (nats per token) and
-    ``train/samples_drawn/NAME`` for each dataset's samples drawn so far (the data ledger). The step
-    they belong to is ``record["iteration"]`` (iterations)."""
+    ``train/samples_drawn/NAME`` for each dataset's samples drawn so far (the data ledger) and
+    ``train/loss_token_share/NAME`` for its share of the loss tokens. The step they belong to is
+    ``record["iteration"]`` (iterations)."""
     if keys is None:
         keys = [k for k, v in record.items()
                 if k != "iteration" and isinstance(v, Number) and not isinstance(v, bool)]
     out = {f"train/{key}": record[key] for key in keys if record.get(key) is not None}
     for name, loss in (record.get("per_dataset_loss") or {}).items():
         out[f"train/per_dataset_loss/{name}"] = loss
-    for name, count in (record.get("samples_drawn") or {}).items():  # the data ledger
-        out[f"train/samples_drawn/{name}"] = count
+    for group in ("samples_drawn", "loss_token_share"):  # the data ledger; the loss's make-up
+        for name, value in (record.get(group) or {}).items():
+            out[f"train/{group}/{name}"] = value
     return out
 
 

@@ -56,11 +56,14 @@ class StepSkipper:
     :meth:`begin_iteration` before and :meth:`end_iteration` after each iteration's step; the
     micro batches' losses reach :meth:`note_loss` through :meth:`recording`."""
 
-    def __init__(self, rule: SkipStepRule, engine):
+    def __init__(self, rule: SkipStepRule, engine, token_weighted: bool = False):
         from megatron.parallel.pipe import is_pipe_engine
 
         self.rule = rule
         self.engine = engine
+        # the iteration's loss as the run averages it: micro batches weighted by their loss tokens
+        # under --calculate-per-token/-sample-loss (megatron/loss_normalization.py), else equally
+        self.token_weighted = token_weighted
         self.pipe = is_pipe_engine(engine)
         self.interval_skipped = 0
         self._wrapper = None if engine.optimizer is engine.basic_optimizer else engine.optimizer
@@ -96,31 +99,27 @@ class StepSkipper:
         between two iterations are dropped by :meth:`begin_iteration`."""
         if not self.rule.uses_zscore:
             return forward_step
-        if self.pipe:
-            loss_fn = self.engine.module.loss_fn
-
-            def recording_loss_fn(outputs, labels):
-                loss = loss_fn(outputs, labels)
-                self.note_loss(loss)
-                return loss
-
-            # DeepSpeed prints the loss function's name
-            recording_loss_fn.__name__ = getattr(loss_fn, "__name__", "loss_fn")
-            self.engine.module.loss_fn = recording_loss_fn
+        if self.pipe:  # the last stage's loss function reports each micro batch's mean loss
+            self.engine.module.loss_function.observe(
+                lambda loss, loss_mask: self.note_loss(loss, loss_mask.float().sum()
+                                                       if self.token_weighted else 1.0))
             return forward_step
 
         def recording_forward(engine, batch):
             loss, per_sample = forward_step(engine, batch)
-            self.note_loss(loss)
+            self.note_loss(loss, float(batch["loss_mask"].float().sum())
+                           if self.token_weighted else 1.0)
             return loss, per_sample
 
         return recording_forward
 
-    def note_loss(self, loss: torch.Tensor) -> None:
-        """Add one micro batch's loss to this iteration's sum (on its device: no host sync)."""
-        value = loss.detach().double().reshape(())
+    def note_loss(self, loss: torch.Tensor, weight=1.0) -> None:
+        """Add one micro batch's mean loss, with its weight in the iteration's mean (1, or its
+        loss tokens), to this iteration's sums (on its device: no host sync)."""
+        value = loss.detach().double().reshape(()) * weight
         self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
-        self._loss_count += 1
+        weight = weight.detach().double().reshape(()) if torch.is_tensor(weight) else float(weight)
+        self._loss_count = self._loss_count + weight
 
     def begin_iteration(self) -> None:
         self._loss_sum, self._loss_count = None, 0
@@ -210,7 +209,8 @@ class StepSkipper:
         local = torch.zeros(2, dtype=torch.float64)
         if self._loss_sum is not None:
             local[0] = self._loss_sum.cpu()
-            local[1] = float(self._loss_count)
+            local[1] = float(self._loss_count.cpu() if torch.is_tensor(self._loss_count)
+                             else self._loss_count)
         if parallel_state.get_pipeline_model_parallel_world_size() > 1:
             local = all_reduce_small(local, group=parallel_state.get_pipeline_model_parallel_group())
         total = all_reduce_small(local, group=parallel_state.get_data_parallel_group())
@@ -249,5 +249,8 @@ def _describe(decision: SkipDecision, norm: float, loss: Optional[float],
 def step_skipper_from_args(args, engine) -> Optional[StepSkipper]:
     """A :class:`StepSkipper` on ``engine`` when a skip flag is given, else None (nothing is
     wrapped)."""
+    from megatron.loss_normalization import normalization_from_args
+
     rule = rule_from_args(args)
-    return StepSkipper(rule, engine) if rule.enabled else None
+    token_weighted = normalization_from_args(args) != "micro-batch"
+    return StepSkipper(rule, engine, token_weighted) if rule.enabled else None

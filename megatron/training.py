@@ -13,12 +13,15 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from megatron.checkpoint.engine import TrainingState, load_checkpoint, save_checkpoint
+from megatron.data.device_transfer import to_device_async
 from megatron.data.train_data import EvalGroup, TrainData  # noqa: F401 (re-exported)
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.deepspeed_config import deepspeed_config_from_args
 from megatron.initialize import initialize_distributed, set_seeds
 from megatron.rank_utils import all_reduce_small, print_rank_0
 from megatron.learning_rates import build_opt_param_scheduler
+from megatron.loss_normalization import (LossNormalizer, LossWeights, normalization_from_args,
+                                         normalization_line)
 from megatron.metrics import MetricsWriter, metrics_writer_from_args, perplexity
 from megatron.model.attention_backends import check_backend_trains
 from megatron.model.lm_loss import masked_lm_loss
@@ -136,7 +139,12 @@ def _reduce_loss_sums(local: torch.Tensor) -> torch.Tensor:
 
 
 class _IntervalStats:
-    """Losses accumulated between two log lines (summed locally, reduced across ranks at log time)."""
+    """Losses accumulated between two log lines (summed locally, reduced across ranks at log time):
+    the loss as the run's normalisation averages it (each micro batch's mean weighted by its loss
+    weight: 1, or its loss tokens under --calculate-per-token/-sample-loss,
+    megatron/loss_normalization.py), the per-dataset losses (unweighted: sample means averaged over
+    samples, or token means over tokens under --calculate-per-token-loss) and each dataset's loss
+    tokens as the objective weighs them (its share of the loss)."""
 
     def __init__(self, num_datasets: int):
         self.num_datasets = num_datasets
@@ -148,39 +156,56 @@ class _IntervalStats:
         self.loss_sum = None
         self.dataset_loss = None
         self.dataset_count = None
+        self.dataset_tokens = None
+        self.weight_sum = 0.0
         self.micro_batches = 0
         self.iterations = 0
         self.start = time.perf_counter()
         self.samples = 0
 
     def add_micro_batch(self, loss: torch.Tensor, per_sample: torch.Tensor,
-                        dataset_id: Optional[torch.Tensor]) -> None:
+                        dataset_id: Optional[torch.Tensor], weight: float = 1.0,
+                        sample_weights: Optional[torch.Tensor] = None,
+                        loss_tokens: Optional[torch.Tensor] = None) -> None:
+        """One micro batch: its mean ``loss`` (weighted by ``weight`` in the interval's loss), its
+        per-sample losses (weighted by ``sample_weights``, default 1, in the per-dataset losses) and
+        ``loss_tokens`` (host, per sample: its loss mask as the objective weighs it)."""
         device = loss.device
         if self.loss_sum is None:
             size = max(self.num_datasets, 1)
             self.loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
             self.dataset_loss = torch.zeros(size, dtype=torch.float64, device=device)
             self.dataset_count = torch.zeros(size, dtype=torch.float64, device=device)
-        self.loss_sum += loss.detach().double()
+            self.dataset_tokens = torch.zeros(size, dtype=torch.float64, device=device)
+        self.loss_sum += loss.detach().double() * weight
+        self.weight_sum += weight
         self.micro_batches += 1
         if dataset_id is None and self.num_datasets == 1:
             dataset_id = torch.zeros(per_sample.numel(), dtype=torch.long)
         if dataset_id is not None and self.num_datasets:
-            ids = dataset_id.long().view(-1).to(device, non_blocking=True)
-            self.dataset_loss.index_add_(0, ids, per_sample.double())
-            self.dataset_count.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))
+            ids = to_device_async(torch.as_tensor(dataset_id).long().view(-1), device)
+            if loss_tokens is not None:
+                self.dataset_tokens.index_add_(
+                    0, ids, to_device_async(loss_tokens.double().view(-1), device))
+            counts = (torch.ones_like(ids, dtype=torch.float64) if sample_weights is None
+                      else to_device_async(sample_weights.double().view(-1), device))
+            self.dataset_loss.index_add_(0, ids, per_sample.double() * counts)
+            self.dataset_count.index_add_(0, ids, counts)
 
-    def reduced(self) -> Tuple[float, torch.Tensor, torch.Tensor]:
+    def reduced(self) -> Tuple[float, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss, per-dataset loss sums, their weights, per-dataset loss tokens), summed over the
+        model replicas."""
         size = max(self.num_datasets, 1)
         zeros = torch.zeros(size, dtype=torch.float64)
         local = torch.cat([
             self.loss_sum.cpu() if self.loss_sum is not None else torch.zeros(1, dtype=torch.float64),
-            torch.tensor([float(self.micro_batches)], dtype=torch.float64),
+            torch.tensor([self.weight_sum], dtype=torch.float64),
             self.dataset_loss.cpu() if self.dataset_loss is not None else zeros,
-            self.dataset_count.cpu() if self.dataset_count is not None else zeros])
+            self.dataset_count.cpu() if self.dataset_count is not None else zeros,
+            self.dataset_tokens.cpu() if self.dataset_tokens is not None else zeros])
         packed = _reduce_loss_sums(local)
-        loss = (packed[0] / packed[1].clamp(min=1)).item()
-        return loss, packed[2:2 + size], packed[2 + size:]
+        loss = (packed[0] / packed[1]).item() if packed[1] > 0 else 0.0
+        return loss, packed[2:2 + size], packed[2 + size:2 + 2 * size], packed[2 + 2 * size:]
 
 
 @dataclass(frozen=True)
@@ -192,47 +217,67 @@ class StepFunctions:
     backward and optimizer step of one global batch, adds the micro batches' losses to ``stats``
     and returns the unclipped gradient norm when it has one (else None: the engine's is used).
     ``eval_step(engine, iterator, num_micro_batches)`` returns (sum of the micro-batch losses,
-    their count) of this rank."""
+    each weighted as the run's loss normalisation averages them, and the sum of those weights)
+    of this rank."""
 
     train_step: Callable
     eval_step: Callable
 
 
 def micro_batch_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,
-                           logging_now: bool, forward_step: Callable) -> Optional[float]:
-    """One iteration on a plain DeepSpeed engine: ``forward_step``, ``engine.backward`` and
-    ``engine.step`` per micro batch (DeepSpeed steps the optimizer at the last one)."""
+                           logging_now: bool, forward_step: Callable,
+                           normalizer: Optional[LossNormalizer] = None) -> Optional[float]:
+    """One iteration on a plain DeepSpeed engine: the iteration's micro batches are read and
+    weighed first (``normalizer``, megatron/loss_normalization.py: the loss each backward pass
+    takes), then ``forward_step``, ``engine.backward`` and ``engine.step`` per micro batch
+    (DeepSpeed steps the optimizer at the last one)."""
+    normalizer = normalizer or LossNormalizer("micro-batch")
+    raw = [next(iterator) for _ in range(num_micro_batches)]
+    batches = [normalizer.prepare(b) for b in raw]
+    weights = normalizer.weigh(batches, engine.device)
     stage0_norm = None
-    for micro in range(num_micro_batches):
-        batch = next(iterator)
+    for micro, batch in enumerate(batches):
         loss, per_sample = forward_step(engine, batch)
-        engine.backward(loss)
+        engine.backward(weights.backward_loss(micro, loss))
         if logging_now and micro == num_micro_batches - 1:
             stage0_norm = _unclipped_grad_norm(engine)
         engine.step()
-        stats.add_micro_batch(loss, per_sample, batch.get("dataset_id"))
+        stats.add_micro_batch(loss, per_sample, batch.get("dataset_id"), weights.counts[micro],
+                              *normalizer.sample_stats(raw[micro], batch))
     return stage0_norm
 
 
 def micro_batch_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
-                          forward_step: Callable) -> Tuple[torch.Tensor, int]:
-    """Forward ``num_micro_batches`` micro batches; (sum of their losses, count)."""
-    loss_sum = None
+                          forward_step: Callable,
+                          normalizer: Optional[LossNormalizer] = None) -> Tuple[torch.Tensor, float]:
+    """Forward ``num_micro_batches`` micro batches; (sum of their losses, each weighted as the
+    normalisation averages them, and the sum of the weights)."""
+    normalizer = normalizer or LossNormalizer("micro-batch")
+    loss_sum, weight_sum = None, 0.0
     for _ in range(num_micro_batches):
-        loss, _ = forward_step(engine, next(iterator))
-        loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
-    return loss_sum.cpu(), num_micro_batches
+        batch = normalizer.prepare(next(iterator), train=False)
+        loss, _ = forward_step(engine, batch)
+        weight = normalizer.eval_weight(batch)
+        value = loss.detach().double() * weight
+        loss_sum = value if loss_sum is None else loss_sum + value
+        weight_sum += weight
+    return loss_sum.cpu(), weight_sum
 
 
-def step_functions(engine, forward_step: Callable) -> StepFunctions:
+def step_functions(engine, forward_step: Callable,
+                   normalizer: Optional[LossNormalizer] = None) -> StepFunctions:
     """The pipe engine's ``train_batch``/``eval_batch`` steps (megatron/parallel/pipe.py) for a
-    ``PipelineModule``, else the per-micro-batch steps around ``forward_step``."""
+    ``PipelineModule``, else the per-micro-batch steps around ``forward_step``; both weigh the
+    losses with ``normalizer`` (default: Megatron-LM's per-micro-batch mean)."""
     from megatron.parallel.pipe import is_pipe_engine, pipe_eval_step, pipe_train_step
 
+    normalizer = normalizer or LossNormalizer("micro-batch")
     if is_pipe_engine(engine):
-        return StepFunctions(pipe_train_step, pipe_eval_step)
-    return StepFunctions(functools.partial(micro_batch_train_step, forward_step=forward_step),
-                         functools.partial(micro_batch_eval_step, forward_step=forward_step))
+        return StepFunctions(functools.partial(pipe_train_step, normalizer=normalizer),
+                             functools.partial(pipe_eval_step, normalizer=normalizer))
+    return StepFunctions(
+        functools.partial(micro_batch_train_step, forward_step=forward_step, normalizer=normalizer),
+        functools.partial(micro_batch_eval_step, forward_step=forward_step, normalizer=normalizer))
 
 
 def _eval_batches(dataset, start: int, usable: int, args) -> Iterator[Dict]:
@@ -260,7 +305,7 @@ def evaluate(engine, args, group: EvalGroup, steps: StepFunctions, evaluation_in
     engine.train()
     total = _reduce_loss_sums(torch.stack([loss_sum.double().view(()),
                                            torch.tensor(float(count), dtype=torch.float64)]))
-    return (total[0] / total[1]).item()
+    return (total[0] / total[1]).item() if total[1] > 0 else math.nan
 
 
 def _evaluate_all(engine, args, groups: Sequence[EvalGroup], steps: StepFunctions, iteration: int,
@@ -400,7 +445,7 @@ def _restore(engine, args, scheduler) -> TrainingState:
 def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
                    grad_norm: Optional[float], dataset_names: List[str], batch_size: int,
                    skip_fields: Optional[Dict[str, int]] = None, moe=None, mix=None) -> None:
-    loss, dataset_loss, dataset_count = stats.reduced()
+    loss, dataset_loss, dataset_count, dataset_tokens = stats.reduced()
     # MoE: load-balancing losses and tokens per expert, beside lm_loss (megatron/moe_metrics.py)
     moe_fields = moe.interval_record(stats.iterations) if moe else {}
     elapsed = time.perf_counter() - stats.start
@@ -408,6 +453,9 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
     tokens_per_s = stats.samples * args.seq_length / max(elapsed, 1e-9)
     per_dataset = {name: (dataset_loss[i] / dataset_count[i]).item()
                    for i, name in enumerate(dataset_names) if dataset_count[i] > 0}
+    all_tokens = float(dataset_tokens.sum())
+    token_share = {name: float(dataset_tokens[i]) / all_tokens
+                   for i, name in enumerate(dataset_names) if all_tokens > 0}
     line = (f" iteration {state.iteration:8d}/{args.train_iters:8d} | consumed samples: "
             f"{state.consumed_samples:12d} | elapsed time per iteration (ms): {ms_per_iter:.1f} | "
             f"tokens/s: {tokens_per_s:.1f} | global batch size: {batch_size:5d} | learning rate: "
@@ -426,6 +474,8 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
         "iteration": state.iteration, "consumed_samples": state.consumed_samples,
         "consumed_tokens": state.consumed_samples * args.seq_length, "lr": lr, "weight_decay": wd,
         "lm_loss": loss, "grad_norm": grad_norm, "per_dataset_loss": per_dataset,
+        # each dataset's share of the interval's loss tokens, as the objective weighs them
+        **({"loss_token_share": token_share} if token_share else {}),
         "tokens_per_second": tokens_per_s, "ms_per_iteration": ms_per_iter,
         "global_batch_size": batch_size, **moe_fields, **(skip_fields or {}),
         # the data ledger: samples drawn per dataset so far (megatron/data/mix_resume.py)
@@ -536,6 +586,18 @@ def _check_data_resume(resume, state: TrainingState) -> None:
             "directory written to during the start-up?")
 
 
+def loss_normalizer_from_args(args, data: TrainData) -> LossNormalizer:
+    """How this run weighs its losses (megatron/loss_normalization.py): the normalisation of
+    --calculate-per-token-loss / --calculate-per-sample-loss (per segment for packed T0 samples),
+    the training datasets' loss weights, over megatron-core's data-parallel group."""
+    from megatron.core import parallel_state
+
+    return LossNormalizer(normalization_from_args(args), packed=getattr(args, "packed_samples", False),
+                          loss_weights=LossWeights(data.loss_weights),
+                          data_parallel_group=parallel_state.get_data_parallel_group(),
+                          data_parallel_size=args.data_parallel_size)
+
+
 def _kill_switch_at_start(args) -> bool:
     """True on every rank when any rank finds the ``--kill-switch-path`` file before the run
     starts (BigScience: a queued job whose kill switch is set exits at once, building nothing)."""
@@ -601,7 +663,10 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     skipper = step_skipper_from_args(args, engine)  # --grad-norm-skip-threshold, ... or None
     if skipper is not None:
         skipper.restore_from(state)
-    steps = step_functions(engine, skipper.recording(forward_step) if skipper else forward_step)
+    normalizer = loss_normalizer_from_args(args, data)
+    print_rank_0(normalization_line(normalizer.mode, normalizer.packed))
+    steps = step_functions(engine, skipper.recording(forward_step) if skipper else forward_step,
+                           normalizer)
     start_iteration = state.iteration
     exited_early = False
     if not args.skip_train and state.iteration < args.train_iters:

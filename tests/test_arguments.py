@@ -126,3 +126,16 @@ def test_missing_dataset_files_name_the_flag(tmp_path):
     (tmp_path / "half.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=r"--train-data-path: .* has no \.idx"):
         check_prefixes_exist("--train-data-path", [str(tmp_path / "half")])
+
+
+def test_loss_normalisation_flags_are_exclusive():
+    with pytest.raises(ArgumentError, match="--calculate-per-token-loss and "
+                                            "--calculate-per-sample-loss are mutually exclusive"):
+        parse(["--calculate-per-token-loss", "--calculate-per-sample-loss"])
+    for bad, message in ((["copy"], "'copy' is not NAME=WEIGHT"),
+                         (["web=0"], "'web=0': the weight must be positive and finite"),
+                         (["web=1", "web=2"], "'web' is given twice")):
+        with pytest.raises(ArgumentError, match=f"--dataset-loss-weights: {message}"):
+            parse(["--dataset-loss-weights", *bad])
+    assert parse(["--dataset-loss-weights", "web=2", "code=0.5"]).dataset_loss_weights == [
+        "web=2", "code=0.5"]

@@ -377,3 +377,37 @@ def test_our_spelling_errors_unchanged(data, tmp_path):
          "give exactly one of blend, epochized_blend, sequential")
     _bad(data, tmp_path, {"__class__": "MetadatasetV2", "train": {}}, "'train'", "__module__, "
          "__class__, splits")
+
+
+def test_loss_weight_entries(data, tmp_path):
+    """``loss_weight`` per entry (default 1) weighs a dataset's tokens in the loss; it must be
+    positive, and one dataset has one loss weight (megatron/data/loss_weights.py)."""
+    from megatron.data.curriculum import resolve_constituents
+    from megatron.data.loss_weights import dataset_loss_weights
+
+    cfg = parse_blend_config({"train": {"sequential": [
+        {"blend": [{"path": data["web"], "weight": 1},
+                   {"path": data["code"], "weight": 1, "loss_weight": 2.5}],
+         "until": {"iterations": 5}},
+        {"blend": [{"path": data["code"], "weight": 1, "loss_weight": 2.5},
+                   {"path": data["books"], "weight": 1}]}]}}, "t.yaml")
+    stages = cfg.train.stages
+    assert [e.loss_weight for s in stages for e in s.entries] == [1.0, 2.5, 2.5, 1.0]
+    constituents = resolve_constituents(cfg.train, 8)
+    assert dataset_loss_weights(constituents, cfg.train, {}) == [1.0, 2.5, 1.0]
+    with pytest.raises(BlendConfigError, match=r"train.blend\[1\].loss_weight: loss_weight 0 must "
+                                               r"be > 0 \(a dataset not to learn from is left out\)"):
+        parse_blend_config({"train": {"blend": [{"path": data["web"], "weight": 1},
+                                                {"path": data["code"], "weight": 1,
+                                                 "loss_weight": 0}]}}, "t.yaml")
+    bad = parse_blend_config({"train": {"sequential": [
+        {"blend": [{"path": data["code"], "weight": 1, "loss_weight": 1}], "until": {"iterations": 5}},
+        {"blend": [{"path": data["code"], "weight": 1, "loss_weight": 2}]}]}}, "t.yaml")
+    with pytest.raises(Exception, match="2, but code has loss_weight 1 in another stage; a dataset "
+                                        "has one loss weight"):
+        dataset_loss_weights(resolve_constituents(bad.train, 8), bad.train, {})
+    with pytest.raises(Exception, match="--dataset-loss-weights and loss_weight in the blend file"):
+        dataset_loss_weights(constituents, cfg.train, {"web": 2.0})
+    plain = parse_blend_config({"train": {"blend": [{"path": data["web"], "weight": 1}]}}, "t.yaml")
+    assert dataset_loss_weights(resolve_constituents(plain.train, 8), plain.train, {}) is None
+    assert dataset_loss_weights(resolve_constituents(plain.train, 8), plain.train, {"web": 3}) == [3]

@@ -134,10 +134,14 @@ def test_tp2_ulysses_sp2_sequence_parallel_full_recompute_zero2_matches_single_r
     TP group, full recompute and ZeRO-2 (optimizer states and gradients partitioned over the
     sequence-data-parallel group of 2, gradients reduced over it inside the backward). The
     Megatron sequence-parallel sum then runs on each rank's half of the flat gradient, where a
-    norm's weight or bias may straddle the two halves."""
+    norm's weight or bias may straddle the two halves. The loss is normalised per token
+    (--calculate-per-token-loss: each micro batch's backward loss scaled by the global token
+    count, megatron/loss_normalization.py); every sample here has --seq-length loss tokens, so
+    that is the default single-rank run's loss and gradient."""
     losses, proc = run_layout(demo_data, tmp_path, num_ranks=4, extra=TP2 + SP2 + [
         "--sequence-parallel", "--recompute-granularity", "full", "--recompute-method", "uniform",
-        "--recompute-num-layers", "1", "--zero-stage", "2"])
+        "--recompute-num-layers", "1", "--zero-stage", "2", "--calculate-per-token-loss"])
+    assert "loss normalisation: per token (--calculate-per-token-loss)" in proc.stdout
     assert ("tensor-parallel 2, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 1, "
             "ZeRO stage 2, micro-batches per iteration 4, sequence-parallel, recompute full "
             "(uniform, 1 layer)") in proc.stdout

@@ -188,15 +188,15 @@ def t0_flags(toy, run_dir, extra=()):
 
 @pytest.fixture(scope="module")
 def t0_one_rank(toy, tmp_path_factory):
-    """``reference(model_flags)``: the metrics records of the one-rank T0 run of that model (the
-    dense one for ``()``), run on first use, which the layouts are compared with."""
+    """``reference(flags)``: the metrics records of the one-rank T0 run with these model and loss
+    flags (the dense model for ``()``), run on first use, which the layouts are compared with."""
     cache = {}
 
-    def reference(model_flags=()):
-        key = tuple(model_flags)
+    def reference(flags=()):
+        key = tuple(flags)
         if key not in cache:
             run_dir = tmp_path_factory.mktemp("t0_one_rank")
-            run_ranks("finetune_t0.py", t0_flags(toy, run_dir, model_flags), num_ranks=1)
+            run_ranks("finetune_t0.py", t0_flags(toy, run_dir, flags), num_ranks=1)
             cache[key] = read_jsonl(run_dir / "metrics.jsonl")
         return cache[key]
 
@@ -209,15 +209,21 @@ T0_MOE = ["--num-layers", "4", "--num-experts", "4", "--moe-router-topk", "2",
           "--moe-aux-loss-coeff", "0.01", "--moe-layer-freq", "[0,1,0,1]"]
 
 
-@pytest.mark.parametrize("name, ranks, model, extra, layout", [
-    ("moe-pp2-ep2", 4, T0_MOE, ["--pipeline-model-parallel-size", "2",
-                                "--expert-model-parallel-size", "2"],
+PER_TOKEN, PER_SAMPLE = ["--calculate-per-token-loss"], ["--calculate-per-sample-loss"]
+ONE_SAMPLE = ["--micro-batch-size", "1"]  # the one-rank reference's micro batches: 4, then 8
+
+
+@pytest.mark.parametrize("name, ranks, model, extra, reference_extra, layout", [
+    ("moe-pp2-ep2", 4, T0_MOE + PER_TOKEN, ["--pipeline-model-parallel-size", "2",
+                                            "--expert-model-parallel-size", "2"], [],
      "tensor-parallel 1, pipeline-parallel 2, data-parallel 2, expert-parallel 2, ZeRO stage 1"),
-    ("ulysses-sp2", 2, [], ["--ds-sequence-parallel-size", "2"],
+    ("ulysses-sp2", 2, PER_SAMPLE, ["--ds-sequence-parallel-size", "2"], ONE_SAMPLE,
      "tensor-parallel 1, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 1"),
-], ids=["moe-pp2-ep2", "ulysses-sp2"])
-def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, layout, toy,
-                                                     tmp_path, t0_one_rank):
+    ("dp2", 2, PER_TOKEN, [], ONE_SAMPLE,
+     "tensor-parallel 1, pipeline-parallel 1, data-parallel 2"),
+], ids=["moe-pp2-ep2", "ulysses-sp2", "dp2"])
+def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, reference_extra,
+                                                     layout, toy, tmp_path, t0_one_rank):
     """Packed prefix-LM batches (segment_ids, is_prefix), --norm-target-loss weights, per-dataset
     losses, named validation groups and a batch-size rampup give the one-rank numbers of the same
     model under DeepSpeed-Ulysses SP 2 (each rank half of every packed sequence, attention over
@@ -225,8 +231,15 @@ def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, 
     a model with a dense and an MoE layer, under PP 2 x DP 2 x EP 2 (ZeRO stage 1, 4 ranks: the
     pipe engine's micro-batch count changes between iterations; each stage a dense and an MoE
     layer, each data-parallel rank half of the experts): with its load-balancing loss, gradient norm and tokens per
-    expert too, the load-balancing loss kept out of the per-dataset losses."""
-    reference = t0_one_rank(model)
+    expert too, the load-balancing loss kept out of the per-dataset losses.
+
+    The loss is normalised per token (--calculate-per-token-loss) or per sample (segment:
+    --calculate-per-sample-loss; megatron/loss_normalization.py), so the batch split does not
+    matter: Ulysses SP 2 and DP 2 (2 then 1 micro batches of 2 samples per rank) equal one rank
+    at micro-batch size 1 (4 then 8 micro batches of 1 sample, uneven target lengths), the
+    gradient norm included; PP 2 x DP 2 x EP 2 keeps the micro batches of the one-rank run (the
+    MoE load-balancing loss is a per-micro-batch mean, as in Megatron-LM)."""
+    reference = t0_one_rank(model + reference_extra)
     run_dir = tmp_path / name
     run_dir.mkdir()
     proc = run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, model + extra), num_ranks=ranks)
@@ -241,12 +254,14 @@ def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, 
         assert [r["consumed_samples"] for r in records] == table[1:].tolist()
         assert [r["global_batch_size"] for r in records] == (table[1:] - table[:-1]).tolist()
     assert (train["layout"][0]["global_batch_size"], train["layout"][-1]["global_batch_size"]) == (4, 8)
-    assert_losses_match([r["lm_loss"] for r in train["layout"]],
-                        [r["lm_loss"] for r in train["one"]])
-    if model:
+    normalisation = "per token" if PER_TOKEN[0] in model else "per segment (packed T0 pair)"
+    assert f"loss normalisation: {normalisation}" in proc.stdout
+    for key in ("lm_loss", "grad_norm"):
+        assert_losses_match([r[key] for r in train["layout"]], [r[key] for r in train["one"]])
+    if "--num-experts" in model:
         assert "MoE: 4 experts (FFN 256) in 2 of 4 layers, top-2 softmax router" in proc.stdout
-        for key in ("load_balancing_loss", "grad_norm"):
-            assert_losses_match([r[key] for r in train["layout"]], [r[key] for r in train["one"]])
+        assert_losses_match([r["load_balancing_loss"] for r in train["layout"]],
+                            [r["load_balancing_loss"] for r in train["one"]])
         for key in ("tokens_per_expert_min", "tokens_per_expert_max"):
             assert [r[key] for r in train["layout"]] == [r[key] for r in train["one"]]
     for got, ref in zip(train["layout"], train["one"]):  # per-dataset losses (PP: the last stage)

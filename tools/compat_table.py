@@ -139,7 +139,8 @@ _OTHER = _flags("""
     --wandb-name --no-gradient-accumulation-fusion --use-flash-attn --use-checkpoint-args
     --exit-interval --cpu-optimizer --override-lr-scheduler --use-checkpoint-lr-scheduler
     --no-bias-gelu-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion --no-rope-fusion
-    --no-persist-layer-norm --no-masked-softmax-fusion --phase-transition-iterations""")
+    --no-persist-layer-norm --no-masked-softmax-fusion --phase-transition-iterations
+    --calculate-per-token-loss""")
 
 SOURCES: Tuple[Source, ...] = (
     Source("BS tr11", "bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm",

@@ -67,6 +67,8 @@ class BlendEntry:
         split: ``(start, end)`` document fraction range, by position; ``(0.0, 1.0)`` = all.
         repetitions: epochs to draw (``epochized_blend`` only), else None.
         where: ``"FILE: key"`` for error messages.
+        loss_weight: multiplies the loss weight of this dataset's tokens (the objective, not the
+            sampling; megatron/loss_normalization.py).
     """
 
     path: str
@@ -74,6 +76,7 @@ class BlendEntry:
     split: Tuple[float, float] = (0.0, 1.0)
     repetitions: Optional[float] = None
     where: str = ""
+    loss_weight: float = 1.0
 
     @property
     def key(self) -> Tuple[str, float, float]:
@@ -349,7 +352,7 @@ def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> 
         raise _err(where, f"{kind} must be a list of entries, got {type(items).__name__} {items!r}")
     if not items:
         raise _err(where, f"{kind} is empty: a stage with nothing to draw")
-    allowed = ("path", "weight", "split") + (("repetitions",) if kind == "epochized_blend" else ())
+    allowed = ("path", "weight", "split", "loss_weight") + (("repetitions",) if kind == "epochized_blend" else ())
     entries, seen = [], {}
     for i, item in enumerate(items):
         w = f"{where}[{i}]"
@@ -371,7 +374,15 @@ def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> 
             reps = _number(item["repetitions"], w + ".repetitions", f"repetitions {item['repetitions']!r}")
             if reps <= 0:
                 raise _err(w + ".repetitions", f"repetitions {item['repetitions']!r} must be > 0")
-        entry = BlendEntry(path=path, weight=weight, split=split, repetitions=reps, where=w)
+        loss_weight = 1.0
+        if "loss_weight" in item:
+            loss_weight = _number(item["loss_weight"], w + ".loss_weight",
+                                  f"loss_weight {item['loss_weight']!r}")
+            if not loss_weight > 0:
+                raise _err(w + ".loss_weight", f"loss_weight {item['loss_weight']!r} must be > 0 "
+                                               "(a dataset not to learn from is left out)")
+        entry = BlendEntry(path=path, weight=weight, split=split, repetitions=reps, where=w,
+                           loss_weight=loss_weight)
         if entry.key in seen:
             raise _err(w + ".path", f"dataset {item['path']!r} (split {split[0]:g}:{split[1]:g}) "
                                     f"is listed twice in this blend (also at {seen[entry.key]})")
@@ -555,7 +566,7 @@ def _energon_entries(items: Any, kind: str, where: str, base_dir, check_files) -
     """energon dataset references as entries of a ``kind`` stage: weights translated
     (:func:`_energon_weight`), energon's defaults filled (weight 1 in a blend, repetitions 1 in an
     epochized blend)."""
-    allowed = ("path", "weight", "split") + (("repetitions",) if kind == "epochized_blend" else ())
+    allowed = ("path", "weight", "split", "loss_weight") + (("repetitions",) if kind == "epochized_blend" else ())
     if not isinstance(items, list):
         return _parse_entries(items, kind, where, base_dir, check_files)  # its error
     ours = []

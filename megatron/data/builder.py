@@ -139,6 +139,21 @@ def training_mix(args, sources, blend, resume=None, eval_groups: Sequence[EvalGr
     return mix
 
 
+def training_data(args, mix, blend, eval_groups, train=None) -> TrainData:
+    """The TrainData of a training mix: its dataset (``train``: it wrapped), names, ledger and
+    each dataset's loss weight (``loss_weight`` entries of ``blend`` or
+    ``--dataset-loss-weights``, megatron/data/loss_weights.py)."""
+    from megatron.data.loss_weights import dataset_loss_weights, parse_dataset_loss_weights
+
+    weights = dataset_loss_weights(mix.dataset.constituents, blend,
+                                   parse_dataset_loss_weights(args.dataset_loss_weights))
+    if weights is not None:
+        print_rank_0("loss weights: " + ", ".join(f"{c.name} {w:g}" for c, w in
+                                                    zip(mix.dataset.constituents, weights)))
+    return TrainData(train=mix.dataset if train is None else train, eval_groups=eval_groups,
+                     dataset_names=list(mix.dataset.names), mix=mix, loss_weights=weights)
+
+
 def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
     """``--{train,valid,test}-weighted-split-paths``: one training blend, one eval set per group."""
     from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
@@ -164,8 +179,7 @@ def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
     blend = groups["train"][0].to_split_blend("--train-weighted-split-paths")
     mix = training_mix(args, gpt_mix_sources(args, "weighted_split", config), blend, resume,
                        eval_groups)
-    return TrainData(train=mix.dataset, eval_groups=eval_groups,
-                     dataset_names=list(mix.dataset.names), mix=mix)
+    return training_data(args, mix, blend, eval_groups)
 
 
 def _blend_config_data(args, tokenizer, resume=None) -> TrainData:
@@ -183,8 +197,7 @@ def _blend_config_data(args, tokenizer, resume=None) -> TrainData:
     mix = training_mix(args, gpt_mix_sources(args, "blend_config", config, low_level),
                        args.data_blend.train, resume, eval_groups)
     _print_epochs(mix.dataset)
-    return TrainData(train=mix.dataset, eval_groups=eval_groups,
-                     dataset_names=list(mix.dataset.names), mix=mix)
+    return training_data(args, mix, args.data_blend.train, eval_groups)
 
 
 def _print_epochs(train) -> None:
@@ -261,8 +274,7 @@ def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
         return TrainData(train=None, eval_groups=eval_groups)
     mix = training_mix(args, gpt_mix_sources(args, "data_path", config, low_level),
                        blends["train"], resume, eval_groups)
-    return TrainData(train=mix.dataset, eval_groups=eval_groups,
-                     dataset_names=list(mix.dataset.names), mix=mix)
+    return training_data(args, mix, blends["train"], eval_groups)
 
 
 def build_pretraining_data(args, tokenizer, resume=None) -> TrainData:

@@ -987,8 +987,9 @@ class _CappedWeightsCheck:
 
 
 def _strip_where(obj):
+    """``obj`` without what does not shape the index: error locations and loss weights."""
     if isinstance(obj, dict):
-        return {str(k): _strip_where(v) for k, v in obj.items() if k not in ("where",)}
+        return {str(k): _strip_where(v) for k, v in obj.items() if k not in ("where", "loss_weight")}
     if isinstance(obj, (list, tuple)):
         return [_strip_where(v) for v in obj]
     return obj

@@ -55,3 +55,15 @@ def batch_to_device(batch: Mapping[str, object], device) -> Dict[str, object]:
     buffer, slots = pack_tensors([batch[k] for k in keys], pin_memory=True)
     on_device = buffer.to(device, non_blocking=True)
     return {**batch, **dict(zip(keys, unpack_tensors(on_device, slots)))}
+
+
+def to_device_async(tensor: torch.Tensor, device) -> torch.Tensor:
+    """``tensor`` on ``device`` without the host waiting for the device: a host tensor bound for a
+    GPU goes from pinned memory with a non-blocking copy (from pageable memory the copy would
+    first wait for the device's queue); on the CPU, or already there, it is returned as it is."""
+    device = torch.device(device)
+    if tensor.device == device or device.type == "cpu":
+        return tensor.to(device)
+    if tensor.device.type == "cpu" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)

@@ -112,7 +112,7 @@ def build_mtf_data(args, tokenizer, resume=None) -> TrainData:
     continues, megatron/data/mix_resume.py ``DataResume``); one named EvalGroup per
     ``--valid-weighted-split-paths`` (and ``--test-...``) group. Reads the T0 flags
     ``--prefix-lm``, ``--loss-on-targets-only`` and ``--norm-target-loss`` (finetune_t0.py)."""
-    from megatron.data.builder import training_mix
+    from megatron.data.builder import training_data, training_mix
 
     train_samples, valid_samples, test_samples = train_valid_test_num_samples(args)
     eval_groups = []
@@ -127,8 +127,7 @@ def build_mtf_data(args, tokenizer, resume=None) -> TrainData:
         return TrainData(train=None, eval_groups=eval_groups)
     blend = items_blend(train_items, "train", "--train-weighted-split-paths")
     mix = training_mix(args, mtf_mix_sources(args, tokenizer), blend, resume, eval_groups)
-    return TrainData(train=PackedSamplesOnly(mix.dataset), eval_groups=eval_groups,
-                     dataset_names=list(mix.dataset.names), mix=mix)
+    return training_data(args, mix, blend, eval_groups, train=PackedSamplesOnly(mix.dataset))
 
 
 __all__ = ["weighted_split_groups", "items_blend", "resolve_mtf_constituents", "mtf_mix_sources",

@@ -23,9 +23,11 @@ class TrainData:
     ``dataset_id`` in samples, for per-dataset losses) and the evaluation groups. ``mix`` is the
     training mix with its data ledger (megatron/data/mix_resume.py ``TrainMix``): what a
     checkpoint records of the data, and ``samples_drawn`` for the logs; None for a training set
-    without one."""
+    without one. ``loss_weights``: each dataset's loss weight (index = ``dataset_id``,
+    megatron/data/loss_weights.py), None when every weight is 1."""
 
     train: Optional[torch.utils.data.Dataset]
     eval_groups: List[EvalGroup] = field(default_factory=list)
     dataset_names: List[str] = field(default_factory=list)
     mix: Optional[Any] = None
+    loss_weights: Optional[List[float]] = None

@@ -29,9 +29,10 @@ which builds the ``AttentionStructure`` their core attention takes once per micr
 mask a backend builds from it is built once per micro batch and stage, as in ``GPTModel``, not once
 per layer).
 """
+import collections
 import contextlib
 import dataclasses
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -280,18 +281,35 @@ class PipeLMLoss:
     """The last stage's loss function ``(logits, (labels, loss_mask[, dataset_id])) -> loss`` (see
     :func:`megatron.model.lm_loss.masked_lm_loss`). It also keeps, per micro batch, ``(loss,
     per-sample loss, dataset_id or None)`` until :meth:`pop_records`, which is how the training
-    loop gets per-dataset losses out of the pipe."""
+    loop gets per-dataset losses out of the pipe. Per iteration the loop may give each micro
+    batch's factor to the back-propagated loss (:meth:`set_factors`: the per-token and per-sample
+    normalisations, megatron/loss_normalization.py); observers (:meth:`observe`) see each micro
+    batch's mean loss and loss mask."""
 
     __name__ = "masked_lm_loss"  # DeepSpeed prints the loss function's name
 
     def __init__(self):
         self._records: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = []
+        self._factors: Deque[torch.Tensor] = collections.deque()
+        self._observers: List[Callable[[torch.Tensor, torch.Tensor], None]] = []
+
+    def set_factors(self, factors: Sequence[torch.Tensor]) -> None:
+        """The coming micro batches' factors, in order: each is returned ``loss x factor``."""
+        self._factors = collections.deque(factors)
+
+    def observe(self, observer: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
+        """Call ``observer(loss, loss_mask)`` with each micro batch's mean loss."""
+        self._observers.append(observer)
 
     def __call__(self, logits: torch.Tensor, labels) -> torch.Tensor:
         targets, loss_mask = labels[0], labels[1]
         dataset_id = labels[2] if len(labels) > 2 else None
         loss, per_sample = masked_lm_loss(vocab_parallel_token_loss(logits, targets), loss_mask)
         self._records.append((loss.detach(), per_sample, dataset_id))
+        for observer in self._observers:
+            observer(loss, loss_mask)
+        if self._factors:
+            return loss * self._factors.popleft()
         return loss
 
     def pop_records(self) -> List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:

@@ -4,8 +4,8 @@
   the first and the last stage (see megatron/model/gpt_model_pipe.py for what flows where);
 - :func:`pipe_train_step` / :func:`pipe_eval_step`: one iteration / one evaluation window through
   ``train_batch`` / ``eval_batch``; the per-micro-batch losses exist only on the last stage, which
-  adds them to the interval statistics (other stages add nothing, so the world-wide sums the loop
-  reduces at log time are the last stage's);
+  weighs them (megatron/loss_normalization.py) and adds them to the interval statistics (other
+  stages add nothing, so the world-wide sums the loop reduces at log time are the last stage's);
 - :func:`check_grid_matches`: the engine's process groups are megatron-core's;
 - :func:`install_model_grad_clipping`: clipping by the norm of the whole model's gradient (every
   stage, each tensor-parallel shard once, the tied embedding once) at ZeRO stage 0, where
@@ -17,6 +17,33 @@ import types
 from typing import Dict, Iterator, Optional, Tuple
 
 import torch
+
+
+# DeepSpeed's pipe engine divided the gradients of every stage but the last by the gradient
+# accumulation steps a second time from 0.18.3 to 0.19.2 (deepspeedai/DeepSpeed issue #8152, fixed by
+# PR #8154 in 0.19.3)
+PIPE_GAS_BUG = ((0, 18, 3), (0, 19, 2))
+
+
+def pipe_accumulation_problem(deepspeed_version: str, pipeline_parallel_size: int,
+                              micro_batches: int) -> Optional[str]:
+    """Why DeepSpeed ``deepspeed_version`` cannot run a pipeline of ``pipeline_parallel_size``
+    stages with ``micro_batches`` micro batches per iteration (its gradient-accumulation bug), or
+    None."""
+    if pipeline_parallel_size <= 1 or micro_batches <= 1:
+        return None
+    try:
+        version = tuple(int(part) for part in deepspeed_version.split("+")[0].split(".")[:3])
+    except ValueError:
+        return None  # a development build: nothing to compare
+    low, high = PIPE_GAS_BUG
+    if low <= version <= high:
+        return (f"DeepSpeed {deepspeed_version} divides the gradients of every pipeline stage but "
+                "the last by the gradient accumulation steps twice (deepspeedai/DeepSpeed issue "
+                f"#8152, fixed in 0.19.3): --pipeline-model-parallel-size {pipeline_parallel_size} "
+                f"with {micro_batches} micro batches per iteration would train a wrong model; "
+                "install deepspeed>=0.19.4 (pip install -U 'deepspeed>=0.19.4,<0.20')")
+    return None
 
 
 def is_pipe_engine(engine) -> bool:
@@ -47,38 +74,70 @@ def pipe_batch(batch: Dict[str, torch.Tensor], device=None) -> Tuple[tuple, tupl
     return tuple(inputs), tuple(labels)
 
 
+def _stage_batches(engine, iterator: Iterator[Dict], num_micro_batches: int, prepare):
+    """(the batches this stage feeds the engine, the raw ones read) for one call of the engine:
+    the last stage, which computes the losses, reads its ``num_micro_batches`` batches first (so
+    their loss weights are known before the first forward); the others read as the engine asks,
+    as before."""
+    if engine.is_last_stage():
+        raw = [next(iterator) for _ in range(num_micro_batches)]
+        return [prepare(b) for b in raw], raw
+    return (prepare(b) for b in iterator), None
+
+
 def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,
-                    logging_now: bool) -> Optional[float]:
+                    logging_now: bool, normalizer=None) -> Optional[float]:
     """One iteration (``num_micro_batches`` micro batches, forward, backward, optimizer step) with
-    ``engine.train_batch``; the last stage adds each micro batch's losses to ``stats``. Returns
-    None: the gradient norm is the engine's (:func:`install_model_grad_clipping`)."""
+    ``engine.train_batch``; the last stage weighs the iteration's losses (``normalizer``,
+    megatron/loss_normalization.py: the loss each backward pass takes) and adds each micro
+    batch's losses to ``stats``. Returns None: the gradient norm is the engine's
+    (:func:`install_model_grad_clipping`)."""
+    from megatron.loss_normalization import LossNormalizer
+
+    normalizer = normalizer or LossNormalizer("micro-batch")
     if engine.micro_batches != num_micro_batches:
         raise RuntimeError(f"pipe engine runs {engine.micro_batches} micro batches per iteration, "
                            f"the batch schedule asks {num_micro_batches}")
-    engine.train_batch(data_iter=map(functools.partial(pipe_batch, device=engine.device), iterator))
-    for loss, per_sample, dataset_id in engine.module.loss_function.pop_records():
-        stats.add_micro_batch(loss, per_sample, dataset_id)
+    batches, raw = _stage_batches(engine, iterator, num_micro_batches, normalizer.prepare)
+    loss_function = engine.module.loss_function
+    weights = None
+    if raw is not None:
+        weights = normalizer.weigh(batches, engine.device)
+        loss_function.set_factors(weights.factors)
+    engine.train_batch(data_iter=map(functools.partial(pipe_batch, device=engine.device),
+                                     iter(batches)))
+    for m, (loss, per_sample, dataset_id) in enumerate(loss_function.pop_records()):
+        stats.add_micro_batch(loss, per_sample, dataset_id, weights.counts[m],
+                              *normalizer.sample_stats(raw[m], batches[m]))
     return None
 
 
-def pipe_eval_step(engine, iterator: Iterator[Dict],
-                   num_micro_batches: int) -> Tuple[torch.Tensor, int]:
+def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
+                   normalizer=None) -> Tuple[torch.Tensor, float]:
     """Forward ``num_micro_batches`` micro batches with ``engine.eval_batch``; returns (sum of the
-    micro-batch losses, their count) on the last stage and (0, 0) on the others.
+    micro-batch losses, each weighted as the normalisation averages them, and the sum of those
+    weights) on the last stage and (0, 0) on the others.
 
     The pipe engine describes the tensors it sends between stages once and reuses that description;
     it is renewed around the evaluation, so an evaluation set whose batches carry another attention
     structure than the training set's (say, no ``segment_ids``) still travels correctly."""
+    from megatron.loss_normalization import LossNormalizer
+
+    normalizer = normalizer or LossNormalizer("micro-batch")
+    batches, raw = _stage_batches(engine, iterator, num_micro_batches,
+                                  functools.partial(normalizer.prepare, train=False))
     engine.reset_activation_shape()
-    engine.eval_batch(map(functools.partial(pipe_batch, device=engine.device), iterator),
+    engine.eval_batch(map(functools.partial(pipe_batch, device=engine.device), iter(batches)),
                       num_micro_batches=num_micro_batches,
                       reduce_output=None, bcast_loss=False)
     engine.reset_activation_shape()
     records = engine.module.loss_function.pop_records()
-    total = torch.zeros((), dtype=torch.float64)
-    for loss, _, _ in records:
-        total = total + loss.detach().double().cpu()
-    return total, len(records)
+    total, weight_sum = torch.zeros((), dtype=torch.float64), 0.0
+    for m, (loss, _, _) in enumerate(records):
+        weight = normalizer.eval_weight(batches[m])
+        total = total + loss.detach().double().cpu() * weight
+        weight_sum += weight
+    return total, weight_sum
 
 
 def check_grid_matches(grid) -> None:

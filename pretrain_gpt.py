@@ -4,18 +4,18 @@ Launch: ``deepspeed --num_gpus N pretrain_gpt.py [Megatron flags]`` (see README.
 """
 import os
 
-from megatron.known_warnings import quiet_known_warnings
+from megatron.runtime.known_warnings import quiet_known_warnings
 
 quiet_known_warnings()
 
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
 from megatron.errors import run_entry_point
 from megatron.data.builder import build_pretraining_data
 from megatron.data.document_segments import with_document_segments
 from megatron.model.gpt_model_pipe import gpt_model_for_layout
 from megatron.tokenizer import tokenizer_setup
 from megatron.data.train_data import TrainData
-from megatron.training import pretrain
+from megatron.train.loop import pretrain
 
 
 def model_provider(args):
@@ -36,7 +36,7 @@ def datasets_provider(args, resume=None) -> TrainData:
 
 def main(argv=None, after_checkpoint_files_written=None):
     """Parse flags, build the tokenizer, train (``after_checkpoint_files_written``: see
-    ``megatron.training.pretrain``)."""
+    ``megatron.train.loop.pretrain``)."""
     args = parse_args(argv)
     tokenizer_setup(args).apply(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     return pretrain(args, datasets_provider, model_provider,

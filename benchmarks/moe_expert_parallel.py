@@ -82,7 +82,7 @@ def main():
     sys.path.insert(0, ROOT)
     from tools.make_demo_data import make_demo_data
 
-    from megatron.cpu_comm import remove_stale_shm_buffers
+    from megatron.runtime.cpu_comm import remove_stale_shm_buffers
 
     with tempfile.TemporaryDirectory() as work:
         data = make_demo_data(os.path.join(work, "demo"), size_mb=1.0, verbose=False)

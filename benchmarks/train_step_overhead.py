@@ -1,7 +1,7 @@
 """Overhead of our training loop against a bare torch loop on the same megatron-core model.
 
 Both loops train the same GPTModel (same init, same fixed batch, same gradient accumulation and
-clipping): ours through ``megatron.training.train`` on the DeepSpeed engine with the LR scheduler,
+clipping): ours through ``megatron.train.loop.train`` on the DeepSpeed engine with the LR scheduler,
 the bare one with plain ``torch.optim.AdamW``. Prints ms/iteration of each and the ratio.
 Goal: ours / bare < 1.05.
 
@@ -47,12 +47,14 @@ def model_flags(opts):
 
 
 def time_ours(args, opts) -> float:
-    from megatron.metrics import MetricsWriter
+    from megatron.metrics.writers import MetricsWriter
     from megatron.model.gpt_model import build_gpt_model
     from megatron.checkpoint.engine import TrainingState
     from megatron.schedules.units import batch_schedule_from_args
-    from megatron.training import (TrainData, gpt_forward_step, setup_model_and_optimizer,
-                                   step_functions, train)
+    from megatron.data.train_data import TrainData
+    from megatron.train.engine_setup import setup_model_and_optimizer
+    from megatron.train.loop import train
+    from megatron.train.steps import gpt_forward_step, step_functions
 
     torch.manual_seed(0)
     engine, optimizer, scheduler = setup_model_and_optimizer(args, build_gpt_model, args.global_batch_size)
@@ -109,8 +111,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="Alternate the two loops this often.")
     opts = parser.parse_args()
 
-    from megatron.arguments import parse_args
-    from megatron.initialize import initialize_distributed
+    from megatron.config.arguments import parse_args
+    from megatron.runtime.initialize import initialize_distributed
 
     args = parse_args(model_flags(opts), world_size=1)
     args.padded_vocab_size = 256

@@ -2,10 +2,10 @@
 (``--ds-sequence-parallel-size 2``, 2 CPU ranks) against SP 1 (1 rank) on the same model and batch.
 
 Each setting is one launch of this script through the real ``deepspeed`` launcher (gloo, CPU
-ranks, a free port per launch). Each rank builds the real model path: ``megatron.arguments``
-parse/validate for its world size, ``megatron.initialize.initialize_distributed`` (megatron-core's
+ranks, a free port per launch). Each rank builds the real model path: ``megatron.config.arguments``
+parse/validate for its world size, ``megatron.runtime.initialize.initialize_distributed`` (megatron-core's
 groups, the context-parallel one being the Ulysses group), ``build_gpt_model``; every iteration
-runs ``megatron.training.gpt_forward_step`` (each SP rank keeps its half of the sequence, the
+runs ``megatron.train.steps.gpt_forward_step`` (each SP rank keeps its half of the sequence, the
 all-to-all around core attention gives it the whole sequence for half the heads), backward, sums
 the gradients over the sequence-parallel group (one ``all_reduce`` per parameter, what DeepSpeed's
 reduction over the sequence-data-parallel group does) and steps a plain ``torch.optim.AdamW`` (no
@@ -55,11 +55,11 @@ def worker(opts) -> None:
     import torch
 
     torch.set_num_threads(opts.threads)
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     from megatron.core import parallel_state
-    from megatron.initialize import initialize_distributed, set_seeds
+    from megatron.runtime.initialize import initialize_distributed, set_seeds
     from megatron.model.gpt_model import build_gpt_model
-    from megatron.training import gpt_forward_step
+    from megatron.train.steps import gpt_forward_step
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     args = parse_args([
@@ -137,8 +137,8 @@ def worker(opts) -> None:
 
 
 def _shm_buffers(port: int):
-    """DeepSpeed's CPU all-reduce buffers of the launch on ``port`` (megatron/cpu_comm.py)."""
-    from megatron.cpu_comm import SHM_DIR, SHM_PREFIX
+    """DeepSpeed's CPU all-reduce buffers of the launch on ``port`` (megatron/runtime/cpu_comm.py)."""
+    from megatron.runtime.cpu_comm import SHM_DIR, SHM_PREFIX
 
     return glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_{os.getuid()}_*_{port}_*"))
 

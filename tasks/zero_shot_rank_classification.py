@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
@@ -68,7 +68,7 @@ _DEFAULTS = ["--micro-batch-size", "1", "--train-iters", "1", "--lr", "0"]
 
 
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
 
     from megatron.tokenizer import tokenizer_setup
     from tasks.checkpoint_model import one_process_argv

@@ -80,8 +80,8 @@ def read_jsonl(path) -> List[dict]:
 
 def own_shm_buffers(port: int) -> List[str]:
     """DeepSpeed's CPU all-reduce buffers (of this user) of the launch on ``port`` that are in
-    /dev/shm (megatron/cpu_comm.py)."""
-    from megatron import cpu_comm
+    /dev/shm (megatron/runtime/cpu_comm.py)."""
+    from megatron.runtime import cpu_comm
 
     pattern = f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_*_{port}_*"
     return glob.glob(os.path.join(cpu_comm.SHM_DIR, pattern))
@@ -90,7 +90,7 @@ def own_shm_buffers(port: int) -> List[str]:
 def mapped_shm_buffers(pid: int) -> Set[Tuple[str, bool]]:
     """DeepSpeed's CPU all-reduce buffers (of this user) that process ``pid`` maps, from
     /proc/PID/maps, each as ``(path, unlinked)``."""
-    from megatron import cpu_comm
+    from megatron.runtime import cpu_comm
 
     prefix = os.path.join(cpu_comm.SHM_DIR, f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_")
     found = set()

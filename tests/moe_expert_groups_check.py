@@ -29,13 +29,14 @@ FLAGS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
 
 
 def main(out_dir: str) -> None:
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     from megatron.checkpoint.engine_index import canonical_namer
     from megatron.core import parallel_state
-    from megatron.initialize import initialize_distributed, set_seeds
+    from megatron.runtime.initialize import initialize_distributed, set_seeds
     from megatron.model.gpt_model_pipe import gpt_model_for_layout
-    from megatron.moe_metrics import moe_training_from_args
-    from megatron.training import gpt_forward_step, setup_model_and_optimizer
+    from megatron.metrics.moe import moe_training_from_args
+    from megatron.train.engine_setup import setup_model_and_optimizer
+    from megatron.train.steps import gpt_forward_step
 
     args = parse_args(FLAGS, world_size=4, require_data=False)
     args.padded_vocab_size = VOCAB

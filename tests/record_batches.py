@@ -22,7 +22,7 @@ def recording_forward_step(out_dir: str):
     """``gpt_forward_step`` that first appends the training batch to this rank's file."""
     import torch
     from megatron.core import parallel_state
-    from megatron.training import gpt_forward_step
+    from megatron.train.steps import gpt_forward_step
 
     def forward_step(engine, batch):
         if engine.module.training and parallel_state.get_tensor_model_parallel_rank() == 0:
@@ -37,9 +37,9 @@ def recording_forward_step(out_dir: str):
 
 
 def main(out_dir: str, argv):
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     from megatron.tokenizer import tokenizer_setup
-    from megatron.training import pretrain
+    from megatron.train.loop import pretrain
 
     os.makedirs(out_dir, exist_ok=True)
     args = parse_args(argv)

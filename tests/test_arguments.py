@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from megatron.arguments import ArgumentError, get_parser, validate_args
+from megatron.config.arguments import ArgumentError, get_parser, validate_args
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "10", "--lr", "1e-3",
@@ -79,7 +79,7 @@ def test_rampup_parsed_to_ints():
 
 def test_bigscience_token_aliases_convert_to_samples():
     base = [a for a in BASE if a not in ("--train-iters", "10")]
-    from megatron.learning_rates import scheduler_steps_from_args
+    from megatron.optim.learning_rates import scheduler_steps_from_args
     args = parse(["--train-samples", "1000", "--lr-warmup-tokens", "100", "--lr-decay-tokens", "3200"], base=base)
     steps = scheduler_steps_from_args(args)
     assert steps["lr_warmup_steps"] == 100 / 32 and steps["lr_decay_steps"] == 100  # tokens / seq
@@ -112,7 +112,7 @@ def test_deepspeed_config_missing_or_invalid(tmp_path):
 
 
 def test_parse_args_exits_with_message(capsys):
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     with pytest.raises(SystemExit) as exit_info:
         parse_args(BASE + ["--fp16", "--bf16"], world_size=1)
     assert exit_info.value.code == 2

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from megatron.arguments import ArgumentError, get_parser, parse_args, validate_args
+from megatron.config.arguments import ArgumentError, get_parser, parse_args, validate_args
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from megatron.data.blend_config import load_blend_config, parse_blend_config
 from megatron.data.weighted_splits import (parse_weighted_split_group, parse_weighted_split_paths,
@@ -715,7 +715,7 @@ def test_lr_schedule_config_unreadable(tmp_path):
 
 def test_lr_schedule_differs_from_checkpoint():
     import torch
-    from megatron.learning_rates import build_opt_param_scheduler
+    from megatron.optim.learning_rates import build_opt_param_scheduler
 
     def scheduler(lr):
         args = parse_args(LR_BASE[:-1] + [lr], world_size=1, require_data=False)

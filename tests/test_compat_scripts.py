@@ -83,7 +83,7 @@ def parse_in_process(flags: List[str], monkeypatch):
         from finetune_t0 import parse_t0_args
         return parse_t0_args(argv)
     assert entry_point == "pretrain_gpt.py", entry_point
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     return parse_args(argv)
 
 
@@ -107,7 +107,7 @@ def test_every_flag_of_the_script_parses(name, compat_data, tmp_path, monkeypatc
     not_in_original = given - set(source.flags) - ADDED_FLAGS
     assert not_in_original == set(), (source.key, sorted(not_in_original))
     # the inert flags given are named in one start-up note
-    from megatron.flag_compat import compat_flag
+    from megatron.config.flag_compat import compat_flag
     inert = sorted(f for f in given if compat_flag(f) and compat_flag(f).status == "inert")
     notes = [n for n in args.startup_notes if n.startswith("accepted without effect here")]
     if inert:
@@ -154,7 +154,7 @@ def test_sequence_parallel_script_refuses_fpdt(extra, named, compat_data, tmp_pa
                                                monkeypatch, capsys):
     """The 6.7B script's FPDT flags (left out of the runnable script) fail together in one line
     naming each of them and what to use instead (plain DeepSpeed-Ulysses)."""
-    from megatron.flag_compat import compat_flag
+    from megatron.config.flag_compat import compat_flag
 
     flags = script_flags("ms_sequence_parallel", compat_data, str(tmp_path), extra=extra)
     with pytest.raises(SystemExit) as exit_info:
@@ -349,7 +349,7 @@ def flag_parser():
 
 def test_compatibility_doc_table_is_current(flag_parser):
     """The flag table in docs/compatibility.md is what tools/compat_table.py generates now from
-    the parser and megatron/flag_compat.py (so no status in it is stale)."""
+    the parser and megatron/config/flag_compat.py (so no status in it is stale)."""
     from tools.compat_table import BEGIN, DOC, END, table
 
     with open(os.path.join(ROOT, DOC), encoding="utf-8") as f:
@@ -362,7 +362,7 @@ def test_compatibility_doc_table_is_current(flag_parser):
 def test_every_flag_of_the_families_is_accepted_or_refused(flag_parser):
     """No flag of the public scripts is unknown here: each is implemented, an alias, inert or
     refused (with what to use instead)."""
-    from megatron.flag_compat import compat_flag
+    from megatron.config.flag_compat import compat_flag
     from tools.compat_table import statuses
 
     found = statuses(flag_parser)
@@ -374,7 +374,7 @@ def test_refused_flags_of_the_table_stop_the_run(flag_parser, compat_data, tmp_p
                                                  capsys):
     """Every flag the table calls refused, added to a script that otherwise runs, stops it with
     one line naming the flag and its replacement."""
-    from megatron.flag_compat import compat_flag
+    from megatron.config.flag_compat import compat_flag
     from tools.compat_table import statuses
 
     refused = sorted(f for f, status in statuses(flag_parser).items() if status == "refused")

@@ -1,5 +1,5 @@
-"""DeepSpeed's CPU shared-memory all-reduce buffers (megatron/cpu_comm.py) and the notice before a
-one-time op build (megatron/jit_ops.py). A launch through the deepspeed launcher maps its buffers
+"""DeepSpeed's CPU shared-memory all-reduce buffers (megatron/runtime/cpu_comm.py) and the notice before a
+one-time op build (megatron/runtime/jit_ops.py). A launch through the deepspeed launcher maps its buffers
 already unlinked and leaves none when it ends: tests/test_graceful_exit.py."""
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import textwrap
 import time
 
-from megatron import cpu_comm, jit_ops
+from megatron.runtime import cpu_comm, jit_ops
 
 
 def test_buffer_path_is_named_as_deepspeed_names_it():

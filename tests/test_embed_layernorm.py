@@ -5,7 +5,7 @@ start from the layout-independent initial weights (ones and zeros)."""
 import pytest
 import torch
 
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
 
 FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",

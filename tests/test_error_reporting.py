@@ -10,7 +10,7 @@ import pytest
 from e2e_helpers import run_deepspeed
 
 from megatron import errors
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
 
 BASE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length",
         "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "4",

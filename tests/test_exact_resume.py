@@ -286,7 +286,7 @@ def test_global_sample_order_is_independent_of_data_parallel_size(consumed):
 def test_blended_dataset_index_is_independent_of_world(tmp_path, dist_group):
     """The curriculum dataset (global sample -> dataset, sample) is rebuilt identically from the
     same flags, so a resumed run with any data-parallel size reads the same global samples."""
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     from megatron.data.builder import build_pretraining_data
     from megatron.tokenizer import build_tokenizer
     data = make_pretrain_data(tmp_path / "data")
@@ -310,7 +310,7 @@ def test_dataloader_does_not_draw_from_the_global_rng(dist_group):
     shifted every later dropout mask (found by the kill/resume test with dropout on)."""
     import argparse
     from megatron.core import parallel_state
-    from megatron.training import _loader
+    from megatron.train.loader import _loader
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel()
     dataset = [{"x": torch.tensor([i])} for i in range(16)]

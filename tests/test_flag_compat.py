@@ -1,4 +1,4 @@
-"""Flags of BigScience, Megatron-LM and Microsoft Megatron-DeepSpeed scripts (megatron/flag_compat.py):
+"""Flags of BigScience, Megatron-LM and Microsoft Megatron-DeepSpeed scripts (megatron/config/flag_compat.py):
 aliases give the same args as their canonical flag, inert flags are accepted and listed in one
 start-up line, refused flags fail in one line with everything else wrong on the command line;
 flags and the --deepspeed_config JSON never silently disagree; --step-batch-size-schedule follows
@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from megatron import flag_compat
-from megatron.arguments import ArgumentError, get_parser, parse_args, validate_args
-from megatron.deepspeed_config import deepspeed_config_from_args
+from megatron.config import flag_compat
+from megatron.config.arguments import ArgumentError, get_parser, parse_args, validate_args
+from megatron.config.deepspeed_config import deepspeed_config_from_args
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "10", "--lr", "1e-3",
@@ -406,7 +406,7 @@ def test_bad_step_schedules(argv, fragment):
 def test_step_schedule_shapes_the_lr_schedule_in_samples():
     """Sample-based LR spans under a step schedule: the decay ends at the samples of the last
     iteration (the schedule's iterations, not a constant batch's)."""
-    from megatron.learning_rates import run_shape_from_args, schedule_context_from_run_shape
+    from megatron.optim.learning_rates import run_shape_from_args, schedule_context_from_run_shape
 
     args = parse(["--step-batch-size-schedule", "0:2 640:4", "--global-batch-size", "4"])
     shape = run_shape_from_args(args)
@@ -446,7 +446,7 @@ def test_tensorboard_extras_follow_their_flags(tmp_path):
     global_batch_size and train/ms_per_iteration scalars; without them they are not written."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from megatron.metrics import TensorBoardWriter, tensorboard_extras_from_args
+    from megatron.metrics.writers import TensorBoardWriter, tensorboard_extras_from_args
 
     record = {"iteration": 1, "lm_loss": 2.0, "global_batch_size": 8, "ms_per_iteration": 12.5}
     for name, flags in (("with", ["--log-batch-size-to-tensorboard", "--log-timers-to-tensorboard"]),

@@ -5,7 +5,7 @@ import types
 import pytest
 import torch
 
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
 
 MODEL_FLAGS = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
                "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
@@ -292,7 +292,7 @@ def test_recompute_in_the_pipe_recomputes_each_layer_with_the_same_dropout(one_s
 
 def test_partition_method_matching_no_layer_is_refused():
     """--pp-partition-method type:REGEX must name a pipe layer class (good and bad input)."""
-    from megatron.arguments import ArgumentError
+    from megatron.config.arguments import ArgumentError
     from megatron.model.gpt_model_pipe import partition_method_from_args
 
     def method(value):
@@ -310,7 +310,7 @@ def test_partition_method_matching_no_layer_is_refused():
 def test_pipe_keeps_activations_whole_under_sequence_parallelism():
     """DeepSpeed's pipe partitions the sent activation over the tensor-parallel group unless told
     not to; under --sequence-parallel each TP rank holds another slice, so the config says not to."""
-    from megatron.deepspeed_config import deepspeed_config_from_args
+    from megatron.config.deepspeed_config import deepspeed_config_from_args
 
     def config(pp, sp):
         args = model_args()

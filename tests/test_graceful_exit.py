@@ -1,5 +1,5 @@
 """--exit-signal-handler and --exit-duration-in-mins: save a checkpoint and exit 0, leaving none of
-the launch's shared-memory buffers (megatron/cpu_comm.py)."""
+the launch's shared-memory buffers (megatron/runtime/cpu_comm.py)."""
 import os
 import signal
 import subprocess
@@ -10,7 +10,7 @@ import psutil
 from conftest import ROOT, free_port
 from e2e_helpers import (deepspeed_launcher, mapped_shm_buffers, own_shm_buffers, read_jsonl,
                          run_deepspeed)
-from megatron import cpu_comm
+from megatron.runtime import cpu_comm
 
 
 def flags(demo_data, run_dir, extra=()):
@@ -26,7 +26,7 @@ def test_sigterm_to_every_rank_saves_exits_zero_and_leaves_no_buffers(demo_data,
     """SIGTERM to every rank (as a cluster scheduler does) with --exit-signal-handler: the ranks
     save a checkpoint of the same iteration and the launch exits 0. And none of the launch's
     DeepSpeed all-reduce buffers is left in /dev/shm: while it trains, each rank already maps both
-    ranks' buffers unlinked (DeepSpeed made them and never unlinks them; megatron/cpu_comm.py
+    ranks' buffers unlinked (DeepSpeed made them and never unlinks them; megatron/runtime/cpu_comm.py
     does once every rank has mapped them), so no way the launch ends can leave them."""
     port = free_port()
     cmd = [deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(port),

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from megatron.arguments import ArgumentError, get_parser, parse_args
+from megatron.config.arguments import ArgumentError, get_parser, parse_args
 from megatron.errors import ConfigError
 
 BASE = ["--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",

@@ -14,7 +14,7 @@ REAL_TE_SPEC = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
 
 
 def _args(extra=()):
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     return parse_args(["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
                        "--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1",
                        "--lr", "1e-3", "--normalization", "RMSNorm", *extra], require_data=False)
@@ -143,7 +143,7 @@ def test_transformer_engine_that_does_not_import_is_not_chosen_and_says_why(monk
 def test_known_warnings_keep_a_broken_transformer_engine_visible(monkeypatch):
     """megatron-core's "not installed" notices are silenced only for packages that are absent."""
     import warnings
-    from megatron.known_warnings import quiet_known_warnings
+    from megatron.runtime.known_warnings import quiet_known_warnings
 
     real_find_spec = importlib.util.find_spec
     for te_present in (False, True):

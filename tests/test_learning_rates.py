@@ -7,10 +7,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from megatron.arguments import ArgumentError, get_parser, parse_args, validate_args
+from megatron.config.arguments import ArgumentError, get_parser, parse_args, validate_args
 from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler as CoreScheduler
-from megatron.learning_rates import build_opt_param_scheduler, scheduler_steps_from_args
+from megatron.optim.learning_rates import build_opt_param_scheduler, scheduler_steps_from_args
 
 BASE = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 "
         "--micro-batch-size 2").split()

@@ -1,4 +1,4 @@
-"""The objective as a property of the data (megatron/loss_normalization.py): per-sample masks and
+"""The objective as a property of the data (megatron/optim/loss_normalization.py): per-sample masks and
 loss weights against hand computations; on a real model and DeepSpeed engine (one rank, packed
 T0 batches with uneven target lengths), one iteration at micro-batch sizes 1, 2 and 8 gives the
 same loss, gradient and evaluation loss under --calculate-per-token-loss and
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from megatron.loss_normalization import (IterationLoss, LossNormalizer, LossWeights,
+from megatron.optim.loss_normalization import (IterationLoss, LossNormalizer, LossWeights,
                                          per_sample_mask)
 from megatron.model.lm_loss import masked_lm_loss
 
@@ -87,8 +87,11 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     from megatron.data.train_data import EvalGroup
     from megatron.model.gpt_model_pipe import gpt_model_for_layout
     from megatron.tokenizer import tokenizer_setup
-    from megatron.training import (_IntervalStats, _loader, evaluate, loss_normalizer_from_args,
-                                   setup_model_and_optimizer, step_functions, gpt_forward_step)
+    from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
+    from megatron.train.evaluation import evaluate
+    from megatron.train.loader import _loader
+    from megatron.train.stats import _IntervalStats
+    from megatron.train.steps import gpt_forward_step, step_functions
 
     args = finetune_t0.parse_t0_args(_flags(toy, cache, micro_batch_size, extra))
     tokenizer_setup(args).apply(args)

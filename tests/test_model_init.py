@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from megatron.arguments import get_parser, validate_args
+from megatron.config.arguments import get_parser, validate_args
 
 
 def _args(extra=()):

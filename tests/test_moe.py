@@ -1,4 +1,4 @@
-"""Mixture of experts (megatron-core's MoE layer, megatron/model/moe.py, megatron/moe_arguments.py,
+"""Mixture of experts (megatron-core's MoE layer, megatron/model/moe.py, megatron/config/moe_flags.py,
 megatron/parallel/experts.py): the router against a naive top-k, the load-balancing loss against
 its formula, the flags (Megatron-LM's, Microsoft's translations, the refused ones), expert
 gradients reduced over their expert-data-parallel group only (4 CPU ranks,

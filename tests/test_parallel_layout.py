@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from megatron.arguments import ArgumentError, get_parser, validate_args
+from megatron.config.arguments import ArgumentError, get_parser, validate_args
 
 BASE = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "10", "--lr", "1e-3",

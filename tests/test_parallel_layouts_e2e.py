@@ -136,7 +136,7 @@ def test_tp2_ulysses_sp2_sequence_parallel_full_recompute_zero2_matches_single_r
     Megatron sequence-parallel sum then runs on each rank's half of the flat gradient, where a
     norm's weight or bias may straddle the two halves. The loss is normalised per token
     (--calculate-per-token-loss: each micro batch's backward loss scaled by the global token
-    count, megatron/loss_normalization.py); every sample here has --seq-length loss tokens, so
+    count, megatron/optim/loss_normalization.py); every sample here has --seq-length loss tokens, so
     that is the default single-rank run's loss and gradient."""
     losses, proc = run_layout(demo_data, tmp_path, num_ranks=4, extra=TP2 + SP2 + [
         "--sequence-parallel", "--recompute-granularity", "full", "--recompute-method", "uniform",

@@ -234,7 +234,7 @@ def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, 
     expert too, the load-balancing loss kept out of the per-dataset losses.
 
     The loss is normalised per token (--calculate-per-token-loss) or per sample (segment:
-    --calculate-per-sample-loss; megatron/loss_normalization.py), so the batch split does not
+    --calculate-per-sample-loss; megatron/optim/loss_normalization.py), so the batch split does not
     matter: Ulysses SP 2 and DP 2 (2 then 1 micro batches of 2 samples per rank) equal one rank
     at micro-batch size 1 (4 then 8 micro batches of 1 sample, uneven target lengths), the
     gradient norm included; PP 2 x DP 2 x EP 2 keeps the micro batches of the one-rank run (the

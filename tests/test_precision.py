@@ -1,4 +1,4 @@
-"""Mixed precision (megatron/precision.py, docs/precision.md), in process on one CPU rank: the
+"""Mixed precision (megatron/optim/precision.py, docs/precision.md), in process on one CPU rank: the
 accumulation and reduction dtypes the flags give (Megatron-LM's defaults and flag names), the
 optimizer wrapper DeepSpeed runs with them, the gradient norm it clips by and logs (each
 tensor-parallel shard once, replicated parameters on tensor-parallel rank 0 only) and the fp32
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from megatron.arguments import ArgumentError, get_parser, validate_args
-from megatron.deepspeed_config import deepspeed_config_from_args
+from megatron.config.arguments import ArgumentError, get_parser, validate_args
+from megatron.config.deepspeed_config import deepspeed_config_from_args
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "2",
@@ -155,7 +155,7 @@ def _mpu(tensor_parallel_rank: int):
 def _engine(flags, tensor_parallel_rank=0):
     import deepspeed
 
-    from megatron.optimizer import build_optimizer
+    from megatron.optim.optimizer import build_optimizer
 
     args = parse(flags + ["--optimizer", "sgd", "--sgd-momentum", "0", "--weight-decay", "0",
                           "--clip-grad", "0.01"])
@@ -201,7 +201,7 @@ def test_wrapper_accumulates_clips_by_the_whole_norm_and_steps_fp32_masters(
     (an update of ~1e-4 that the bf16 weights cannot hold)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    from megatron.precision import optimizer_wrapper, precision_line
+    from megatron.optim.precision import optimizer_wrapper, precision_line
 
     if args_zero_stage(flags) == 3 and tensor_parallel_rank == 1:
         pytest.skip("ZeRO 3 counts every rank's gradients when its partition group holds the "
@@ -233,7 +233,7 @@ def test_adamw_is_torch_fused_on_a_cuda_accelerator_and_foreach_elsewhere(monkey
     """No apex: torch's fused AdamW kernel where DeepSpeed's accelerator is CUDA."""
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.optimizer import build_optimizer
+    from megatron.optim.optimizer import build_optimizer
 
     args = parse([])
     model = torch.nn.Linear(4, 4)
@@ -269,7 +269,7 @@ def test_optimizer_step_reads_the_device_a_fixed_number_of_times(flags, one_rank
     (FP16_UnfusedOptimizer: 99 for these 48 parameters)."""
     import deepspeed
 
-    from megatron.optimizer import build_optimizer
+    from megatron.optim.optimizer import build_optimizer
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     args = parse(flags + ["--clip-grad", "0.01"])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.arguments import parse_args
-from megatron.learning_rates import build_opt_param_scheduler
+from megatron.config.arguments import parse_args
+from megatron.optim.learning_rates import build_opt_param_scheduler
 from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))

@@ -6,7 +6,7 @@ from unittest import mock
 import pytest
 import torch
 
-from megatron.arguments import get_parser, validate_args
+from megatron.config.arguments import get_parser, validate_args
 
 
 def _model(extra):

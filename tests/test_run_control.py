@@ -1,4 +1,4 @@
-"""Run-control flags in-process (megatron/run_control.py): where ``--train-tokens`` stops training
+"""Run-control flags in-process (megatron/train/run_control.py): where ``--train-tokens`` stops training
 (against Microsoft Megatron-DeepSpeed's loop, also under batch-size rampup) and what it does to the
 LR schedule, the kill-switch check (ExitRequest and start-up), the ``--eval-only`` /
 ``--kill-switch-file`` / ``--reset-iteration`` spellings, ``--pad-vocab-size-to``, and the errors
@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 import pytest
 
-from megatron.arguments import ArgumentError, get_parser, parse_args, validate_args
+from megatron.config.arguments import ArgumentError, get_parser, parse_args, validate_args
 from megatron.errors import ConfigError
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -72,7 +72,7 @@ def test_train_tokens_after_the_run_length_changes_nothing():
 
 
 def _lr_values(args, iterations):
-    from megatron import learning_rates as lrs
+    from megatron.optim import learning_rates as lrs
     from megatron.schedules.units import batch_schedule_from_args
 
     bs = batch_schedule_from_args(args)
@@ -193,7 +193,8 @@ def test_pad_vocab_size_smaller_than_the_vocabulary_is_refused():
 def test_kill_switch_stops_every_rank_after_the_same_iteration(dist_group, tmp_path):
     """ExitRequest all-reduces the kill-switch check (MAX over ranks, here one rank of a gloo
     group); the start-up check does the same."""
-    from megatron.training import ExitRequest, _kill_switch_at_start
+    from megatron.train.exit_request import ExitRequest
+    from megatron.train.loop import _kill_switch_at_start
 
     path = tmp_path / "kill"
     args = _args("--train-iters", "10", "--kill-switch-path", str(path))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from megatron.arguments import ArgumentError, get_parser, validate_args
+from megatron.config.arguments import ArgumentError, get_parser, validate_args
 from megatron.schedules.registry import (REQUIRED, Schedule, ScheduleContext, ScheduleError,
                                          build_schedule, known_kinds, register_schedule)
 from megatron.schedules.units import BatchSchedule
@@ -224,7 +224,7 @@ def config_args(tmp_path, config, name="schedule.yaml"):
 
 def test_config_file_yaml_staged(tmp_path):
     import torch
-    from megatron.learning_rates import build_opt_param_scheduler
+    from megatron.optim.learning_rates import build_opt_param_scheduler
     args, _ = config_args(tmp_path, """
 lr_schedule:
   - start: 0
@@ -291,7 +291,7 @@ def test_levanter_seed_file(tmp_path):
     by YAML 1.1 as a string) in a 120000-iteration run: linear 0 -> 1e-4, constant 1e-4, then
     Levanter's inv formula from --lr to --min-lr over the last stage."""
     import torch
-    from megatron.learning_rates import build_opt_param_scheduler
+    from megatron.optim.learning_rates import build_opt_param_scheduler
     flags = BASE[:-4] + ["--train-iters", "120000", "--lr", "1e-4", "--min-lr", "1e-5",
                          "--lr-schedule-config", os.path.join(SEEDS, "levanter_lr_schedule.yaml")]
     args = validate_args(get_parser().parse_args(flags), 1, require_data=False)
@@ -386,7 +386,7 @@ def test_levanter_yaml_strings_through_the_flags(tmp_path):
     args, _ = config_args(tmp_path, "lr_schedule:\n  - {start: 0, value: {type: constant, "
                                     "learning_rate: 1e-4}}\n  - {start: 500, value: 5e-5}\n")
     validate_args(args, 1, require_data=False)
-    from megatron.learning_rates import build_schedules, scheduler_params_from_args, \
+    from megatron.optim.learning_rates import build_schedules, scheduler_params_from_args, \
         schedule_context_from_args
     lr, _ = build_schedules(scheduler_params_from_args(args), schedule_context_from_args(args))
     assert list(lr([0, 499, 500, 999])) == [1e-4, 1e-4, 5e-5, 5e-5]
@@ -395,7 +395,7 @@ def test_levanter_yaml_strings_through_the_flags(tmp_path):
 def test_bare_inv_resume_with_another_lr_is_refused(tmp_path):
     """A bare `inv` runs with --lr/--min-lr, so they are part of the stored schedule: a resume
     with another --min-lr names the key, the checkpoint's value and the new one."""
-    from megatron.learning_rates import build_opt_param_scheduler
+    from megatron.optim.learning_rates import build_opt_param_scheduler
 
     class _Opt:
         param_groups = []

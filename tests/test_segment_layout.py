@@ -73,11 +73,11 @@ def test_collate_adds_the_layout_and_the_structure_takes_it():
 
 
 def test_loader_batches_carry_the_layout(dist_group):
-    """training._loader's collate adds the layout to every micro batch."""
+    """megatron.train.loader._loader's collate adds the layout to every micro batch."""
     import types
     from megatron.core import parallel_state
     from megatron.model.masks import collate_with_segment_layout
-    from megatron.training import _loader
+    from megatron.train.loader import _loader
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1)
     seg, pre = random_batch(3, b=4)

@@ -1,4 +1,4 @@
-"""Skipping an optimizer step on a gradient spike (megatron/skip_step.py, megatron/skip_step_engine.py,
+"""Skipping an optimizer step on a gradient spike (megatron/optim/skip_step.py, megatron/optim/skip_step_engine.py,
 docs/skip_step.md), in process: the decision against hand-computed z-scores, its state, the flags
 and their errors; then one CPU rank's DeepSpeed engine under every optimizer wrapper (ZeRO 0-3
 in fp32, BF16_Optimizer, bf16 ZeRO 2, fp16), where a skipped step leaves the parameters, the fp32
@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from megatron.arguments import ArgumentError, get_parser, validate_args
-from megatron.skip_step import SkipStepRule, mean_and_std, zscore
+from megatron.config.arguments import ArgumentError, get_parser, validate_args
+from megatron.optim.skip_step import SkipStepRule, mean_and_std, zscore
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "2",
@@ -139,8 +139,8 @@ def _tiny_engine(args):
     """(a Tiny model, its one-rank DeepSpeed engine) of the training flags ``args``."""
     import deepspeed
 
-    from megatron.deepspeed_config import deepspeed_config_from_args
-    from megatron.optimizer import build_optimizer
+    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from megatron.optim.optimizer import build_optimizer
     from megatron.parallel.topology import MegatronCoreMPU
 
     model = Tiny()
@@ -206,7 +206,7 @@ def test_a_skipped_step_changes_no_parameter_and_no_optimizer_state(
     trains (Adam's count says 2 steps after it). The norm decided on is the one DeepSpeed logs."""
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.skip_step_engine import step_skipper_from_args
+    from megatron.optim.skip_step_engine import step_skipper_from_args
 
     if "--fp16" in flags:
         monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: True)
@@ -225,7 +225,7 @@ def test_a_skipped_step_changes_no_parameter_and_no_optimizer_state(
     assert spike.decision.reason == "grad_norm_threshold" and spike.grad_norm > 100
     assert first.grad_norm < 100 and third.grad_norm < 100
     logged = engine.get_global_grad_norm()
-    if logged is not None:  # ZeRO 0 fp32 leaves it to the loop (megatron/training.py)
+    if logged is not None:  # ZeRO 0 fp32 leaves it to the loop (megatron/train/steps.py)
         assert float(logged) == third.grad_norm
     assert _same(before, after), [k for k in before if not torch.equal(before[k], after[k])]
     assert not any(torch.equal(after[k], trained[k]) for k in after if k.startswith("param"))
@@ -241,7 +241,7 @@ def test_deepspeed_overflow_skip_is_counted(one_rank_model_parallel, monkeypatch
     stay out of the z-score window."""
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.skip_step_engine import step_skipper_from_args
+    from megatron.optim.skip_step_engine import step_skipper_from_args
 
     monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: True)
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -273,7 +273,7 @@ def test_a_skipped_first_step_leaves_deepspeeds_optimizer_state_links_working(
     it) finds the moments."""
     from deepspeed.utils import safe_get_full_optimizer_state
 
-    from megatron.skip_step_engine import step_skipper_from_args
+    from megatron.optim.skip_step_engine import step_skipper_from_args
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     args = parse(flags + ["--grad-norm-skip-threshold", "100"])

@@ -55,7 +55,7 @@ def _flags(data, run_dir, extra=()):
 def _launch(flags, **kwargs):
     port = free_port()
     proc = run_deepspeed("pretrain_gpt.py", flags, num_ranks=4, master_port=port, **kwargs)
-    # the launch's CPU all-reduce buffers are gone from /dev/shm (megatron/cpu_comm.py)
+    # the launch's CPU all-reduce buffers are gone from /dev/shm (megatron/runtime/cpu_comm.py)
     assert own_shm_buffers(port) == []
     return proc
 

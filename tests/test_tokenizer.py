@@ -453,7 +453,7 @@ def test_tokenizer_files_without_type_are_an_error(extra, named, capsys):
     """File flags without --tokenizer-type that name no tokenizer: a vocabulary without merges
     (GPT-2 BPE needs both), or a --tokenizer-model that several types read. pretrain_gpt's flags
     exit 2 naming the flags and values, preprocess_data.py and build_tokenizer likewise."""
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
 
     from tools.preprocess_data import main
 
@@ -480,7 +480,7 @@ def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, c
     """--vocab-file/--merge-file without --tokenizer-type: GPT-2 BPE, as Megatron-LM's and
     Microsoft's pretrain_gpt.py (args_defaults={'tokenizer_type': 'GPT2BPETokenizer'}), in
     pretrain_gpt's flags (the start-up line says why), preprocess_data.py and build_tokenizer."""
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
 
     from tools.preprocess_data import main
 
@@ -509,7 +509,7 @@ def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, c
 
 def test_no_tokenizer_flags_mean_byte_level():
     """No tokenizer flag at all: the byte-level default, resolved by validation."""
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
 
     args = parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
                        "--seq-length", "64", "--micro-batch-size", "1", "--train-iters", "3",

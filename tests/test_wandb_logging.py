@@ -1,4 +1,4 @@
-"""Weights & Biases logging (megatron/wandb_logging.py): the flags and their aliases, the one-line
+"""Weights & Biases logging (megatron/metrics/wandb_writer.py): the flags and their aliases, the one-line
 error when wandb cannot be imported, the run id kept in --save for a resume, and a failing W&B log
 that warns and never stops training. The 2-rank runs whose offline W&B history is read back are in
 tests/test_curriculum_e2e.py (every record) and tests/test_schedule_resume_e2e.py (resume)."""
@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from e2e_helpers import run_single_process
-from megatron.arguments import ArgumentError, get_parser, validate_args
-from megatron.metrics import MetricsWriter, metrics_writer_from_args
-from megatron.wandb_logging import (RUN_ID_FILE, WandbWriter, read_run_id, run_config,
+from megatron.config.arguments import ArgumentError, get_parser, validate_args
+from megatron.metrics.writers import MetricsWriter, metrics_writer_from_args
+from megatron.metrics.wandb_writer import (RUN_ID_FILE, WandbWriter, read_run_id, run_config,
                                     run_id_to_resume, write_run_id)
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -108,7 +108,7 @@ class _Run:
 
 
 def test_failing_log_warns_and_the_other_writers_go_on(tmp_path, capsys):
-    from megatron.metrics import JsonlWriter
+    from megatron.metrics.writers import JsonlWriter
 
     run = _Run()
     metrics = MetricsWriter([WandbWriter(run), JsonlWriter(str(tmp_path / "m.jsonl"))])

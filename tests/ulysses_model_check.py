@@ -66,8 +66,8 @@ def _run(args, batch):
     of ``batch`` through the training loop's forward step on a plain module."""
     from megatron.model.gpt_model import build_gpt_model
     from megatron.parallel.topology import initialize_model_parallel
-    from megatron.training import gpt_forward_step
-    from megatron.initialize import set_seeds
+    from megatron.train.steps import gpt_forward_step
+    from megatron.runtime.initialize import set_seeds
 
     initialize_model_parallel(args)
     set_seeds(args.seed)
@@ -88,9 +88,9 @@ def _run(args, batch):
 
 
 def main(out_dir: str) -> None:
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     from megatron.core import parallel_state
-    from megatron.initialize import initialize_distributed
+    from megatron.runtime.initialize import initialize_distributed
 
     records = {}
     for name, (extra, structured) in CASES.items():

@@ -5,7 +5,7 @@ Microsoft Megatron-DeepSpeed launch scripts that examples/compat/ follows, and i
     python tools/compat_table.py --write    rewrite it in place (between the BEGIN/END markers)
 
 A flag's status comes from the code, never from this file: ``alias``, ``inert`` or ``refused``
-(with what to use instead) from megatron/flag_compat.py, which the parser registers;
+(with what to use instead) from megatron/config/flag_compat.py, which the parser registers;
 ``implemented`` when the parser of pretrain_gpt.py / finetune_t0.py has the flag itself (``alias``
 too when it is a second option string of a parser flag, e.g. ``--override-lr-scheduler``);
 ``missing`` when neither knows it (tests/test_compat_scripts.py fails on any). What this file
@@ -178,7 +178,7 @@ def all_flags() -> List[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of pretrain_gpt.py with finetune_t0.py's own flags added."""
-    from megatron.arguments import get_parser
+    from megatron.config.arguments import get_parser
     from finetune_t0 import extra_args_provider
 
     return get_parser(extra_args_provider)
@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def flag_status(flag: str, parser: argparse.ArgumentParser) -> Tuple[str, str, str]:
     """``(status, use_instead, note)`` of ``flag`` here (see the module docstring)."""
-    from megatron.flag_compat import compat_flag
+    from megatron.config.flag_compat import compat_flag
 
     compat = compat_flag(flag)
     if compat is not None:
@@ -207,7 +207,7 @@ def _cell(text: str) -> str:
 
 def table(parser: argparse.ArgumentParser = None) -> str:
     """The generated markdown (flag table and value-alias table), without the markers."""
-    from megatron.flag_compat import VALUE_ALIASES
+    from megatron.config.flag_compat import VALUE_ALIASES
 
     parser = parser or build_parser()
     lines = ["| Flag | Used by | Status here | Use instead | Notes |",
@@ -240,7 +240,7 @@ def replace_generated(doc_text: str, generated: str) -> str:
 
 def main(argv=None) -> int:
     """Command-line entry point; returns the exit status."""
-    from megatron.known_warnings import quiet_known_warnings
+    from megatron.runtime.known_warnings import quiet_known_warnings
 
     quiet_known_warnings()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -252,7 +252,7 @@ def main(argv=None) -> int:
         return 0
     with open(DOC, encoding="utf-8") as f:
         text = f.read()
-    from megatron.atomic_io import atomic_write_text
+    from megatron.utils.atomic_io import atomic_write_text
     atomic_write_text(DOC, replace_generated(text, generated))
     print(f"rewrote the flag table in {DOC}")
     return 0

@@ -23,7 +23,7 @@ from typing import List, Optional, Tuple
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
@@ -63,7 +63,7 @@ def parse_iterations(text: str) -> Tuple[int, int]:
 
 
 def parse_provenance_args(argv: Optional[List[str]] = None):
-    from megatron.arguments import get_parser, validate_args
+    from megatron.config.arguments import get_parser, validate_args
 
     parser = get_parser(add_provenance_args, deepspeed_args=False)
     args = parser.parse_args(argv)
@@ -78,7 +78,7 @@ def training_mix_of(args):
     """The run's training mix with its data ledger, built as a resume with these flags would
     build it (megatron/data/mix_resume.py)."""
     from megatron.tokenizer import tokenizer_setup
-    from megatron.training import data_resume_from_args
+    from megatron.train.resume import data_resume_from_args
 
     tokenizer_setup(args).apply(args)
     resume = data_resume_from_args(args)
@@ -102,7 +102,7 @@ def training_mix_of(args):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from megatron.atomic_io import atomic_path
+    from megatron.utils.atomic_io import atomic_path
     from megatron.data.provenance import provenance_records
 
     start = time.perf_counter()

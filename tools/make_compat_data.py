@@ -32,11 +32,11 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
-from megatron.atomic_io import atomic_write_text  # noqa: E402
+from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = os.path.join("data", "compat")
 DEFAULT_SIZE_MB = 0.15          # demo text per domain (600 to 1200 paragraphs)

@@ -21,11 +21,11 @@ from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
-from megatron.atomic_io import atomic_write_text  # noqa: E402
+from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 from megatron.data.preprocess import output_prefix_for_key, preprocess_jsonl  # noqa: E402
 
 DOMAINS = ("web", "code", "math")

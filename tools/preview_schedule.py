@@ -29,7 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
@@ -57,7 +57,7 @@ def add_preview_args(parser):
 
 
 def parse_preview_args(argv: Optional[List[str]] = None):
-    from megatron.arguments import get_parser, validate_args
+    from megatron.config.arguments import get_parser, validate_args
     from megatron.errors import ArgumentError
     parser = get_parser(add_preview_args, deepspeed_args=False)
     args = parser.parse_args(argv)
@@ -74,7 +74,7 @@ class _NoOptimizer:
 def schedule_arrays(args) -> Dict[str, np.ndarray]:
     """``iteration``, ``consumed_samples``, ``lr``, ``weight_decay`` arrays for the run in ``args``
     (the values :class:`OptimizerParamScheduler` gives, computed vectorised)."""
-    from megatron import learning_rates as lrs
+    from megatron.optim import learning_rates as lrs
     from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
     bs = batch_schedule_from_args(args)
     train_iters = train_iterations_from_args(args, bs)
@@ -290,7 +290,7 @@ def _json_value(value, key: str = "") -> str:
 def _write_json(data: dict, path: str) -> None:
     """Like ``json.dump(data)`` but about twice as fast for long numeric arrays; written to a
     temporary name and renamed, so a reader never sees half a file."""
-    from megatron.atomic_io import atomic_write_text
+    from megatron.utils.atomic_io import atomic_write_text
     atomic_write_text(path, _json_value(data) + "\n")
 
 

@@ -9,7 +9,7 @@ all-to-all around core attention; for long sequences, e.g. ``--seq-length 8192
 top-2, expert FFN = hidden, megatron-core's alltoall dispatcher and, where the kernels import,
 ``--moe-grouped-gemm``; ``moe-ep2``: its experts split over 2 GPUs,
 ``--expert-model-parallel-size 2``, the rest data parallel as for the others;
-megatron/moe_arguments.py refuses the alltoall dispatcher and grouped GEMM only without CUDA, so
+megatron/config/moe_flags.py refuses the alltoall dispatcher and grouped GEMM only without CUDA, so
 the CPU dry run uses the allgather dispatcher and one GEMM per expert). Per layout: median
 tokens/s over the iterations after ``--warmup``
 (from the loop's own ``--metrics-jsonl``, one record per iteration, so the first iterations,
@@ -76,7 +76,7 @@ def grouped_gemm_kernels():
 
 def moe_settings(opts) -> dict:
     """What the moe-* layouts run with here: the dispatcher and grouped GEMM (both need CUDA,
-    megatron/moe_arguments.py; ``--moe-grouped-gemm auto``: on where its kernels import)."""
+    megatron/config/moe_flags.py; ``--moe-grouped-gemm auto``: on where its kernels import)."""
     if opts.device == "cpu":
         return {"dispatcher": "allgather", "grouped_gemm": False,
                 "experts_gemm": "one GEMM per expert (CPU: alltoall and grouped GEMM need CUDA)"}

@@ -5,7 +5,7 @@ around each step, so any host synchronisation in it stops the run with its trace
         -- [pretrain_gpt.py flags]
     python benchmarks/gpu/sync_debug_steps.py --device cpu -- [flags]   # dry run of the wiring
 
-One process, one GPU (rank 0 of 1). The training loop's step (``megatron.training``'s
+One process, one GPU (rank 0 of 1). The training loop's step (``megatron.train.steps``'
 ``StepFunctions.train_step``: loading the micro batches, forward, backward, the gradient
 reductions, the optimizer step) runs in "error" mode from iteration ``--first-checked`` on (the
 first iteration builds kernels, caches and compiled graphs, which may synchronise). With
@@ -28,7 +28,7 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
 class SyncCheck:
-    """Wraps the loop's step functions (``megatron.training.step_functions``) so that each
+    """Wraps the loop's step functions (``megatron.train.steps.step_functions``) so that each
     training step from ``first_checked`` on runs under the sync debug mode."""
 
     def __init__(self, first_checked: int, scope: str, cuda: bool):
@@ -107,19 +107,19 @@ def main(argv=None) -> int:
         os.environ["MASTER_PORT"] = str(free_port())
     if opts.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from megatron.known_warnings import quiet_known_warnings
+    from megatron.runtime.known_warnings import quiet_known_warnings
 
     quiet_known_warnings()
     import torch
 
     if opts.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("sync_debug_steps.py needs a CUDA device (--device cpu: dry run)")
-    import megatron.training as training
+    import megatron.train.loop as loop
     import pretrain_gpt
 
     check = SyncCheck(opts.first_checked, opts.scope, cuda=opts.device == "cuda")
-    make_steps = training.step_functions
-    training.step_functions = lambda *a, **k: check.wrap(make_steps(*a, **k))
+    make_steps = loop.step_functions
+    loop.step_functions = lambda *a, **k: check.wrap(make_steps(*a, **k))
     try:
         pretrain_gpt.main(flags)
     except RuntimeError as e:
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         traceback.print_exc()
         return 1
     finally:
-        training.step_functions = make_steps
+        loop.step_functions = make_steps
     if check.checked_steps == 0:
         print(f"no step was checked: --train-iters must reach --first-checked {opts.first_checked}")
         return 1

@@ -30,7 +30,7 @@ from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, che
                                         write_tracker)
 from megatron.errors import CheckpointError, ReshardError
 from megatron.parallel.topology import ParallelLayout, current_layout
-from megatron.rank_utils import all_reduce_small, print_rank_0
+from megatron.utils.rank_utils import all_reduce_small, print_rank_0
 
 CHECKPOINT_VERSION = 1
 CLIENT_STATE_KEY = "megatron_training_state"  # our state inside DeepSpeed's client state

@@ -98,7 +98,7 @@ def _weight_locations(engine, directory: str) -> Dict[str, List[str]]:
 def _groups(engine, names: Dict[int, str]) -> List[List[str]]:
     optimizer = engine.optimizer
     # DeepSpeed's wrappers keep the model's parameters in bit16_groups (ZeRO 1/2), bf16_groups
-    # (BF16_Optimizer: bf16 with fp32 accumulation, megatron/precision.py) or fp16_groups
+    # (BF16_Optimizer: bf16 with fp32 accumulation, megatron/optim/precision.py) or fp16_groups
     # (FP16_Optimizer and FP16_UnfusedOptimizer, which older checkpoints ran at ZeRO 0), and fp32
     # copies, not model parameters, in param_groups
     groups = next((getattr(optimizer, a) for a in ("bit16_groups", "bf16_groups", "fp16_groups")

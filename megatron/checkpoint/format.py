@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from megatron.atomic_io import atomic_path, atomic_write_text
+from megatron.utils.atomic_io import atomic_path, atomic_write_text
 from megatron.errors import CheckpointError, ConfigError
 from megatron.parallel.topology import ParallelLayout
 

@@ -39,7 +39,7 @@ MODEL_ARG_NAMES = (
     "openai_gelu", "bias_gelu_fusion", "position_embedding_type", "rotary_percent", "rotary_base",
     "untie_embeddings_and_output_weights", "disable_bias_linear", "make_vocab_size_divisible_by",
     "pad_vocab_size_to", "embed_layernorm",
-    # mixture of experts (megatron/moe_arguments.py): the experts' shapes and how tokens reach them
+    # mixture of experts (megatron/config/moe_flags.py): the experts' shapes and how tokens reach them
     "num_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size",
     "moe_router_topk", "moe_router_pre_softmax", "moe_router_score_function", "moe_router_dtype",
     "moe_expert_capacity_factor", "moe_token_drop_policy",

@@ -68,7 +68,7 @@ class BlendEntry:
         repetitions: epochs to draw (``epochized_blend`` only), else None.
         where: ``"FILE: key"`` for error messages.
         loss_weight: multiplies the loss weight of this dataset's tokens (the objective, not the
-            sampling; megatron/loss_normalization.py).
+            sampling; megatron/optim/loss_normalization.py).
     """
 
     path: str

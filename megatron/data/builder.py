@@ -11,7 +11,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 from megatron.data.blend_config import SplitBlend, indexed_dataset_problem
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.errors import ConfigError
-from megatron.rank_utils import print_rank_0
+from megatron.utils.rank_utils import print_rank_0
 from megatron.schedules.units import (batch_schedule_from_args, train_iterations_from_args,
                                       train_samples_from_args)
 
@@ -279,7 +279,7 @@ def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
 
 def build_pretraining_data(args, tokenizer, resume=None) -> TrainData:
     """Training set and evaluation groups for ``pretrain_gpt.py`` from whichever data flags are
-    given (validated to be exactly one kind by ``megatron.arguments``). ``resume``
+    given (validated to be exactly one kind by ``megatron.config.arguments``). ``resume``
     (megatron/data/mix_resume.py ``DataResume``): the checkpoint a resumed run continues, whose
     data ledger the training mix continues. With ranks on several hosts the index cache
     directories must be shared first (megatron/data/shared_cache.py)."""

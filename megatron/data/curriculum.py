@@ -259,7 +259,7 @@ def _load_kernel():
     compiler): then the Python loops below give the same index, slowly. Built once per
     environment; a line is printed before a build."""
     if "fn" not in _KERNEL:
-        from megatron import jit_ops
+        from megatron.runtime import jit_ops
 
         try:
             _KERNEL["fn"] = jit_ops.load_op(

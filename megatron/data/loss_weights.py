@@ -1,7 +1,7 @@
 """Loss weights per training dataset, apart from how often it is sampled: ``loss_weight: W`` on a
 blend-file entry, or ``--dataset-loss-weights NAME=W ...`` for any kind of training data
 (``--data-path``, weighted split paths, a blend file). A dataset's weight multiplies the loss
-weight of its tokens before the loss is normalised (megatron/loss_normalization.py), so it weighs
+weight of its tokens before the loss is normalised (megatron/optim/loss_normalization.py), so it weighs
 its tokens against the other datasets' without changing the data order.
 """
 from typing import Dict, List, Optional, Sequence

@@ -35,7 +35,7 @@ its own segment, causally, and with ``prefix_lm`` also bidirectionally among the
 tokens (non-causal decoder). The model builds the mask its attention backend needs on the device.
 
 How the forward step normalises: the loss of a micro batch is ``sum(token_loss * loss_mask) /
-sum(loss_mask)`` (``megatron.training.gpt_forward_step``). With 0/1 weights that is the mean over
+sum(loss_mask)`` (``megatron.train.steps.gpt_forward_step``). With 0/1 weights that is the mean over
 target tokens; with ``norm_target_loss`` ``sum(loss_mask)`` is the number of targets in the micro
 batch, so the loss is the mean over targets of each target's mean token loss: every target counts
 equally, whatever its length.
@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from megatron.atomic_io import atomic_path
+from megatron.utils.atomic_io import atomic_path
 from megatron.errors import ConfigError
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.data.blend_config import indexed_dataset_problem

@@ -283,7 +283,7 @@ class PipeLMLoss:
     per-sample loss, dataset_id or None)`` until :meth:`pop_records`, which is how the training
     loop gets per-dataset losses out of the pipe. Per iteration the loop may give each micro
     batch's factor to the back-propagated loss (:meth:`set_factors`: the per-token and per-sample
-    normalisations, megatron/loss_normalization.py); observers (:meth:`observe`) see each micro
+    normalisations, megatron/optim/loss_normalization.py); observers (:meth:`observe`) see each micro
     batch's mean loss and loss mask."""
 
     __name__ = "masked_lm_loss"  # DeepSpeed prints the loss function's name

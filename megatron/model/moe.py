@@ -8,7 +8,7 @@ weight lives on the CPU, and uses megatron-core's gating where it lives on a GPU
 
 The router also counts, per micro-batch, how many tokens each expert is sent (after token
 dropping). The counts stay on the device; the loop reads them once per log interval
-(megatron/moe_metrics.py). Like megatron-core's aux-loss tracker, it counts only training
+(megatron/metrics/moe.py). Like megatron-core's aux-loss tracker, it counts only training
 forwards with gradients. That counts a recomputed layer once, and an evaluation not at all.
 
 ``--moe-input-jitter-eps`` multiplies the router's input by uniform noise in training only:

@@ -19,7 +19,7 @@ expert-data-parallel group only, in ZeRO stages 1/2 as at stage 0:
   their groups come from. The experts themselves stay megatron-core's.
 
 The optimizer's parameter groups are then split by DeepSpeed's
-``split_params_into_different_moe_groups_for_optimizer`` (megatron/optimizer.py), so the expert
+``split_params_into_different_moe_groups_for_optimizer`` (megatron/optim/optimizer.py), so the expert
 parameters of each group sit in a group marked ``moe`` that ZeRO partitions over the
 expert-data-parallel group. The dense parameters are reduced over the data-parallel group as
 before. Gradient norms add each expert shard once: DeepSpeed sums the expert groups' squared

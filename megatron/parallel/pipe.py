@@ -4,7 +4,7 @@
   the first and the last stage (see megatron/model/gpt_model_pipe.py for what flows where);
 - :func:`pipe_train_step` / :func:`pipe_eval_step`: one iteration / one evaluation window through
   ``train_batch`` / ``eval_batch``; the per-micro-batch losses exist only on the last stage, which
-  weighs them (megatron/loss_normalization.py) and adds them to the interval statistics (other
+  weighs them (megatron/optim/loss_normalization.py) and adds them to the interval statistics (other
   stages add nothing, so the world-wide sums the loop reduces at log time are the last stage's);
 - :func:`check_grid_matches`: the engine's process groups are megatron-core's;
 - :func:`install_model_grad_clipping`: clipping by the norm of the whole model's gradient (every
@@ -89,10 +89,10 @@ def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, st
                     logging_now: bool, normalizer=None) -> Optional[float]:
     """One iteration (``num_micro_batches`` micro batches, forward, backward, optimizer step) with
     ``engine.train_batch``; the last stage weighs the iteration's losses (``normalizer``,
-    megatron/loss_normalization.py: the loss each backward pass takes) and adds each micro
+    megatron/optim/loss_normalization.py: the loss each backward pass takes) and adds each micro
     batch's losses to ``stats``. Returns None: the gradient norm is the engine's
     (:func:`install_model_grad_clipping`)."""
-    from megatron.loss_normalization import LossNormalizer
+    from megatron.optim.loss_normalization import LossNormalizer
 
     normalizer = normalizer or LossNormalizer("micro-batch")
     if engine.micro_batches != num_micro_batches:
@@ -121,7 +121,7 @@ def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
     The pipe engine describes the tensors it sends between stages once and reuses that description;
     it is renewed around the evaluation, so an evaluation set whose batches carry another attention
     structure than the training set's (say, no ``segment_ids``) still travels correctly."""
-    from megatron.loss_normalization import LossNormalizer
+    from megatron.optim.loss_normalization import LossNormalizer
 
     normalizer = normalizer or LossNormalizer("micro-batch")
     batches, raw = _stage_batches(engine, iterator, num_micro_batches,

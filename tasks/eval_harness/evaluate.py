@@ -36,7 +36,7 @@ if ROOT not in sys.path:
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from megatron.known_warnings import quiet_known_warnings  # noqa: E402
+from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
@@ -111,7 +111,7 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The shared parser's flags (model, tokenizer, checkpoint) plus the evaluation flags."""
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     from tasks.zero_shot_rank_classification import _DEFAULTS
 
     from megatron.tokenizer import tokenizer_setup
@@ -210,7 +210,7 @@ def write_results(results: Dict, path: str) -> List[str]:
     ``samples``, each task's records as JSON lines (:func:`samples_path`), all atomically;
     returns the files written."""
     from lm_eval.utils import handle_non_serializable
-    from megatron.atomic_io import atomic_write_text
+    from megatron.utils.atomic_io import atomic_write_text
 
     data = {k: v for k, v in results.items() if k != "samples"}
     directory = os.path.dirname(os.path.abspath(path))

@@ -1,7 +1,7 @@
 """Weights & Biases logging (``--wandb-project``, ``--wandb-exp-name``, ``--wandb-save-dir``, with
 Megatron-LM's meaning): one run, written by the rank that owns the metrics (rank 0, the one that
 writes ``--metrics-jsonl`` and TensorBoard), whose config is the validated arguments and whose
-history gets every record those get (megatron/metrics.py; their tags: megatron/metric_records.py),
+history gets every record those get (megatron/metrics/writers.py; their tags: megatron/metrics/records.py),
 at the iteration as the step.
 
 The run id is kept in ``--save``/:data:`RUN_ID_FILE` (with the experiment name it was started
@@ -15,7 +15,7 @@ import sys
 from typing import Any, Dict, Optional, Tuple
 
 from megatron.errors import ConfigError
-from megatron.metric_records import eval_scalars, train_scalars
+from megatron.metrics.records import eval_scalars, train_scalars
 
 RUN_ID_FILE = "wandb_run_id.txt"
 INSTALL_HINT = "pip install '.[wandb]' (or pip install wandb)"
@@ -50,7 +50,7 @@ def read_run_id(save_dir: Optional[str]) -> Optional[Tuple[str, Optional[str]]]:
 def write_run_id(save_dir: str, run_id: str, name: Optional[str]) -> None:
     """Store ``run_id`` and the experiment ``name`` it was started under (line 1 and 2 of
     ``save_dir``/:data:`RUN_ID_FILE`), atomically."""
-    from megatron.atomic_io import atomic_write_text
+    from megatron.utils.atomic_io import atomic_write_text
 
     os.makedirs(save_dir, exist_ok=True)
     atomic_write_text(os.path.join(save_dir, RUN_ID_FILE), f"{run_id}\n{name or ''}\n")

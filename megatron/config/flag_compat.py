@@ -4,7 +4,7 @@ without effect, or refuses: one table, as data.
 The families are BigScience's Megatron-DeepSpeed fork (``bigscience``), NVIDIA Megatron-LM
 (``megatron-lm``) and Microsoft Megatron-DeepSpeed (``microsoft``). Flags those scripts use that are
 implemented here under the same name with the same meaning are simply flags of the parser
-(:func:`megatron.arguments.get_parser`); this module lists the others, and the parser registers
+(:func:`megatron.config.arguments.get_parser`); this module lists the others, and the parser registers
 each of them from here, so the table and the parser cannot drift apart.
 
 Data structure (what ``docs/compatibility.md`` is generated from):
@@ -276,7 +276,7 @@ VALUE_ALIASES: Tuple[ValueAlias, ...] = (
 
 _BY_FLAG: Dict[str, CompatFlag] = {c.flag: c for c in COMPAT_FLAGS}
 if len(_BY_FLAG) != len(COMPAT_FLAGS):
-    raise ValueError("megatron/flag_compat.py: a flag is listed twice in COMPAT_FLAGS")
+    raise ValueError("megatron/config/flag_compat.py: a flag is listed twice in COMPAT_FLAGS")
 
 
 def compat_flag(flag: str) -> Optional[CompatFlag]:

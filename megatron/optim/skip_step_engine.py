@@ -1,4 +1,4 @@
-"""Skipping an optimizer step on a DeepSpeed engine, with the decision of megatron/skip_step.py
+"""Skipping an optimizer step on a DeepSpeed engine, with the decision of megatron/optim/skip_step.py
 (``--grad-norm-skip-threshold``, ``--skip-step-zscore-threshold``; docs/skip_step.md).
 
 Where the decision is made. It needs the whole model's gradient norm, which DeepSpeed computes
@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import torch
 
-from megatron.skip_step import SkipDecision, SkipStepRule, rule_from_args
+from megatron.optim.skip_step import SkipDecision, SkipStepRule, rule_from_args
 
 CHECKPOINT_KEY = "skip_step"  # in TrainingState.extra, so in every checkpoint's training state
 
@@ -62,7 +62,7 @@ class StepSkipper:
         self.rule = rule
         self.engine = engine
         # the iteration's loss as the run averages it: micro batches weighted by their loss tokens
-        # under --calculate-per-token/-sample-loss (megatron/loss_normalization.py), else equally
+        # under --calculate-per-token/-sample-loss (megatron/optim/loss_normalization.py), else equally
         self.token_weighted = token_weighted
         self.pipe = is_pipe_engine(engine)
         self.interval_skipped = 0
@@ -92,7 +92,7 @@ class StepSkipper:
 
     # ---- the loop's calls ----
     def recording(self, forward_step: Callable) -> Callable:
-        """``forward_step`` (megatron.training's ``(engine, batch) -> (loss, per-sample loss)``)
+        """``forward_step`` (megatron.train.steps' ``(engine, batch) -> (loss, per-sample loss)``)
         also handing each micro batch's loss to :meth:`note_loss`, which only the z-score rule
         needs (else ``forward_step`` as it is). On a pipe engine, whose steps do not use
         ``forward_step``, the pipe's loss function is wrapped instead. Evaluation losses noted
@@ -130,7 +130,7 @@ class StepSkipper:
     def end_iteration(self, iteration: int) -> IterationOutcome:
         """The outcome of the iteration just run (``iteration``: its number, for the log line);
         updates the window and the counts."""
-        from megatron.rank_utils import print_rank_0
+        from megatron.utils.rank_utils import print_rank_0
 
         if self._pending is None:  # DeepSpeed skipped the step before calling the optimizer
             self.rule.count_skip()
@@ -204,7 +204,7 @@ class StepSkipper:
     def _iteration_loss(self) -> float:
         """This iteration's mean loss over the model replicas, the same on every rank."""
         from megatron.core import parallel_state
-        from megatron.rank_utils import all_reduce_small
+        from megatron.utils.rank_utils import all_reduce_small
 
         local = torch.zeros(2, dtype=torch.float64)
         if self._loss_sum is not None:
@@ -217,7 +217,7 @@ class StepSkipper:
         return (total[0] / total[1]).item() if total[1] > 0 else math.nan
 
     def _decide(self):
-        from megatron.rank_utils import all_reduce_small
+        from megatron.utils.rank_utils import all_reduce_small
 
         norm = self._grad_norm()
         loss = self._iteration_loss() if self.rule.uses_zscore else None
@@ -249,7 +249,7 @@ def _describe(decision: SkipDecision, norm: float, loss: Optional[float],
 def step_skipper_from_args(args, engine) -> Optional[StepSkipper]:
     """A :class:`StepSkipper` on ``engine`` when a skip flag is given, else None (nothing is
     wrapped)."""
-    from megatron.loss_normalization import normalization_from_args
+    from megatron.optim.loss_normalization import normalization_from_args
 
     rule = rule_from_args(args)
     token_weighted = normalization_from_args(args) != "micro-batch"

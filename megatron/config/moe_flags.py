@@ -3,7 +3,7 @@ Megatron-DeepSpeed's spellings translated onto them, their checks, and the ``Tra
 fields they set.
 
 Megatron-LM's flags keep their meaning. Microsoft's spellings that mean the same thing are aliases in
-megatron/flag_compat.py (``--topk``, ``--moe-loss-coeff``, ``--moe-expert-parallel-size``,
+megatron/config/flag_compat.py (``--topk``, ``--moe-loss-coeff``, ``--moe-expert-parallel-size``,
 ``--moe-train-capacity-factor``). The ones that need translating are parsed here:
 
 - ``--num-experts E [E ...]``: one value means E experts in every MoE layer. Microsoft's per-layer

@@ -13,7 +13,7 @@ Flag names and meanings are those of BigScience's and Microsoft's Megatron-DeepS
 - ``--kill-switch-path FILE`` (BigScience; Microsoft calls it ``--kill-switch-file``): when FILE
   exists at start-up the run exits at once; when it appears during training, every rank saves a
   checkpoint after the same iteration and exits 0 (the check is all-reduced, see
-  ``megatron.training.ExitRequest``).
+  ``megatron.train.exit_request.ExitRequest``).
 """
 import argparse
 import math

@@ -45,13 +45,13 @@ def _apply_cuda_max_connections(args) -> None:
 def _init_deepspeed_distributed(args) -> None:
     """``deepspeed.init_distributed`` with a notice before DeepSpeed's one-time CPU op build, a
     one-line error for a busy MASTER_PORT, and no shared-memory buffers left behind (see
-    megatron/cpu_comm.py)."""
+    megatron/runtime/cpu_comm.py)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from megatron import cpu_comm
+    from megatron.runtime import cpu_comm
     from megatron.errors import ConfigError
-    from megatron.jit_ops import build_done
+    from megatron.runtime.jit_ops import build_done
 
     on_cpu = get_accelerator().device_name() == "cpu"
     local_rank = int(os.environ["LOCAL_RANK"])

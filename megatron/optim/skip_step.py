@@ -1,6 +1,6 @@
 """Whether to skip an optimizer step on a gradient (or loss) spike: the flags and the decision,
 as plain Python (no torch, no process group), so it can be tested against hand-computed values.
-megatron/skip_step_engine.py applies the decision to a DeepSpeed engine; docs/skip_step.md
+megatron/optim/skip_step_engine.py applies the decision to a DeepSpeed engine; docs/skip_step.md
 tells the whole behaviour.
 
 Two rules, either or both:

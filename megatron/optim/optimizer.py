@@ -39,7 +39,7 @@ def adamw_kernel() -> Dict[str, bool]:
 def build_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
     """``--optimizer adam`` (AdamW: decoupled decay as Megatron; fused on CUDA, see
     :func:`adamw_kernel`), ``sgd`` or ``adafactor``. Under mixed precision DeepSpeed's wrapper
-    hands it fp32 master weights (megatron/precision.py). The learning rate and weight decay set
+    hands it fp32 master weights (megatron/optim/precision.py). The learning rate and weight decay set
     here are placeholders; the scheduler drives both."""
     groups = param_groups(model)
     if args.optimizer == "adam":

@@ -1,16 +1,16 @@
 """Training and evaluation records, written by rank 0 through one fan-out (:class:`MetricsWriter`)
 to each writer asked for: ``--metrics-jsonl`` lines (:class:`JsonlWriter`), TensorBoard scalars
 (:class:`TensorBoardWriter`) and a Weights & Biases run (``--wandb-project``:
-megatron/wandb_logging.py). Every writer gets the same record dicts from megatron/training.py and
+megatron/metrics/wandb_writer.py). Every writer gets the same record dicts from megatron/train/ and
 computes nothing itself: the scalar tags of a record are ``train_scalars`` / ``eval_scalars``
-(megatron/metric_records.py), shared by TensorBoard and W&B.
+(megatron/metrics/records.py), shared by TensorBoard and W&B.
 """
 import json
 import math
 import os
 from typing import Any, Dict, Sequence, Tuple
 
-from megatron.metric_records import eval_scalars, train_scalars
+from megatron.metrics.records import eval_scalars, train_scalars
 
 # Training-record keys written to TensorBoard only when asked, with the flag that asks (the
 # Megatron-LM/BigScience --log-*-to-tensorboard flags).
@@ -21,7 +21,7 @@ TENSORBOARD_TRAIN_KEYS = ("lm_loss", "lr", "weight_decay", "grad_norm", "consume
                           "tokens_per_second",
                           # with a skip flag (docs/skip_step.md), absent otherwise
                           "skipped", "skipped_total",
-                          # MoE models (megatron/moe_metrics.py), absent for dense ones
+                          # MoE models (megatron/metrics/moe.py), absent for dense ones
                           "load_balancing_loss", "seq_load_balancing_loss", "z_loss",
                           "tokens_per_expert_min", "tokens_per_expert_max")
 
@@ -119,7 +119,7 @@ def metrics_writer_from_args(args, enabled: bool) -> MetricsWriter:
     if enabled and args.tensorboard_dir:
         writers.append(TensorBoardWriter(args.tensorboard_dir, tensorboard_extras_from_args(args)))
     if enabled and getattr(args, "wandb_project", None):
-        from megatron.wandb_logging import wandb_writer_from_args
+        from megatron.metrics.wandb_writer import wandb_writer_from_args
 
         writers.append(wandb_writer_from_args(args))
     return MetricsWriter(writers)

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from megatron.model.moe import moe_routers
-from megatron.moe_arguments import moe_layer_pattern
+from megatron.config.moe_flags import moe_layer_pattern
 
 
 class MoETraining:
@@ -56,7 +56,7 @@ class MoETraining:
         from megatron.core import parallel_state
         from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
                                                              get_moe_layer_wise_logging_tracker)
-        from megatron.rank_utils import all_reduce_small
+        from megatron.utils.rank_utils import all_reduce_small
 
         record: Dict[str, float] = {}
         dp_group = parallel_state.get_data_parallel_group()
@@ -91,7 +91,7 @@ class MoETraining:
         ``[layers]`` training micro-batches each layer's router ran on one rank), every stage's
         layers."""
         from megatron.core import parallel_state
-        from megatron.rank_utils import all_reduce_small
+        from megatron.utils.rank_utils import all_reduce_small
 
         table = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64)
         forwards = torch.zeros(self.num_layers, dtype=torch.float64)

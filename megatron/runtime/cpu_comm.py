@@ -85,7 +85,7 @@ def shm_op_build_directory() -> Optional[str]:
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 
-    from megatron.jit_ops import build_directory
+    from megatron.runtime.jit_ops import build_directory
 
     if get_accelerator().device_name() != "cpu":
         return None
@@ -100,7 +100,7 @@ def announce_shm_op_build() -> Optional[str]:
     """Print, once per launch, one line before DeepSpeed JIT-builds its CPU communication op
     (``deepspeed.init_distributed`` does it silently, once per environment). Returns the claim
     file to pass to ``jit_ops.build_done`` after ``init_distributed`` (None: nothing printed)."""
-    from megatron.jit_ops import announce_build
+    from megatron.runtime.jit_ops import announce_build
 
     directory = shm_op_build_directory()
     if directory is None:

@@ -12,16 +12,16 @@ import math
 import os
 from typing import Callable, List, Optional
 
-from megatron import flag_compat
+from megatron.config import flag_compat
 from megatron.errors import ArgumentError, ConfigError  # noqa: F401 (ArgumentError: raised here)
-from megatron.skip_step import add_skip_step_args, validate_skip_step_args
-from megatron.moe_arguments import add_moe_args, validate_moe_args
+from megatron.optim.skip_step import add_skip_step_args, validate_skip_step_args
+from megatron.config.moe_flags import add_moe_args, validate_moe_args
 from megatron.tokenizer.flags import add_tokenizer_args
 
 
 def _value_alias(flag: str) -> Callable[[str], str]:
     """argparse ``type=`` for ``flag``: another project's spelling of a value (listed in
-    megatron/flag_compat.py VALUE_ALIASES, e.g. ``rotary``) becomes the value it means
+    megatron/config/flag_compat.py VALUE_ALIASES, e.g. ``rotary``) becomes the value it means
     (``rope``), so ``choices`` are checked against the canonical values."""
     def value(text: str) -> str:
         return flag_compat.canonical_value(flag, text)
@@ -43,7 +43,7 @@ _ALIASES_RESOLVED_IN_VALIDATION = ("--use-distributed-optimizer",)
 
 
 def _add_compat_args(parser: argparse.ArgumentParser) -> None:
-    """Register every flag of megatron/flag_compat.py that ``parser`` does not define itself.
+    """Register every flag of megatron/config/flag_compat.py that ``parser`` does not define itself.
     An alias writes its canonical flag's destination (so alias and canonical give equal args;
     an alias of a flag the parser lacks, e.g. ``--prefixlm`` without ``--prefix-lm``, is not
     registered); inert and refused flags are parsed under their own names, with their value,
@@ -78,7 +78,7 @@ def _add_compat_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _refused_flags(args) -> List[str]:
-    """One message per refused flag of megatron/flag_compat.py on the command line (a value in
+    """One message per refused flag of megatron/config/flag_compat.py on the command line (a value in
     its ``inert_values``, e.g. ``--ds-sequence-parallel-size 1``, is accepted)."""
     problems = []
     for c in flag_compat.COMPAT_FLAGS:
@@ -94,7 +94,7 @@ def _refused_flags(args) -> List[str]:
 
 
 def _inert_flags(args) -> List[str]:
-    """The accepted-but-inert flags of megatron/flag_compat.py on the command line, as given
+    """The accepted-but-inert flags of megatron/config/flag_compat.py on the command line, as given
     (``--data-impl mmap``), in command-line order."""
     out = []
     for dest, flag in args.given_flags.items():
@@ -428,8 +428,8 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_run_control_args(parser: argparse.ArgumentParser) -> None:
     """When training runs and stops (BigScience / Microsoft Megatron-DeepSpeed flags; see
-    megatron/run_control.py)."""
-    from megatron.run_control import parse_bool_value
+    megatron/train/run_control.py)."""
+    from megatron.train.run_control import parse_bool_value
 
     g = parser.add_argument_group("run control (BigScience / Microsoft Megatron-DeepSpeed)")
     g.add_argument("--train-tokens", type=int, default=None,
@@ -584,7 +584,7 @@ def _require(args, *names: str) -> None:
 
 def _load_deepspeed_json(args) -> None:
     """``args.deepspeed_config_dict``: the ``--deepspeed_config`` JSON (None without the flag)."""
-    from megatron.deepspeed_config import load_deepspeed_json
+    from megatron.config.deepspeed_config import load_deepspeed_json
 
     args.deepspeed_config_dict = None
     if args.deepspeed_config is not None:
@@ -624,7 +624,7 @@ def _validate_step_batch_size_schedule(args, per_step: int) -> None:
 
 
 def _validate_batch(args, world_size: int) -> None:
-    from megatron.deepspeed_config import global_batch_from_json
+    from megatron.config.deepspeed_config import global_batch_from_json
 
     _validate_layout_sizes(args, world_size)
     per_step = args.micro_batch_size * args.data_parallel_size
@@ -970,7 +970,7 @@ def _validate_lr_units(args) -> None:
 def _validate_lr_schedule(args) -> None:
     """Build the LR/WD schedules once, so bad shapes fail here with the flag or file named."""
     import numpy as np
-    from megatron import learning_rates as lrs
+    from megatron.optim import learning_rates as lrs
     from megatron.schedules.registry import ScheduleError
     from megatron.schedules.units import batch_schedule_from_args
 
@@ -1116,11 +1116,11 @@ def _validate_tokenizer(args) -> None:
 
 
 def _validate_deepspeed_config(args) -> None:
-    """Flags and ``--deepspeed_config`` agree (megatron/deepspeed_config.py
+    """Flags and ``--deepspeed_config`` agree (megatron/config/deepspeed_config.py
     reconcile_with_flags; values only the JSON gives are taken into args and noted), then
     ``--use-distributed-optimizer`` (ZeRO stage 1 unless a stage >= 1 is given), the
     precision flags against the device and the mixed-precision recipe."""
-    from megatron.deepspeed_config import reconcile_with_flags
+    from megatron.config.deepspeed_config import reconcile_with_flags
 
     if args.deepspeed_config_dict is not None:
         try:
@@ -1153,9 +1153,9 @@ def _validate_deepspeed_config(args) -> None:
 def _resolve_precision(args) -> None:
     """Gradient accumulation and reduction dtypes (Megatron-LM's flags, the JSON's
     ``data_types.grad_accum_dtype`` and ``communication_data_type``) and the ZeRO stage of mixed
-    precision (megatron/precision.py ``resolve_precision_flags``)."""
-    from megatron.deepspeed_config import json_value
-    from megatron.precision import resolve_precision_flags
+    precision (megatron/optim/precision.py ``resolve_precision_flags``)."""
+    from megatron.config.deepspeed_config import json_value
+    from megatron.optim.precision import resolve_precision_flags
 
     config = args.deepspeed_config_dict or {}
     try:
@@ -1208,9 +1208,9 @@ def _validate_precision_on_device(args) -> None:
 
 
 def _validate_run_control(args) -> None:
-    """``--train-tokens`` (shortens the run to the budget, megatron/run_control.py),
+    """``--train-tokens`` (shortens the run to the budget, megatron/train/run_control.py),
     ``--reset-progress`` and ``--eval-only``/``--skip-train`` combinations."""
-    from megatron.run_control import apply_token_budget
+    from megatron.train.run_control import apply_token_budget
     from megatron.schedules.units import batch_schedule_from_args
 
     if args.train_tokens is not None and args.train_tokens <= 0:
@@ -1245,7 +1245,7 @@ def _validate_logging(args) -> None:
             args.startup_notes.append(f"{', '.join(others)} without --wandb-project: no W&B run "
                                       "(as in Megatron-LM)")
         return
-    from megatron.wandb_logging import INSTALL_HINT, wandb_import_problem
+    from megatron.metrics.wandb_writer import INSTALL_HINT, wandb_import_problem
 
     problem = wandb_import_problem()
     if problem is not None:

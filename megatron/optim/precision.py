@@ -189,7 +189,7 @@ def optimizer_wrapper(engine) -> str:
     mixed = engine.bfloat16_enabled() or engine.fp16_enabled()
     if mixed and name not in MIXED_PRECISION_WRAPPERS:
         raise RuntimeError(f"DeepSpeed runs {name} for mixed precision at ZeRO stage "
-                           f"{engine.zero_optimization_stage()}; megatron/precision.py expects one "
+                           f"{engine.zero_optimization_stage()}; megatron/optim/precision.py expects one "
                            f"of {', '.join(MIXED_PRECISION_WRAPPERS)}")
     return name
 

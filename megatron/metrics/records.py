@@ -1,5 +1,5 @@
 """The scalars of a training or evaluation record under their tags, shared by every writer that
-logs scalars: TensorBoard (megatron/metrics.py) and Weights & Biases (megatron/wandb_logging.py).
+logs scalars: TensorBoard (megatron/metrics/writers.py) and Weights & Biases (megatron/metrics/wandb_writer.py).
 A leaf: the writers import it, it imports none of them."""
 from numbers import Number
 from typing import Any, Dict, Optional, Sequence

@@ -25,7 +25,7 @@ multiplies its samples' loss masks before any of these (so it weighs its tokens 
 others'); the logged per-dataset losses stay unweighted.
 
 The MoE load-balancing loss keeps Megatron-LM's normalisation under every choice: its gradient is
-scaled by ``1 / (GAS x dp)``, a mean over micro batches (megatron/moe_metrics.py), as
+scaled by ``1 / (GAS x dp)``, a mean over micro batches (megatron/metrics/moe.py), as
 megatron-core scales it under ``calculate_per_token_loss`` too.
 """
 from dataclasses import dataclass, field

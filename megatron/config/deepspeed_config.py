@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from megatron.errors import ConfigError
-from megatron.precision import deepspeed_precision_entries
+from megatron.optim.precision import deepspeed_precision_entries
 
 
 def load_deepspeed_json(path: str) -> Dict[str, Any]:
@@ -166,7 +166,7 @@ def deepspeed_config_from_args(args, train_batch_size: int) -> Dict[str, Any]:
     batch, which differs from ``--global-batch-size`` during a rampup), ZeRO stage from
     ``--zero-stage`` or the JSON file (default 1 with several data-parallel ranks, else 0; at least
     1 under mixed precision, set by validate_args), precision (with the gradient accumulation and
-    reduction dtypes of megatron/precision.py) and gradient clipping from the flags. Other keys of
+    reduction dtypes of megatron/optim/precision.py) and gradient clipping from the flags. Other keys of
     the JSON file are kept."""
     config = copy.deepcopy(args.deepspeed_config_dict or {})
     config["train_micro_batch_size_per_gpu"] = args.micro_batch_size

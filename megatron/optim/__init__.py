@@ -1,0 +1,1 @@
+"""Optimisation: optimizers, LR/WD schedulers, precision, loss normalisation, skipped steps."""

@@ -1,0 +1,1 @@
+"""The training run: loop, steps, evaluation, statistics, engine set-up, resume, run control."""

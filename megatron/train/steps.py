@@ -1,0 +1,133 @@
+"""One training iteration and one evaluation window on this run's engine: the GPT forward step, the
+per-micro-batch steps of a plain DeepSpeed engine (the pipe engine's are megatron/parallel/pipe.py)
+and the gradient norm an iteration logs."""
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, Optional, Tuple
+
+import torch
+
+from megatron.model.lm_loss import masked_lm_loss
+from megatron.optim.loss_normalization import LossNormalizer
+
+
+def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward one micro batch; returns (mean loss over unmasked tokens, per-sample mean loss).
+
+    Batch keys: ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` and optionally the
+    compact attention structure ``segment_ids`` / ``is_prefix`` (absent: plain causal attention)
+    with the segment layout the loader's collate computed (megatron/model/masks.py
+    ``with_segment_layout``), which the model's core attention turns into its own mask form. The
+    batch goes to the device in one non-blocking copy (megatron/data/device_transfer.py). Under
+    DeepSpeed-Ulysses each rank keeps its slice of the per-token fields (the attention structure
+    stays whole) and the losses are those of the whole sequences (megatron/parallel/ulysses.py).
+    """
+    from megatron.data.device_transfer import batch_to_device
+    from megatron.model.masks import attention_structure_from_batch, with_segment_layout
+    from megatron.parallel.ulysses import (sequence_parallel_group, sequence_rank_and_size,
+                                           slice_batch_for_sequence_rank)
+
+    rank, size = sequence_rank_and_size()
+    batch = slice_batch_for_sequence_rank(with_segment_layout(batch), size, rank)
+    batch = batch_to_device(batch, engine.device)
+    per_token = engine(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+                       packed_seq_params=attention_structure_from_batch(batch))
+    return masked_lm_loss(per_token, batch["loss_mask"], sequence_parallel_group())
+
+
+@dataclass(frozen=True)
+class StepFunctions:
+    """How one training iteration and one evaluation window run on this run's engine, picked once
+    by :func:`step_functions`; everything else in the loop is shared by every layout.
+
+    ``train_step(engine, iterator, num_micro_batches, stats, logging_now)`` runs the forward,
+    backward and optimizer step of one global batch, adds the micro batches' losses to ``stats``
+    and returns the unclipped gradient norm when it has one (else None: the engine's is used).
+    ``eval_step(engine, iterator, num_micro_batches)`` returns (sum of the micro-batch losses,
+    each weighted as the run's loss normalisation averages them, and the sum of those weights)
+    of this rank."""
+
+    train_step: Callable
+    eval_step: Callable
+
+
+def micro_batch_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,
+                           logging_now: bool, forward_step: Callable,
+                           normalizer: Optional[LossNormalizer] = None) -> Optional[float]:
+    """One iteration on a plain DeepSpeed engine: the iteration's micro batches are read and
+    weighed first (``normalizer``, megatron/optim/loss_normalization.py: the loss each backward pass
+    takes), then ``forward_step``, ``engine.backward`` and ``engine.step`` per micro batch
+    (DeepSpeed steps the optimizer at the last one)."""
+    normalizer = normalizer or LossNormalizer("micro-batch")
+    raw = [next(iterator) for _ in range(num_micro_batches)]
+    batches = [normalizer.prepare(b) for b in raw]
+    weights = normalizer.weigh(batches, engine.device)
+    stage0_norm = None
+    for micro, batch in enumerate(batches):
+        loss, per_sample = forward_step(engine, batch)
+        engine.backward(weights.backward_loss(micro, loss))
+        if logging_now and micro == num_micro_batches - 1:
+            stage0_norm = _unclipped_grad_norm(engine)
+        engine.step()
+        stats.add_micro_batch(loss, per_sample, batch.get("dataset_id"), weights.counts[micro],
+                              *normalizer.sample_stats(raw[micro], batch))
+    return stage0_norm
+
+
+def micro_batch_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
+                          forward_step: Callable,
+                          normalizer: Optional[LossNormalizer] = None) -> Tuple[torch.Tensor, float]:
+    """Forward ``num_micro_batches`` micro batches; (sum of their losses, each weighted as the
+    normalisation averages them, and the sum of the weights)."""
+    normalizer = normalizer or LossNormalizer("micro-batch")
+    loss_sum, weight_sum = None, 0.0
+    for _ in range(num_micro_batches):
+        batch = normalizer.prepare(next(iterator), train=False)
+        loss, _ = forward_step(engine, batch)
+        weight = normalizer.eval_weight(batch)
+        value = loss.detach().double() * weight
+        loss_sum = value if loss_sum is None else loss_sum + value
+        weight_sum += weight
+    return loss_sum.cpu(), weight_sum
+
+
+def step_functions(engine, forward_step: Callable,
+                   normalizer: Optional[LossNormalizer] = None) -> StepFunctions:
+    """The pipe engine's ``train_batch``/``eval_batch`` steps (megatron/parallel/pipe.py) for a
+    ``PipelineModule``, else the per-micro-batch steps around ``forward_step``; both weigh the
+    losses with ``normalizer`` (default: Megatron-LM's per-micro-batch mean)."""
+    from megatron.parallel.pipe import is_pipe_engine, pipe_eval_step, pipe_train_step
+
+    normalizer = normalizer or LossNormalizer("micro-batch")
+    if is_pipe_engine(engine):
+        return StepFunctions(functools.partial(pipe_train_step, normalizer=normalizer),
+                             functools.partial(pipe_eval_step, normalizer=normalizer))
+    return StepFunctions(
+        functools.partial(micro_batch_train_step, forward_step=forward_step, normalizer=normalizer),
+        functools.partial(micro_batch_eval_step, forward_step=forward_step, normalizer=normalizer))
+
+
+def _unclipped_grad_norm(engine) -> Optional[float]:
+    """L2 norm of the whole model's (data-parallel averaged) gradient before clipping. ZeRO stages
+    keep it in the engine; at stage 0 (fp32 only: mixed precision runs at stage 1 at least,
+    megatron/optim/precision.py) DeepSpeed does not, so it is computed from the module's gradients,
+    which hold the averaged values between the boundary backward and the optimizer step
+    (``megatron.parallel.pipe.model_grad_norm``)."""
+    from megatron.parallel.pipe import model_grad_norm
+
+    if engine.zero_optimization_stage() > 0:
+        return None
+    if not any(p.grad is not None for p in engine.module.parameters()):
+        return None
+    return model_grad_norm(engine.module)
+
+
+def _grad_norm(engine, stage0_norm: Optional[float]) -> Optional[float]:
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        norm = stage0_norm
+    if norm is None:
+        return None
+    norm = float(norm.item() if torch.is_tensor(norm) else norm)
+    return norm if math.isfinite(norm) else None

@@ -1,43 +1,35 @@
-"""Shared test set-up: the repository root on sys.path, a 1-process gloo group, demo data."""
+"""Shared test set-up: fixtures (a 1-process gloo group, megatron-core's model-parallel state,
+demo data, tiny tokenizers, the single-rank layout reference) and the collection order. What test
+modules import lives in the helpers package (tests/helpers/; pyproject.toml puts tests/ on the
+path); tests/README.md describes the layout."""
 
-import contextlib
-import fcntl
 import os
-import shutil
-import socket
-import sys
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from helpers.paths import TESTS, shared_session_dir
+from helpers.ports import free_port
 
-
-# The test files that take longest (launch-heavy), slowest first. tools/run_tests.sh hands whole
-# files to its pytest-xdist workers in collection order (--dist loadfile --no-loadscope-reorder);
-# starting the long ones first keeps both workers busy to the end.
+# The test files that take longest (launch-heavy), slowest first, by their path under tests/.
+# tools/run_tests.sh hands whole files to its pytest-xdist workers in collection order (--dist
+# loadfile --no-loadscope-reorder); starting the long ones first keeps both workers busy to the end
+# (tests/unit/test_suite_layout.py checks that each names a test file).
 SLOW_FILES_FIRST = (
-    "test_pipeline_parallel.py", "test_compat_scripts.py", "test_examples.py",
-    "test_parallel_layouts_e2e.py", "test_moe.py", "test_exact_resume.py", "test_pretrain_e2e.py",
-    "test_attention_backends.py", "test_checkpoint_safety.py", "test_curriculum_e2e.py",
-    "test_run_control_e2e.py", "test_finetune_t0.py", "test_schedule_resume_e2e.py",
-    "test_graceful_exit.py", "test_bad_inputs.py", "test_error_reporting.py", "test_cpu_comm.py",
-    "test_merge_checkpoints.py", "test_hf_conversion.py", "test_hf_mixtral.py", "test_rotary.py",
+    "e2e/test_pipeline_parallel.py", "e2e/test_compat_scripts.py", "e2e/test_examples.py",
+    "e2e/test_parallel_layouts_e2e.py", "e2e/test_moe_e2e.py", "e2e/test_exact_resume_e2e.py",
+    "e2e/test_pretrain_e2e.py", "e2e/test_attention_backends_e2e.py",
+    "unit/test_attention_backends.py", "e2e/test_checkpoint_safety.py", "e2e/test_curriculum_e2e.py",
+    "e2e/test_run_control_e2e.py", "e2e/test_finetune_t0.py", "e2e/test_schedule_resume_e2e.py",
+    "e2e/test_graceful_exit.py", "e2e/test_bad_inputs.py", "e2e/test_error_reporting_e2e.py",
+    "e2e/test_cpu_comm_e2e.py", "e2e/test_merge_checkpoints.py", "e2e/test_hf_conversion_e2e.py",
+    "unit/test_hf_conversion.py", "unit/test_hf_mixtral.py", "unit/test_rotary.py",
 )
 
 
 def pytest_collection_modifyitems(config, items):
     """Run the files of SLOW_FILES_FIRST first, in that order; the rest keep their order."""
     order = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: order.get(item.path.name, len(order)))
-
-
-def free_port() -> int:
-    """A TCP port on localhost that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    items.sort(key=lambda item: order.get(os.path.relpath(item.path, TESTS), len(order)))
 
 
 @pytest.fixture(scope="session")
@@ -65,26 +57,15 @@ def one_rank_model_parallel(dist_group):
     yield
 
 
-@contextlib.contextmanager
-def shared_session_dir(tmp_path_factory, name: str):
-    """A directory ``name`` made once per test session and shared by its pytest-xdist workers
-    (session fixtures are per worker): yields (directory, done), with the other workers waiting on
-    a file lock meanwhile; ``done`` says an earlier holder finished it (the body writes it and then
-    touches ``directory / "DONE"``; a body that raises leaves it to the next holder, on an emptied
-    directory). Without xdist the directory is the session's own."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        yield tmp_path_factory.mktemp(name), False
-        return
-    root = tmp_path_factory.getbasetemp().parent  # pytest-N/, the workers' basetemps' parent
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        directory = root / name
-        done = (directory / "DONE").exists()
-        if not done:  # new, or left unfinished by a worker whose body failed
-            shutil.rmtree(directory, ignore_errors=True)
-            directory.mkdir()
-        yield directory, done
-        (directory / "DONE").touch()
+@pytest.fixture(scope="module")
+def tp1(dist_group):
+    """megatron-core's model-parallel state of size 1 (TP 1, PP 1) on the 1-process group, for the
+    in-process models of the checkpoint conversion tests."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    yield
 
 
 @pytest.fixture(scope="session")
@@ -120,10 +101,10 @@ def sentencepiece_model(tiny_tokenizers):
 
 @pytest.fixture(scope="session")
 def single_rank_layout_dir(demo_data, tmp_path_factory):
-    """The run directory (``metrics.jsonl``) of the layout-comparison model (tests/parallel_helpers.py)
-    trained on one rank: the reference every parallel layout must reproduce; run once per session,
-    for all workers."""
-    from parallel_helpers import run_layout
+    """The run directory (``metrics.jsonl``) of the layout-comparison model
+    (tests/helpers/parallel.py) trained on one rank: the reference every parallel layout must
+    reproduce; run once per session, for all workers."""
+    from helpers.parallel import run_layout
     with shared_session_dir(tmp_path_factory, "layout_reference") as (run_dir, done):
         if not done:
             run_layout(demo_data, run_dir, num_ranks=1)
@@ -133,7 +114,7 @@ def single_rank_layout_dir(demo_data, tmp_path_factory):
 @pytest.fixture(scope="session")
 def single_rank_layout_records(single_rank_layout_dir):
     """Training records (``--metrics-jsonl``) of the single-rank layout reference run."""
-    from parallel_helpers import train_records
+    from helpers.parallel import train_records
     return train_records(single_rank_layout_dir)
 
 

@@ -8,7 +8,7 @@ A flag's status comes from the code, never from this file: ``alias``, ``inert`` 
 (with what to use instead) from megatron/config/flag_compat.py, which the parser registers;
 ``implemented`` when the parser of pretrain_gpt.py / finetune_t0.py has the flag itself (``alias``
 too when it is a second option string of a parser flag, e.g. ``--override-lr-scheduler``);
-``missing`` when neither knows it (tests/test_compat_scripts.py fails on any). What this file
+``missing`` when neither knows it (tests/e2e/test_compat_scripts.py fails on any). What this file
 holds is which flags each public script uses (:data:`SOURCES`).
 """
 import argparse

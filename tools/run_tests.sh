@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up .venv (if needed) and run the whole test suite. Extra arguments go to pytest (after the
-# defaults, so they win: -n 0 runs in one process).
+# Set up .venv (if needed) and run the whole test suite (tests/unit/ and tests/e2e/; the layout,
+# the markers and the rules: tests/README.md). Extra arguments go to pytest (after the defaults, so
+# they win: -n 0 runs in one process; -m "not launch" runs the fast set, no test that starts a
+# process).
 #
 # TEST_WORKERS (default 2) pytest-xdist workers take whole test files (--dist loadfile: a file's
 # module fixtures, such as one training run several tests read, run once), the slowest files first

@@ -12,7 +12,7 @@ run's engine from its ``param_index.json`` (megatron/checkpoint/reshard.py); oth
 loads its own files.
 
 ``save_checkpoint``'s ``after_files_written`` is called on every rank once that rank's files are
-written, before the tracker update (tests/test_checkpoint_safety.py kills the run there).
+written, before the tracker update (tests/e2e/test_checkpoint_safety.py kills the run there).
 """
 import os
 import random

@@ -18,7 +18,7 @@ and ``i`` (the schedule evaluated at every iteration, as the LR schedule is, rel
 at the first checkpoint), the schedule's progress 0 being the first checkpoint and its default span
 the window (first to last checkpoint). For a linear decay to 0 over ``k`` intervals of ``K``
 iterations: ``w_i = 1 − ((i−1)K + (K−1)/2) / (kK)``, so ``c_0 = (K−1)/(2kK)``, ``c_j = 1/k``,
-``c_k = (K+1)/(2kK)`` (the trapezoid rule; ``tests/test_merge_checkpoints.py``).
+``c_k = (K+1)/(2kK)`` (the trapezoid rule; ``tests/e2e/test_merge_checkpoints.py``).
 
 **Exactness and memory.** Each merged tensor is ``Σ wᵢ·θᵢ`` accumulated in fp32 from the sources'
 full (tensor-parallel 1) tensors as stored (megatron/checkpoint/reader.py, files memory-mapped,

@@ -1,0 +1,108 @@
+"""Starting runs as the e2e tests do: an entry point or a child script (tests/scripts/) through the
+real ``deepspeed`` launcher (:func:`run_deepspeed`) or as one plain rank
+(:func:`run_single_process`), each on its own free port; and what a run leaves (its ``--metrics-jsonl`` records, DeepSpeed's CPU
+all-reduce buffers in /dev/shm). A test that calls these carries the ``launch`` marker
+(tests/unit/test_suite_layout.py checks it)."""
+import glob
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List, Set, Tuple
+
+from helpers.paths import ROOT
+from helpers.ports import free_port
+
+
+def deepspeed_launcher() -> str:
+    """The ``deepspeed`` launcher installed beside this Python."""
+    return os.path.join(os.path.dirname(sys.executable), "deepspeed")
+
+
+PORT_TAKEN = "is already in use by another process"  # megatron's one-line busy-port error
+
+
+def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: int = 600,
+                  env: Dict[str, str] = None, check: bool = True,
+                  master_port: int = None) -> subprocess.CompletedProcess:
+    """Launch ``script`` with ``num_ranks`` CPU ranks (gloo) on ``master_port`` (default: a free
+    one; should another process take it before the launcher binds it, as tests running in parallel
+    may, the launch is repeated once on another); with ``check``, raise with the log when it
+    fails."""
+    run_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+                   TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    run_env.update(env or {})
+    for attempt in range(1 if master_port else 2):
+        cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port",
+               str(master_port or free_port()), os.path.join(ROOT, script)] + flags
+        proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode == 0 or PORT_TAKEN not in proc.stderr:
+            break
+    if check:
+        _raise_if_failed(cmd, proc)
+    return proc
+
+
+def _raise_if_failed(cmd: List[str], proc: subprocess.CompletedProcess) -> None:
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
+                             f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+
+
+def run_single_process(script: str, flags: List[str], cwd=ROOT, timeout: int = 300,
+                       check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``script`` as a plain 1-process job (rank 0 of 1: WORLD_SIZE, RANK, LOCAL_RANK and the
+    master address set as the launcher sets them, gloo on a free port), without the launcher's own
+    start-up (two Python processes importing DeepSpeed before the rank starts): for runs that stop
+    at start-up or need no second rank, such as the one-rank references the layouts are compared
+    with; with ``check``, raise with the log when it fails."""
+    env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", DS_ACCELERATOR="cpu",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, os.path.join(ROOT, script)] + flags
+    proc = subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check:
+        _raise_if_failed(cmd, proc)
+    return proc
+
+
+def run_ranks(script: str, flags: List[str], num_ranks: int, check: bool = True
+              ) -> subprocess.CompletedProcess:
+    """``num_ranks`` CPU ranks of ``script``: through the deepspeed launcher (:func:`run_deepspeed`)
+    for two or more, as one plain process (:func:`run_single_process`) for one."""
+    if num_ranks == 1:
+        return run_single_process(script, flags, timeout=600, check=check)
+    return run_deepspeed(script, flags, num_ranks=num_ranks, check=check)
+
+
+def read_jsonl(path) -> List[dict]:
+    """All records of a ``--metrics-jsonl`` file."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def own_shm_buffers(port: int) -> List[str]:
+    """DeepSpeed's CPU all-reduce buffers (of this user) of the launch on ``port`` that are in
+    /dev/shm (megatron/runtime/cpu_comm.py)."""
+    from megatron.runtime import cpu_comm
+
+    pattern = f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_*_{port}_*"
+    return glob.glob(os.path.join(cpu_comm.SHM_DIR, pattern))
+
+
+def mapped_shm_buffers(pid: int) -> Set[Tuple[str, bool]]:
+    """DeepSpeed's CPU all-reduce buffers (of this user) that process ``pid`` maps, from
+    /proc/PID/maps, each as ``(path, unlinked)``."""
+    from megatron.runtime import cpu_comm
+
+    prefix = os.path.join(cpu_comm.SHM_DIR, f"{cpu_comm.SHM_PREFIX}_{os.getuid()}_")
+    found = set()
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith(prefix):
+                path, _, deleted = fields[5].strip().partition(" ")
+                found.add((path, deleted == "(deleted)"))
+    return found

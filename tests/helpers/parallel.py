@@ -1,0 +1,125 @@
+"""Run one parallel layout of a tiny GPT (SwiGLU, so the strided fc1 split is covered) through the
+real deepspeed launcher (the single-rank reference as one plain process) and return its
+per-iteration losses, so layouts can be compared with the single-rank run.
+
+All layouts use the same data (a curriculum over the session's ``demo_data``: ``web`` at weight 1,
+``code`` from weight 1 falling to 0.2 by iteration 10, with two named validation groups evaluated at
+iterations 10 and 20, so per-dataset losses and validation groups are compared under every layout
+too), seed, model and global batch, dropout 0, and default vocabulary flags: the byte-level
+vocabulary (258 tokens) pads to 384 rows under TP 1 and 512 under TP 2 (a multiple of
+--make-vocab-size-divisible-by 128 x TP), and the padding rows take no probability
+(megatron/model/vocab_padding.py), so every layout is the same model. ``--clip-grad`` is below every
+gradient norm of the run, so clipping acts at every step and the losses follow only with the right
+norm. Under --bf16/--fp16 each layout stays within the issue's bounds of the fp32 single rank
+(:func:`assert_low_precision_matches`).
+"""
+from typing import List, Sequence
+
+from helpers.launch import read_jsonl, run_ranks
+
+LAYOUT_ITERS = 20
+GLOBAL_BATCH = 8
+CLIP_GRAD = 0.05  # the run's gradient norms are 0.7-4.5: clipped at every step
+# Largest relative drift from the fp32 single rank allowed under --bf16/--fp16 (issue 19: bf16
+# measured 4-5e-4 and 4e-3, fp16 2e-5 and 2e-4, docs/precision.md)
+LOW_PRECISION_LOSS_REL = 2e-3
+LOW_PRECISION_NORM_REL = 3e-2
+
+
+BLEND = """\
+train:
+  blend:
+    - {{path: {web}, weight: 1}}
+    - path: {code}
+      weight: {{type: linear, unit: iterations, points: {{0: 1, 10: 0.2}}}}
+valid:
+  - {{name: web, path: {web}, split: '0.98:1'}}
+  - {{name: code, path: {code}, split: '0.98:1'}}
+"""
+EVAL_INTERVAL = 10
+
+
+def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAYOUT_ITERS) -> List[str]:
+    """pretrain_gpt.py flags of the layout-comparison model (4 layers, so PP 2 and 4 split it);
+    ``extra`` adds the layout flags. Writes the curriculum's blend file into ``run_dir``."""
+    blend = run_dir / "blend.yaml"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    blend.write_text(BLEND.format(web=demo_data["web"], code=demo_data["code"]))
+    return [
+        "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", str(GLOBAL_BATCH),
+        "--train-iters", str(iters), "--lr", "3e-3", "--min-lr", "3e-4",
+        "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--clip-grad", str(CLIP_GRAD),
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local", "--swiglu",
+        "--data-blend-config", str(blend), "--data-cache-path", str(run_dir / "cache"),
+        "--eval-interval", str(EVAL_INTERVAL), "--eval-iters", "1",
+        "--log-interval", "1", "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "11",
+        *extra]
+
+
+def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
+               iters: int = LAYOUT_ITERS, script: str = "pretrain_gpt.py", first_iteration: int = 1):
+    """Train to iteration ``iters`` with ``num_ranks`` CPU ranks (:func:`helpers.launch.run_ranks`:
+    the deepspeed launcher for two or more) and the layout flags ``extra`` (from
+    ``first_iteration``: a resume); returns (per-iteration lm losses, the CompletedProcess)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = run_ranks(script, layout_flags(demo_data, run_dir, extra, iters), num_ranks)
+    records = train_records(run_dir)
+    assert [r["iteration"] for r in records] == list(range(first_iteration, iters + 1)), records
+    return [r["lm_loss"] for r in records], proc
+
+
+def train_records(run_dir) -> List[dict]:
+    """The training records of the run in ``run_dir`` (its ``metrics.jsonl``)."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "split" not in r]
+
+
+def valid_records(run_dir) -> List[dict]:
+    """The validation records (``split`` valid, one per group and evaluation) of ``run_dir``."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
+
+
+def assert_curriculum_records_match(run_dir, reference_dir, rel: float = 1e-4) -> None:
+    """Per-dataset training losses and every validation group's loss of the run in ``run_dir``
+    equal the reference run's (in ``reference_dir``) within ``rel``."""
+    got, ref = train_records(run_dir), train_records(reference_dir)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert set(g["per_dataset_loss"]) == set(r["per_dataset_loss"]) == {"web", "code"}, g
+        for name, value in r["per_dataset_loss"].items():
+            assert abs(g["per_dataset_loss"][name] - value) <= rel * abs(value), (g, r)
+    got_valid = [(v["iteration"], v["group"], v["lm_loss"]) for v in valid_records(run_dir)]
+    ref_valid = [(v["iteration"], v["group"], v["lm_loss"]) for v in valid_records(reference_dir)]
+    assert [(it, group) for it, group, _ in ref_valid] == [
+        (it, group) for it in range(EVAL_INTERVAL, len(ref) + 1, EVAL_INTERVAL)
+        for group in ("web", "code")]
+    assert [(it, group) for it, group, _ in got_valid] == [(it, group) for it, group, _ in ref_valid]
+    assert_losses_match([loss for *_, loss in got_valid], [loss for *_, loss in ref_valid], rel)
+
+
+def assert_losses_match(got: Sequence[float], reference: Sequence[float], rel: float = 1e-4) -> None:
+    """Every iteration's loss within ``rel`` relative of the reference's."""
+    assert len(got) == len(reference)
+    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, reference)) if abs(g - r) > rel * abs(r)]
+    assert not bad, f"iterations (iteration, got, reference) off by more than {rel} relative: {bad}"
+
+
+def fp16_supported() -> bool:
+    """Whether DeepSpeed's accelerator (the CPU one under the tests) has float16 here."""
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().is_fp16_supported()
+
+
+def assert_low_precision_matches(run_dir, reference_dir) -> None:
+    """The --bf16/--fp16 run in ``run_dir`` against the fp32 single rank in ``reference_dir``,
+    iteration by iteration: losses (also per dataset and per validation group) within
+    LOW_PRECISION_LOSS_REL, logged gradient norms (those it clipped by, at every step) within
+    LOW_PRECISION_NORM_REL."""
+    got, reference = train_records(run_dir), train_records(reference_dir)
+    assert min(r["grad_norm"] for r in reference) > CLIP_GRAD  # clipping at every step
+    assert_losses_match([r["lm_loss"] for r in got], [r["lm_loss"] for r in reference],
+                        LOW_PRECISION_LOSS_REL)
+    assert_losses_match([r["grad_norm"] for r in got], [r["grad_norm"] for r in reference],
+                        LOW_PRECISION_NORM_REL)
+    assert_curriculum_records_match(run_dir, reference_dir, LOW_PRECISION_LOSS_REL)

@@ -1,0 +1,187 @@
+"""tools/preview_schedule.py: the JSON equals stepping the scheduler; a 1e6-iteration preview runs.
+The tool run as a command: tests/e2e/test_preview_schedule_e2e.py."""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.flags import TINY_SCHEDULE as BASE
+from helpers.paths import ROOT
+from megatron.config.arguments import parse_args
+from megatron.optim.learning_rates import build_opt_param_scheduler
+from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import preview_schedule  # noqa: E402
+
+
+def stepped(flags):
+    """(consumed_samples, lr, wd) per iteration from stepping the real scheduler."""
+    args = parse_args(BASE + flags.split(), world_size=1, require_data=False)
+    bs = batch_schedule_from_args(args)
+    iters = train_iterations_from_args(args, bs)
+    opt = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "wd_mult": 1.0,
+                            "lr_mult": 1.0}], lr=1.0)
+    sched = build_opt_param_scheduler(args, opt)
+    consumed, samples, lr, wd = 0, [], [], []
+    for i in range(iters + 1):
+        samples.append(consumed)
+        lr.append(opt.param_groups[0]["lr"])
+        wd.append(opt.param_groups[0]["weight_decay"])
+        batch = bs.batch_size_at_samples(consumed)
+        consumed += batch
+        sched.step(increment=batch)
+    return samples, lr, wd
+
+
+CASES = [
+    "--global-batch-size 4 --train-iters 120 --lr 1e-3 --lr-decay-style cosine --lr-warmup-iters 10 "
+    "--weight-decay-incr-style linear --start-weight-decay 0.01 --end-weight-decay 0.1",
+    "--global-batch-size 16 --rampup-batch-size 4 4 200 --train-iters 100 --lr 0.02 --min-lr 1e-4 "
+    "--lr-decay-style power --lr-warmup-iters 10 --power-scheduler-decay-iters 20 "
+    "--power-scheduler-a 0.05",
+    "--global-batch-size 8 --train-samples 900 --lr 1e-3 --lr-decay-style WSD "
+    "--lr-wsd-decay-samples 200 --lr-wsd-decay-style cosine --lr-warmup-samples 64",
+]
+
+
+@pytest.mark.parametrize("flags", CASES)
+def test_preview_json_equals_stepping_the_scheduler(tmp_path, flags):
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    plot = ["--output-png", str(png)] if flags == CASES[0] else []
+    preview_schedule.main(BASE + flags.split() + ["--output-json", str(out)] + plot)
+    data = json.loads(out.read_text())
+    samples, lr, wd = stepped(flags)
+    assert data["iteration"] == list(range(len(samples)))
+    assert data["consumed_samples"] == samples
+    assert data["lr"] == lr
+    assert data["weight_decay"] == wd
+    if plot:
+        assert png.stat().st_size > 1000
+    assert preview_schedule.preview(preview_schedule.parse_preview_args(BASE + flags.split())) == data
+
+
+def test_preview_with_schedule_config(tmp_path):
+    config = tmp_path / "s.yaml"
+    config.write_text("lr_schedule:\n  - {start: 0, schedule: {type: linear, from: 0.0, to: 1.0e-3}}\n"
+                      "  - {start: 30, schedule: {type: cosine, from: 1.0e-3, to: 1.0e-4, unit: iterations}}\n")
+    flags = f"--global-batch-size 4 --train-iters 80 --lr 1e-3 --lr-schedule-config {config}"
+    data = preview_schedule.preview(preview_schedule.parse_preview_args(BASE + flags.split()))
+    assert data["lr"] == stepped(flags)[1]
+
+
+def test_preview_a_million_iterations(tmp_path):
+    args = preview_schedule.parse_preview_args(
+        BASE + "--global-batch-size 1024 --rampup-batch-size 32 32 1000000 --train-iters 1000000 "
+               "--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2000".split())
+    start = time.perf_counter()
+    arrays = preview_schedule.schedule_arrays(args)
+    computed = time.perf_counter() - start
+    preview_schedule._write_json(arrays, str(tmp_path / "big.json"))
+    total = time.perf_counter() - start
+    print(f"\npreview of 1e6 iterations: values {computed:.2f} s, values + JSON {total:.2f} s")
+    assert len(arrays["lr"]) == 1_000_001 and np.all(np.isfinite(arrays["lr"]))
+
+
+def test_preview_bad_flags_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        preview_schedule.parse_preview_args(
+            BASE + "--global-batch-size 4 --train-iters 20 --lr 1e-3 --lr-warmup-iters 30".split())
+    assert info.value.code == 2 and "warmup" in capsys.readouterr().err
+
+
+def test_preview_mixture_is_the_training_index(tmp_path, demo_data, dist_group):
+    """mixture[d][i] equals the fraction of step i's global batch that the dataset built for
+    training draws from d (same seed, same cache), and the target follows the schedule."""
+    from megatron.data.builder import build_pretraining_data
+    from megatron.tokenizer import build_tokenizer
+
+    blend = tmp_path / "blend.json"
+    blend.write_text(json.dumps({"train": {"blend": [
+        {"path": demo_data["web"], "weight": 1},
+        {"path": demo_data["math"],
+         "weight": {"type": "linear", "unit": "iterations", "points": {0: 3, 20: 0}}}]}}))
+    flags = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+             "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+             "--train-iters", "30", "--lr", "1e-3", "--eval-iters", "0",
+             "--data-blend-config", str(blend), "--data-cache-path", str(tmp_path / "cache")]
+    args = preview_schedule.parse_preview_args(flags + ["--output-json", str(tmp_path / "p.json")])
+    preview_schedule.main(flags + ["--output-json", str(tmp_path / "p.json")])
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert set(data["mixture"]) == {"web", "math"} and len(data["mixture"]["web"]) == 30
+
+    train_args = parse_args(flags, world_size=1)
+    train_args.tokenizer = build_tokenizer(train_args)
+    train = build_pretraining_data(train_args, train_args.tokenizer).train
+    ids = np.asarray(train.index.dataset_index[: 30 * 8]).reshape(30, 8)
+    for d, name in enumerate(train.names):
+        assert data["mixture"][name] == pytest.approx((ids == d).mean(axis=1).tolist())
+    assert data["epochs"] == pytest.approx(train.epochs)
+    math = np.asarray(data["target_mixture"]["math"])
+    expected = np.interp(np.arange(30), [0, 20], [3, 0])
+    assert math == pytest.approx(expected / (expected + 1))
+    assert args.data_blend is not None
+
+
+def _strict_json(text):
+    """json.loads that refuses Infinity/NaN (which Python's json otherwise accepts)."""
+    def refuse(constant):
+        raise ValueError(f"non-JSON constant {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_preview_json_is_strict(tmp_path, demo_data):
+    """Every preview is strict JSON: power laws (infinite at 0 tokens before the cap), staged
+    power, and a --train-samples run off an iteration boundary with a blend file (mixture)."""
+    schedule = tmp_path / "power.yaml"
+    schedule.write_text("lr_schedule:\n  - {start: 0, schedule: {type: constant, value: 0.02}}\n"
+                        "  - {start: 40, schedule: {type: power, max: 0.02, a: 0.05, to: 1.0e-4}}\n")
+    blend = tmp_path / "blend.json"
+    blend.write_text(json.dumps({"train": {"blend": [
+        {"path": demo_data["web"], "weight": 1},
+        {"path": demo_data["math"], "weight": {"type": "linear", "unit": "samples", "points": {0: 1, 50: 0}}}]}}))
+    runs = CASES + [
+        f"--global-batch-size 16 --rampup-batch-size 4 4 200 --train-iters 100 --lr 0.02 "
+        f"--lr-schedule-config {schedule}",
+        f"--global-batch-size 4 --train-samples 103 --lr 1e-3 --lr-decay-style cosine "
+        f"--data-blend-config {blend} --data-cache-path {tmp_path / 'cache'} --eval-iters 0"]
+    for k, flags in enumerate(runs):
+        out = tmp_path / f"p{k}.json"
+        preview_schedule.main(BASE + flags.split() + ["--output-json", str(out)])
+        data = _strict_json(out.read_text())
+        assert np.all(np.isfinite(data["lr"])) and len(data["lr"]) == len(data["iteration"])
+    assert data["iteration"][-1] == 25                           # 103 samples: 25 whole batches
+    assert len(data["mixture"]["web"]) == 25
+
+
+def test_preview_refuses_non_finite_schedule_values(tmp_path, capsys):
+    config = tmp_path / "inf.yaml"
+    config.write_text("lr_schedule:\n  - {start: 0, schedule: {type: constant, value: .inf}}\n")
+    out = tmp_path / "p.json"
+    with pytest.raises(SystemExit) as info:
+        preview_schedule.main(BASE + f"--global-batch-size 4 --train-iters 20 --lr 1e-3 "
+                                     f"--lr-schedule-config {config} --output-json {out}".split())
+    assert info.value.code == 2
+    assert "stage 0 (start 0): constant: 'value': inf is not a finite number" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"'lr'\[2\] is nan"):
+        preview_schedule._write_json({"lr": np.asarray([0.1, 0.2, np.nan])}, str(out))
+    assert not out.exists()
+
+
+def test_preview_under_ulysses_counts_data_parallel_ranks_only(tmp_path):
+    """--ds-sequence-parallel-size splits sequences, not batches: 4 ranks at SP 2 preview the same
+    rampup and schedule as 2 data-parallel ranks, and a layout it cannot run is refused."""
+    flags = BASE + ("--global-batch-size 16 --rampup-batch-size 4 4 64 --train-iters 20 --lr 1e-3 "
+                    "--lr-decay-style cosine").split()
+    sp = preview_schedule.preview(preview_schedule.parse_preview_args(
+        flags + ["--world-size", "4", "--ds-sequence-parallel-size", "2"]))
+    dp = preview_schedule.preview(preview_schedule.parse_preview_args(flags + ["--world-size", "2"]))
+    assert sp == dp
+    with pytest.raises(SystemExit):
+        preview_schedule.parse_preview_args(flags + ["--world-size", "6",
+                                                     "--ds-sequence-parallel-size", "3"])

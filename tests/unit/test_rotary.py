@@ -1,0 +1,62 @@
+"""megatron/model/rotary.py: ``--position-embedding-type rope`` on CPU, the same angles as
+megatron-core's RotaryEmbedding. End to end through the deepspeed launcher, a RoPE model trains
+(its loss falls) and equals its one-rank run under every layout of tests/e2e/test_moe_e2e.py (the
+Llama-style MoE model), and under DeepSpeed-Ulysses in tests/e2e/test_ulysses_e2e.py."""
+import math
+
+import pytest
+import torch
+
+from megatron.core.models.common.embeddings import rotary_pos_embedding as mcore_rotary
+from megatron.model.rotary import RotaryEmbedding, use_device_rotary_embedding
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("percent,offset", [(1.0, 0), (0.5, 3)])
+def test_cpu_embedding_equals_megatron_cores(monkeypatch, interleaved, percent, offset):
+    ours = RotaryEmbedding(kv_channels=16, rotary_percent=percent, rotary_interleaved=interleaved,
+                           rotary_base=500, use_cpu_initialization=True)
+    emb = ours.get_emb(12, offset)
+    assert emb.device.type == "cpu" and emb.shape == (12, 1, 1, int(16 * percent))
+    # megatron-core's own get_emb, its GPU move pointed at the CPU
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    ref = mcore_rotary.RotaryEmbedding(kv_channels=16, rotary_percent=percent,
+                                       rotary_interleaved=interleaved, rotary_base=500,
+                                       use_cpu_initialization=True).get_emb(12, offset)
+    torch.testing.assert_close(emb, ref, rtol=0, atol=0)
+    # the formula: position p, frequency k of d/2: (p + offset) * base^(-2k/d)
+    d = int(16 * percent)
+    k = 1
+    expected = (5 + offset) * 500 ** (-2 * k / d)
+    column = 2 * k if interleaved else k
+    assert math.isclose(float(emb[5, 0, 0, column]), expected, rel_tol=1e-6)
+
+
+def test_gpt_model_with_rope_runs_forward_and_backward_on_cpu(dist_group):
+    from megatron.config.arguments import get_parser, validate_args
+    from megatron.core import parallel_state
+    from megatron.model.gpt_model import build_gpt_model
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    args = validate_args(get_parser().parse_args(
+        ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+         "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
+         "--position-embedding-type", "rope", "--rotary-percent", "0.5"]), 1, require_data=False)
+    args.padded_vocab_size = 128
+    model = build_gpt_model(args)
+    from megatron.parallel.cpu_rng import model_parallel_manual_seed
+
+    model_parallel_manual_seed(args.seed)  # attention dropout runs on the model-parallel stream
+    assert type(model.rotary_pos_emb) is RotaryEmbedding
+    tokens = torch.randint(0, 100, (2, 16))
+    positions = torch.arange(16).expand(2, 16)
+    logits = model(tokens, positions, None)
+    assert logits.shape == (2, 16, 128) and torch.isfinite(logits).all()
+    logits.float().mean().backward()
+    # rope moves information by position: shifting the input changes the logits' pattern
+    with torch.no_grad():
+        a = model(tokens, positions, None)
+        b = model(torch.roll(tokens, 1, dims=1), positions, None)
+    assert not torch.allclose(a[:, 1:], b[:, 1:])
+    assert use_device_rotary_embedding(torch.nn.Linear(2, 2)).__class__ is torch.nn.Linear

@@ -37,7 +37,7 @@ import torch
 
 from megatron.errors import ConfigError
 from megatron.model.gelu import TANH, gelu_form
-from megatron.config.moe_flags import moe_layer_pattern
+from megatron.model.moe import moe_layer_pattern
 
 Getter = Callable[[str], torch.Tensor]
 

@@ -152,13 +152,6 @@ def _eval_list_expression(node):
     raise ValueError(f"{ast.dump(node)[:40]} is not a list, integer, + or *")
 
 
-def moe_layer_pattern(freq: Union[int, List[int]], num_layers: int) -> List[int]:
-    """1 for each MoE layer, 0 for each dense one (megatron-core's reading of ``moe_layer_freq``)."""
-    if isinstance(freq, int):
-        return [1 if i % freq == 0 else 0 for i in range(num_layers)]
-    return list(freq)
-
-
 def describe_layer_freq(args) -> str:
     """The flag that chose the MoE layers, as given: ``--expert-interval N`` (Microsoft's) or
     ``--moe-layer-freq`` with its value."""
@@ -223,6 +216,8 @@ def validate_moe_args(args) -> None:
         if not any(args.moe_layer_freq):
             raise ArgumentError(f"--expert-interval {args.expert_interval} exceeds --num-layers "
                                 f"{args.num_layers}: no layer would be MoE")
+        from megatron.model.moe import moe_layer_pattern  # lazy: the model imports megatron-core
+
         recorded = _recorded_model_flags(args).get("moe_layer_freq")
         if recorded is not None and moe_layer_pattern(recorded, args.num_layers) \
                 != args.moe_layer_freq:
@@ -432,6 +427,8 @@ def moe_config_from_args(args) -> dict:
 def describe_moe(args) -> str:
     """The start-up line of the MoE flags, e.g. ``MoE: 8 experts (FFN 512) in 4 of 4 layers,
     top-2 softmax router, aux_loss x 0.01, dropless, allgather dispatcher, expert-parallel 2``."""
+    from megatron.model.moe import moe_layer_pattern  # lazy: the model imports megatron-core
+
     pattern = moe_layer_pattern(args.moe_layer_freq, args.num_layers)
     capacity = ("dropless" if args.moe_expert_capacity_factor is None else
                 f"capacity factor {args.moe_expert_capacity_factor:g} (drop by "

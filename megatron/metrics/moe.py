@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from megatron.model.moe import moe_routers
-from megatron.config.moe_flags import moe_layer_pattern
+from megatron.model.moe import moe_layer_pattern
 
 
 class MoETraining:

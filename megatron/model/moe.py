@@ -25,6 +25,14 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
 
 
+def moe_layer_pattern(freq: Union[int, List[int]], num_layers: int) -> List[int]:
+    """1 for each MoE layer, 0 for each dense one (megatron-core's reading of ``moe_layer_freq``:
+    every ``freq``-th layer from the first, or the given 0/1 list)."""
+    if isinstance(freq, int):
+        return [1 if i % freq == 0 else 0 for i in range(num_layers)]
+    return list(freq)
+
+
 class MoERouter(TopKRouter):
     """megatron-core's top-k router (same routing, aux and z losses), runnable on a CPU, keeping
     ``tokens_per_expert``: tokens routed to each global expert since the last

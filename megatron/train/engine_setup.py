@@ -15,7 +15,8 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     import deepspeed
     from deepspeed.pipe import PipelineModule
     from megatron.core import parallel_state
-    from megatron.config.moe_flags import describe_layer_freq, moe_layer_pattern
+    from megatron.config.moe_flags import describe_layer_freq
+    from megatron.model.moe import moe_layer_pattern
     from megatron.parallel.experts import check_stages_hold_experts, mark_expert_parameters
     from megatron.parallel.grads import install_sequence_parallel_grad_allreduce
     from megatron.parallel.pipe import check_grid_matches, install_model_grad_clipping

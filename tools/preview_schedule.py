@@ -135,9 +135,8 @@ def resumed_mixture_arrays(args, train_iters: int) -> dict:
 
     mix = training_mix_of(args)
     history = mix.history()
-    names: Dict[tuple, str] = {}
-    for entry in mix.ledger(len(mix.dataset)):
-        names[entry.key] = entry.name
+    at_end = mix.ledger(len(mix.dataset))  # every dataset the run draws, by its ledger name
+    names: Dict[tuple, str] = {entry.key: entry.name for entry in at_end}
     mixture = {name: np.zeros(train_iters) for name in names.values()}
     target = {name: np.zeros(train_iters) for name in names.values()}
     for p, phase in enumerate(mix.phases):
@@ -151,8 +150,7 @@ def resumed_mixture_arrays(args, train_iters: int) -> dict:
             target.setdefault(name, np.zeros(train_iters))
             mixture[name][phase.begin_iteration:stop] = drawn[d][phase.begin_iteration:stop]
             target[name][phase.begin_iteration:stop] = wanted[d][phase.begin_iteration:stop]
-    epochs = {e.name: e.drawn / e.samples_per_epoch for e in mix.ledger(len(mix.dataset))
-              if e.samples_per_epoch}
+    epochs = {e.name: e.drawn / e.samples_per_epoch for e in at_end if e.samples_per_epoch}
     return {"mixture": mixture, "target_mixture": target, "epochs": epochs,
             "resume_iteration": _checkpoint_iteration(args),
             "mix_changes": [phase.begin_iteration for phase in mix.phases[1:]]}

@@ -63,7 +63,7 @@ import torch
 
 from megatron.data.blend_config import (BlendConfigError, BlendEntry, BlendStage, SplitBlend,
                                         check_dataset_prefix)
-from megatron.data.mix_ledger import gpt_files_fingerprint
+from megatron.data.mix_ledger import gpt_files_fingerprint, ledger_key
 from megatron.schedules.registry import ScheduleContext, build_schedule
 from megatron.schedules.units import BatchSchedule
 
@@ -188,8 +188,6 @@ class Constituent:
     @property
     def ledger_key(self) -> Tuple[str, float, float, str]:
         """Its identity in the data ledger (megatron/data/mix_ledger.py ``ledger_key``)."""
-        from megatron.data.mix_ledger import ledger_key
-
         return ledger_key(self.path, self.split, self.fingerprint)
 
 

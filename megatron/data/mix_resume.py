@@ -88,19 +88,24 @@ def _batch_schedule(obj: Dict[str, Any]) -> BatchSchedule:
 class MixHistory:
     """The phases of a run, rebuilt on demand: the index of any phase (each dataset at the ledger
     position its phase began with) and the ledger at any earlier global sample.
-    ``constituents``: the last phase's datasets when the caller has resolved them already."""
+    ``constituents``/``blend``: the last phase's datasets and blend when the caller has resolved
+    them already; ``current``: the last phase's dataset when it is built already."""
 
     def __init__(self, phases: Sequence[MixPhase], sources: MixSources,
                  constituents: Optional[List[Constituent]] = None,
-                 blend: Optional[SplitBlend] = None):
+                 blend: Optional[SplitBlend] = None,
+                 current: Optional[CurriculumDataset] = None):
         self.phases = list(phases)
         self.sources = sources
         self._datasets: Dict[Tuple[int, bool], CurriculumDataset] = {}
         self._constituents: Dict[int, List[Constituent]] = {}
         self._blends: Dict[int, SplitBlend] = {}
+        last = len(self.phases) - 1
         if constituents is not None:  # the last phase's, resolved from ``blend`` by the caller
-            self._constituents[len(self.phases) - 1] = list(constituents)
-            self._blends[len(self.phases) - 1] = blend
+            self._constituents[last] = list(constituents)
+            self._blends[last] = blend
+        if current is not None:
+            self._datasets[(last, True)] = current
 
     def blend(self, p: int) -> SplitBlend:
         """Phase ``p``'s blend: as the caller parsed it (the current phase: its errors name the
@@ -143,10 +148,6 @@ class MixHistory:
         for c, n in zip(self.constituents(p), ds.drawn_before(stop)):
             counts[c.ledger_key] = int(n)
         return counts
-
-    def end_of(self, p: int) -> int:
-        """The global sample where phase ``p`` stops (the next one's begin, else its run length)."""
-        return self.phases[p + 1].begin if p + 1 < len(self.phases) else self.phases[p].num_samples
 
 
 def build_phase(phase: MixPhase, constituents: Sequence[Constituent], sources: MixSources,
@@ -268,10 +269,8 @@ class TrainMix:
 
     def history(self) -> "MixHistory":
         """The run's phases, rebuilt on demand (the current one is :attr:`dataset`)."""
-        history = MixHistory(self.phases, self.sources, self.dataset.constituents,
-                             self.dataset.index.blend)
-        history._datasets[(len(self.phases) - 1, True)] = self.dataset
-        return history
+        return MixHistory(self.phases, self.sources, self.dataset.constituents,
+                          self.dataset.index.blend, self.dataset)
 
     def ledger(self, consumed: int) -> List[LedgerEntry]:
         """Every dataset drawn so far (the current phase's and those of earlier phases), with its

@@ -49,7 +49,6 @@ class _IntervalStats:
         self.dataset_count = None
         self.dataset_tokens = None
         self.weight_sum = 0.0
-        self.micro_batches = 0
         self.iterations = 0
         self.start = time.perf_counter()
         self.samples = 0
@@ -70,7 +69,6 @@ class _IntervalStats:
             self.dataset_tokens = torch.zeros(size, dtype=torch.float64, device=device)
         self.loss_sum += loss.detach().double() * weight
         self.weight_sum += weight
-        self.micro_batches += 1
         if dataset_id is None and self.num_datasets == 1:
             dataset_id = torch.zeros(per_sample.numel(), dtype=torch.long)
         if dataset_id is not None and self.num_datasets:

@@ -109,6 +109,13 @@ def recorded_rows(out_dir, start_sample, dp):
     return rows
 
 
+def saved_ledger(run_dir):
+    """The ledger entries of the last checkpoint's data_mix.json."""
+    tracker = (run_dir / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip()
+    with open(run_dir / "ckpt" / f"iter_{int(tracker):07d}" / "data_mix.json") as f:
+        return json.load(f)["ledger"]
+
+
 def write_yaml(path, text):
     path.write_text(text)
     return str(path)
@@ -211,6 +218,19 @@ def test_blend_file_edit_continues_the_ledger_across_a_layout_change(data, tmp_p
                       (48, 72, {"web": 1, "code": 1, "extra": 2}),
                       (72, 96, {"extra": 1, "code": 1})], ["web", "code", "math", "extra"])
     assert pairs == want
+    # the preview from the checkpoint: its mixture is the fraction each iteration drew, before
+    # and after the edit, from the same history
+    import preview_schedule
+
+    shown = preview_schedule.preview(preview_schedule.parse_preview_args(
+        flags + ["--data-blend-config", y, "--load", str(tmp_path / "ckpt")]))
+    assert (shown["resume_iteration"], shown["mix_changes"]) == (iters, [4])
+    for it in range(iters):
+        batch = [name for name, _ in want[it * GBS:(it + 1) * GBS]]
+        assert {n: v[it] for n, v in shown["mixture"].items()} == {
+            n: batch.count(n) / GBS for n in ("web", "code", "math", "extra")}, it
+    spe = {e["name"]: e["samples_per_epoch"] for e in saved_ledger(tmp_path)}
+    assert shown["epochs"] == pytest.approx({n: c / spe[n] for n, c in drawn(want).items()})
     # the training batches held exactly those tokens
     prefixes = {name: data[name] for name in ("web", "code", "math", "extra")}
     rows = {**recorded_rows(tmp_path / "rec1", 0, dp=2), **recorded_rows(tmp_path / "rec2", 32, dp=1)}

@@ -6,7 +6,7 @@ through ``MoEAuxLossAutoScaler``. Their gradient is ``coefficient x scale``, and
 equal what the LM loss is multiplied by before its backward. Megatron-LM sets
 ``loss_scale / num_microbatches``. DeepSpeed's engine divides the loss by the gradient
 accumulation steps and multiplies it by the fp16 loss scale (1 under bf16/fp32), so
-:meth:`MoETraining.set_backward_scale` sets ``cur_scale / GAS`` before every iteration: the
+:meth:`MoETraining.begin_iteration` sets ``cur_scale / GAS`` before every iteration: the
 batch-size rampup changes GAS, and dynamic loss scaling changes the scale.
 
 **Logged scalars.** These are kept out of ``lm_loss`` and the per-dataset losses:
@@ -19,7 +19,7 @@ batch-size rampup changes GAS, and dynamic loss scaling changes the scale.
 
 Both are read once per log interval: the counts stay on the device in between.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -28,7 +28,8 @@ from megatron.model.moe import moe_layer_pattern
 
 
 class MoETraining:
-    """MoE bookkeeping of one run's model (this rank's pipeline stage): see module doc."""
+    """MoE bookkeeping of one run's model (this rank's pipeline stage): see module doc. One of the
+    loop's hooks (megatron/train/hooks.py ``LoopHook``)."""
 
     def __init__(self, model: torch.nn.Module, args):
         self.routers = moe_routers(model)
@@ -41,7 +42,11 @@ class MoETraining:
         self.per_layer = args.moe_per_layer_logging
         self._scale = torch.ones(())  # CPU scalar: multiplies device tensors without a copy
 
-    def set_backward_scale(self, engine) -> None:
+    def wrap_forward_step(self, forward_step: Callable) -> Callable:
+        """``forward_step`` as it is (the routers record what is logged)."""
+        return forward_step
+
+    def begin_iteration(self, engine) -> None:
         """Scale of the auxiliary losses' gradients for the coming iteration: the fp16 loss
         scale (1 without one) over the gradient accumulation steps (module doc)."""
         from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
@@ -49,6 +54,23 @@ class MoETraining:
         loss_scale = float(getattr(engine.optimizer, "cur_scale", 1.0) or 1.0)
         self._scale.fill_(loss_scale / engine.gradient_accumulation_steps())
         MoEAuxLossAutoScaler.set_loss_scale(self._scale)
+
+    def end_iteration(self, iteration: int) -> None:
+        """Nothing: the routers' counts stay on the device until the log line."""
+
+    def save_state(self, state) -> None:
+        """Nothing: MoE bookkeeping starts afresh each interval (no checkpointed state)."""
+
+    def restore_state(self, state) -> None:
+        """Nothing (see :meth:`save_state`)."""
+
+    def log_fields(self, iterations: int) -> Tuple[str, Dict[str, float]]:
+        """The log line's MoE segment (the per-layer values only in the record) and the
+        training record's MoE scalars of the interval (:meth:`interval_record`)."""
+        record = self.interval_record(iterations)
+        line = " | ".join(f"{k.replace('_', ' ')}: {v:.4g}" for k, v in record.items()
+                          if "_layer_" not in k)
+        return line, record
 
     def interval_record(self, iterations: int) -> Dict[str, float]:
         """The MoE scalars of the log interval of ``iterations`` iterations (module doc), the

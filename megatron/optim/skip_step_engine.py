@@ -25,7 +25,7 @@ of the window.
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -54,7 +54,8 @@ class StepSkipper:
     """Wraps ``engine``'s torch optimizer so that an iteration the ``rule`` skips changes no
     parameter and no optimizer state (module docstring). The training loop calls
     :meth:`begin_iteration` before and :meth:`end_iteration` after each iteration's step; the
-    micro batches' losses reach :meth:`note_loss` through :meth:`recording`."""
+    micro batches' losses reach :meth:`note_loss` through :meth:`wrap_forward_step`. It is one of
+    the loop's hooks (megatron/train/hooks.py ``LoopHook``)."""
 
     def __init__(self, rule: SkipStepRule, engine, token_weighted: bool = False):
         from megatron.parallel.pipe import is_pipe_engine
@@ -91,7 +92,7 @@ class StepSkipper:
             self._record_norm_before_clipping()
 
     # ---- the loop's calls ----
-    def recording(self, forward_step: Callable) -> Callable:
+    def wrap_forward_step(self, forward_step: Callable) -> Callable:
         """``forward_step`` (megatron.train.steps' ``(engine, batch) -> (loss, per-sample loss)``)
         also handing each micro batch's loss to :meth:`note_loss`, which only the z-score rule
         needs (else ``forward_step`` as it is). On a pipe engine, whose steps do not use
@@ -121,7 +122,9 @@ class StepSkipper:
         weight = weight.detach().double().reshape(()) if torch.is_tensor(weight) else float(weight)
         self._loss_count = self._loss_count + weight
 
-    def begin_iteration(self) -> None:
+    def begin_iteration(self, engine) -> None:
+        """Start an iteration of ``engine`` (the one wrapped): drops the losses noted since the
+        last one (evaluation's)."""
         self._loss_sum, self._loss_count = None, 0
         self._stage0_norm = None
         self._pending = None
@@ -153,19 +156,23 @@ class StepSkipper:
         self._pending = None
         return outcome
 
-    def log_fields(self) -> dict:
-        """The training record's ``skipped`` (iterations skipped since the last log line: 0 or 1
-        at --log-interval 1) and ``skipped_total`` (since the start of training, across
-        resumes); starts the next interval."""
+    def log_fields(self, iterations: int) -> Tuple[str, Dict[str, int]]:
+        """The log line's "skipped iterations" segment and the training record's ``skipped``
+        (iterations skipped since the last log line, of the interval's ``iterations``: 0 or 1 at
+        --log-interval 1) and ``skipped_total`` (since the start of training, across resumes);
+        starts the next interval."""
         fields = {"skipped": self.interval_skipped, "skipped_total": self.rule.skipped_total}
         self.interval_skipped = 0
-        return fields
+        return (f"skipped iterations: {fields['skipped']} (total {fields['skipped_total']})",
+                fields)
 
     # ---- checkpoints (TrainingState.extra) ----
-    def save_to(self, state) -> None:
+    def save_state(self, state) -> None:
+        """The rule's window and counts into ``state.extra`` (every checkpoint)."""
         state.extra[CHECKPOINT_KEY] = self.rule.state_dict()
 
-    def restore_from(self, state) -> None:
+    def restore_state(self, state) -> None:
+        """The rule's window and counts from a restored ``state.extra`` (none: a fresh rule)."""
         self.rule.load_state_dict(state.extra.get(CHECKPOINT_KEY))
 
     # ---- inside the optimizer step ----

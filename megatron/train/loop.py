@@ -5,13 +5,12 @@ Progress is counted in iterations (optimizer steps over one global batch) and co
 learning-rate scheduler is advanced by the samples of each iteration (Megatron-LM's convention).
 """
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from megatron.checkpoint.engine import TrainingState
 from megatron.data.train_data import TrainData
-from megatron.metrics.moe import moe_training_from_args
 from megatron.metrics.writers import MetricsWriter, metrics_writer_from_args
 from megatron.model.attention_backends import check_backend_trains
 from megatron.optim.loss_normalization import normalization_line
@@ -21,6 +20,7 @@ from megatron.schedules.units import BatchSchedule, batch_schedule_from_args
 from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
 from megatron.train.evaluation import _evaluate_all
 from megatron.train.exit_request import ExitRequest
+from megatron.train.hooks import LoopHook, loop_hooks_from_args
 from megatron.train.loader import _loader
 from megatron.train.resume import _check_data_resume, _maybe_save, _restore, data_resume_from_args
 from megatron.train.stats import _IntervalStats, _log_iteration
@@ -31,12 +31,11 @@ from megatron.utils.rank_utils import all_reduce_small, print_rank_0
 def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFunctions,
           state: TrainingState, metrics: MetricsWriter, batch_schedule: BatchSchedule,
           after_checkpoint_files_written: Optional[Callable[[int], None]] = None,
-          skipper=None, moe=None) -> bool:
+          hooks: Sequence[LoopHook] = ()) -> bool:
     """Run iterations ``state.iteration + 1 .. --train-iters`` (updating ``state`` in place) with
     ``steps`` (:func:`step_functions`); returns True when ``--exit-interval`` stopped the run
-    early. ``after_checkpoint_files_written``: see :func:`pretrain`. ``skipper``: the
-    megatron/optim/skip_step_engine.py ``StepSkipper`` of the skip flags, or None. ``moe``: the
-    megatron/metrics/moe.py ``MoETraining`` of an MoE model, or None."""
+    early. ``after_checkpoint_files_written``: see :func:`pretrain`. ``hooks``: what features add
+    to each iteration (megatron/train/hooks.py: MoE bookkeeping, skipped steps)."""
     per_step = args.micro_batch_size * args.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
     exit_request = ExitRequest(args)
@@ -50,23 +49,20 @@ def train(args, engine, optimizer, scheduler, data: TrainData, steps: StepFuncti
         wd = optimizer.param_groups[0]["weight_decay"]
         num_micro_batches = batch_size // per_step
         logging_now = (state.iteration + 1) % args.log_interval == 0
-        if skipper is not None:
-            skipper.begin_iteration()
-        if moe is not None:  # the aux losses' gradient scale follows GAS and the fp16 loss scale
-            moe.set_backward_scale(engine)
+        for hook in hooks:  # e.g. MoE: the aux losses' gradient scale follows GAS and loss scale
+            hook.begin_iteration(engine)
         stage0_norm = steps.train_step(engine, iterator, num_micro_batches, stats, logging_now)
         state.iteration += 1
-        if skipper is not None:  # a skipped step still consumes its data and advances the LR
-            skipper.end_iteration(state.iteration)
-            skipper.save_to(state)  # the window goes into every checkpoint's training state
+        for hook in hooks:  # a skipped step still consumes its data and advances the LR
+            hook.end_iteration(state.iteration)
+            hook.save_state(state)  # e.g. the skip window, in every checkpoint's training state
         state.consumed_samples += batch_size
         scheduler.step(increment=batch_size)
         stats.iterations += 1
         stats.samples += batch_size
         if state.iteration % args.log_interval == 0:
             _log_iteration(args, metrics, stats, state, lr, wd, _grad_norm(engine, stage0_norm),
-                           data.dataset_names, batch_size,
-                           skipper.log_fields() if skipper is not None else None, moe,
+                           data.dataset_names, batch_size, hooks,
                            data.mix if metrics.enabled else None)
             stats.reset()
         paused = time.perf_counter()  # evaluation and saving stay out of the per-iteration time
@@ -152,21 +148,18 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     if args.skip_train:
         print_rank_0(f"--eval-only/--skip-train: evaluating the model of iteration "
                      f"{state.iteration} on the validation and test sets, no training")
-    from megatron.optim.skip_step_engine import step_skipper_from_args
-
-    skipper = step_skipper_from_args(args, engine)  # --grad-norm-skip-threshold, ... or None
-    if skipper is not None:
-        skipper.restore_from(state)
+    hooks = loop_hooks_from_args(args, engine)  # MoE bookkeeping, skip-step: as the flags ask
+    for hook in hooks:
+        hook.restore_state(state)
+        forward_step = hook.wrap_forward_step(forward_step)
     normalizer = loss_normalizer_from_args(args, data)
     print_rank_0(normalization_line(normalizer.mode, normalizer.packed))
-    steps = step_functions(engine, skipper.recording(forward_step) if skipper else forward_step,
-                           normalizer)
+    steps = step_functions(engine, forward_step, normalizer)
     start_iteration = state.iteration
     exited_early = False
     if not args.skip_train and state.iteration < args.train_iters:
         exited_early = train(args, engine, optimizer, scheduler, data, steps, state, metrics,
-                             batch_schedule, after_checkpoint_files_written, skipper,
-                             moe_training_from_args(engine.module, args))
+                             batch_schedule, after_checkpoint_files_written, hooks)
         if args.save and state.iteration > start_iteration and not exited_early \
                 and not (args.save_interval and state.iteration % args.save_interval == 0):
             _maybe_save(engine, args, state, scheduler, after_checkpoint_files_written, data)

@@ -1,7 +1,7 @@
 """The losses of a log interval (reduced over the model replicas) and the iteration's log line and
 training record."""
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -99,10 +99,13 @@ class _IntervalStats:
 
 def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
                    grad_norm: Optional[float], dataset_names: List[str], batch_size: int,
-                   skip_fields: Optional[Dict[str, int]] = None, moe=None, mix=None) -> None:
+                   hooks: Sequence = (), mix=None) -> None:
+    """The log line and training record of the interval in ``stats`` (reduced over the replicas
+    here), with each loop hook's fields (megatron/train/hooks.py; e.g. the MoE scalars, skipped
+    steps) and, given the run's ``mix``, the samples drawn per dataset."""
     loss, dataset_loss, dataset_count, dataset_tokens = stats.reduced()
-    # MoE: load-balancing losses and tokens per expert, beside lm_loss (megatron/metrics/moe.py)
-    moe_fields = moe.interval_record(stats.iterations) if moe else {}
+    hook_fields = [hook.log_fields(stats.iterations) for hook in hooks]
+    hook_record = {key: value for _, fields in hook_fields for key, value in fields.items()}
     elapsed = time.perf_counter() - stats.start
     ms_per_iter = 1000.0 * elapsed / max(stats.iterations, 1)
     tokens_per_s = stats.samples * args.seq_length / max(elapsed, 1e-9)
@@ -118,12 +121,9 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
             f"{'n/a' if grad_norm is None else f'{grad_norm:.3f}'}")
     if per_dataset:
         line += " | " + " | ".join(f"{k} loss: {v:.4f}" for k, v in per_dataset.items())
-    if moe_fields:
-        line += " | " + " | ".join(f"{k.replace('_', ' ')}: {v:.4g}" for k, v in moe_fields.items()
-                                   if "_layer_" not in k)
-    if skip_fields is not None:  # megatron/optim/skip_step_engine.py StepSkipper.log_fields
-        line += (f" | skipped iterations: {skip_fields['skipped']} "
-                 f"(total {skip_fields['skipped_total']})")
+    for segment, _ in hook_fields:
+        if segment:
+            line += " | " + segment
     print_rank_0(line)
     metrics.train_record({
         "iteration": state.iteration, "consumed_samples": state.consumed_samples,
@@ -132,6 +132,6 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
         # each dataset's share of the interval's loss tokens, as the objective weighs them
         **({"loss_token_share": token_share} if token_share else {}),
         "tokens_per_second": tokens_per_s, "ms_per_iteration": ms_per_iter,
-        "global_batch_size": batch_size, **moe_fields, **(skip_fields or {}),
+        "global_batch_size": batch_size, **hook_record,
         # the data ledger: samples drawn per dataset so far (megatron/data/mix_resume.py)
         **({"samples_drawn": mix.samples_drawn(state.consumed_samples)} if mix else {})})

@@ -47,7 +47,7 @@ def main(out_dir: str) -> None:
     rank = torch.distributed.get_rank()
     g = torch.Generator().manual_seed(100 + rank)  # every rank its own data
     for _ in range(args.train_iters):
-        moe.set_backward_scale(engine)
+        moe.begin_iteration(engine)
         for _ in range(engine.gradient_accumulation_steps()):
             tokens = torch.randint(0, VOCAB, (2, SEQ), generator=g)
             batch = {"tokens": tokens, "labels": torch.roll(tokens, -1, 1),

@@ -166,7 +166,7 @@ def _same(a, b) -> bool:
 
 
 def _iteration(engine, skipper, number, scale):
-    skipper.begin_iteration()
+    skipper.begin_iteration(engine)
     for micro in range(engine.gradient_accumulation_steps()):
         x = torch.full((2, 16), scale * (1 + micro / 8))
         engine.backward(engine(x))
@@ -218,8 +218,10 @@ def test_a_skipped_step_changes_no_parameter_and_no_optimizer_state(
     assert not any(torch.equal(after[k], trained[k]) for k in after if k.startswith("param"))
     steps = [v for k, v in trained.items() if k.endswith("/step")]
     assert steps and all(float(s) == 2 for s in steps)  # steps 1 and 3 only
-    assert skipper.log_fields() == {"skipped": 1, "skipped_total": 1}
-    assert skipper.log_fields() == {"skipped": 0, "skipped_total": 1}
+    assert skipper.log_fields(4) == ("skipped iterations: 1 (total 1)",
+                                     {"skipped": 1, "skipped_total": 1})
+    assert skipper.log_fields(1) == ("skipped iterations: 0 (total 1)",
+                                     {"skipped": 0, "skipped_total": 1})
 
 
 def test_deepspeed_overflow_skip_is_counted(one_rank_model_parallel, monkeypatch):
@@ -236,10 +238,10 @@ def test_deepspeed_overflow_skip_is_counted(one_rank_model_parallel, monkeypatch
                   "--skip-step-zscore-window", "4"])
     model, engine = _tiny_engine(args)
     skipper = step_skipper_from_args(args, engine)
-    forward = skipper.recording(lambda engine, x: (engine(x), None))
+    forward = skipper.wrap_forward_step(lambda engine, x: (engine(x), None))
     outcomes = []
     for number, scale in enumerate((1.0, 1e3, 1.0), start=1):
-        skipper.begin_iteration()
+        skipper.begin_iteration(engine)
         for micro in range(engine.gradient_accumulation_steps()):
             loss, _ = forward(engine, torch.full((2, 16), scale))
             engine.backward(loss)

@@ -75,8 +75,9 @@ def parse_t0_args(argv=None):
 def main(argv=None):
     """Parse flags, build the tokenizer, finetune."""
     args = parse_t0_args(argv)
-    tokenizer_setup(args).apply(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
-    return pretrain(args, datasets_provider, model_provider)
+    setup = tokenizer_setup(args)
+    setup.apply(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
+    return pretrain(args, datasets_provider, model_provider, notes=setup.notes)
 
 
 if __name__ == "__main__":

@@ -38,9 +38,11 @@ def main(argv=None, after_checkpoint_files_written=None):
     """Parse flags, build the tokenizer, train (``after_checkpoint_files_written``: see
     ``megatron.train.loop.pretrain``)."""
     args = parse_args(argv)
-    tokenizer_setup(args).apply(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
+    setup = tokenizer_setup(args)
+    setup.apply(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     return pretrain(args, datasets_provider, model_provider,
-                    after_checkpoint_files_written=after_checkpoint_files_written)
+                    after_checkpoint_files_written=after_checkpoint_files_written,
+                    notes=setup.notes)
 
 
 if __name__ == "__main__":

@@ -1332,4 +1332,8 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
     if inert:
         args.startup_notes.append(f"accepted without effect here (docs/compatibility.md): "
                                   f"{', '.join(inert)}")
+    # lazy: megatron-core's configs load torch and megatron-core (seconds); --help needs neither
+    from megatron.config.run_config import run_config_from_args
+
+    args.run_config = run_config_from_args(args, args.startup_notes)
     return args

@@ -69,45 +69,46 @@ def run_id_to_resume(save_dir: Optional[str], name: Optional[str]) -> Optional[s
     return run_id
 
 
-def run_config(args) -> Dict[str, Any]:
-    """The validated arguments as the run's config: ``vars(args)`` with every value JSON can't
-    hold written as its ``str``."""
-    return json.loads(json.dumps(vars(args), default=str))
+def run_config(run_flags: Dict[str, Any]) -> Dict[str, Any]:
+    """The validated arguments (``run_flags``: ``vars(args)``) as the run's config, with every
+    value JSON can't hold written as its ``str``."""
+    return json.loads(json.dumps(run_flags, default=str))
 
 
-def wandb_dir(args) -> Optional[str]:
+def wandb_dir(config) -> Optional[str]:
     """Where the run's local files go (``DIR/wandb/...``): ``--wandb-save-dir``, else
-    ``--save``/wandb (Megatron-LM's default), else None (wandb's own default, ./wandb)."""
-    if args.wandb_save_dir:
-        return args.wandb_save_dir
-    if args.save:
-        return os.path.join(args.save, "wandb")
+    ``--save``/wandb (Megatron-LM's default), else None (wandb's own default, ./wandb).
+    ``config``: the run's megatron/metrics/writers.py ``MetricsConfig``."""
+    if config.wandb_save_dir:
+        return config.wandb_save_dir
+    if config.save:
+        return os.path.join(config.save, "wandb")
     return None
 
 
-def start_wandb_run(args):
+def start_wandb_run(config, run_flags: Dict[str, Any]):
     """``wandb.init`` for ``--wandb-project`` with ``--wandb-exp-name`` as the name, the run id
-    of ``--save`` continued (:func:`run_id_to_resume`) and the arguments as config; the run's id
-    is then stored in ``--save``. A failing ``wandb.init`` is a :class:`ConfigError` (no training
-    has started)."""
+    of ``--save`` continued (:func:`run_id_to_resume`) and the arguments (``run_flags``) as
+    config; the run's id is then stored in ``--save``. ``config``: the run's ``MetricsConfig``.
+    A failing ``wandb.init`` is a :class:`ConfigError` (no training has started)."""
     import wandb
 
-    directory = wandb_dir(args)
+    directory = wandb_dir(config)
     if directory:
         os.makedirs(directory, exist_ok=True)
-    resume_id = run_id_to_resume(args.save, args.wandb_exp_name)
-    kwargs = dict(project=args.wandb_project, name=args.wandb_exp_name, dir=directory,
-                  config=run_config(args))
+    resume_id = run_id_to_resume(config.save, config.wandb_exp_name)
+    kwargs = dict(project=config.wandb_project, name=config.wandb_exp_name, dir=directory,
+                  config=run_config(run_flags))
     if resume_id is not None:
         kwargs.update(id=resume_id, resume="allow")
     try:
         run = wandb.init(**kwargs)
     except Exception as e:  # wandb raises its own error types (no API key, bad project ...)
-        raise ConfigError(f"--wandb-project {args.wandb_project}: wandb.init failed "
+        raise ConfigError(f"--wandb-project {config.wandb_project}: wandb.init failed "
                           f"({type(e).__name__}: {e}); WANDB_MODE=offline logs without an "
                           "account (wandb sync uploads later)") from None
-    if args.save:
-        write_run_id(args.save, run.id, args.wandb_exp_name)
+    if config.save:
+        write_run_id(config.save, run.id, config.wandb_exp_name)
     return run
 
 
@@ -154,6 +155,6 @@ class WandbWriter:
             _warn(f"W&B: finishing the run failed ({type(e).__name__}: {e})")
 
 
-def wandb_writer_from_args(args) -> WandbWriter:
+def wandb_writer(config, run_flags: Dict[str, Any]) -> WandbWriter:
     """A :class:`WandbWriter` on the run :func:`start_wandb_run` starts."""
-    return WandbWriter(start_wandb_run(args))
+    return WandbWriter(start_wandb_run(config, run_flags))

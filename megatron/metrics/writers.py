@@ -8,7 +8,8 @@ computes nothing itself: the scalar tags of a record are ``train_scalars`` / ``e
 import json
 import math
 import os
-from typing import Any, Dict, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from megatron.metrics.records import eval_scalars, train_scalars
 
@@ -26,11 +27,27 @@ TENSORBOARD_TRAIN_KEYS = ("lm_loss", "lr", "weight_decay", "grad_norm", "consume
                           "tokens_per_expert_min", "tokens_per_expert_max")
 
 
-def tensorboard_extras_from_args(args) -> Tuple[str, ...]:
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The metrics flags after validation (fields are their argparse dests): ``--metrics-jsonl``,
+    ``--tensorboard-dir``, the TensorBoard extras' switches, the W&B flags and ``--save`` (where
+    W&B's run id is kept)."""
+
+    metrics_jsonl: Optional[str]
+    tensorboard_dir: Optional[str]
+    log_batch_size_to_tensorboard: bool
+    log_timers_to_tensorboard: bool
+    wandb_project: Optional[str]
+    wandb_exp_name: Optional[str]
+    wandb_save_dir: Optional[str]
+    save: Optional[str]
+
+
+def tensorboard_extras(config: MetricsConfig) -> Tuple[str, ...]:
     """The :data:`TENSORBOARD_EXTRAS` keys whose flag is set: ``global_batch_size`` (samples per
     iteration) for ``--log-batch-size-to-tensorboard``, ``ms_per_iteration`` (wall time) for
     ``--log-timers-to-tensorboard``."""
-    return tuple(key for key, dest in TENSORBOARD_EXTRAS.items() if getattr(args, dest))
+    return tuple(key for key, dest in TENSORBOARD_EXTRAS.items() if getattr(config, dest))
 
 
 class JsonlWriter:
@@ -55,7 +72,7 @@ class JsonlWriter:
 
 class TensorBoardWriter:
     """TensorBoard scalars in ``log_dir`` (``--tensorboard-dir``) at the record's iteration:
-    :data:`TENSORBOARD_TRAIN_KEYS` plus ``extras`` (:func:`tensorboard_extras_from_args`) and the
+    :data:`TENSORBOARD_TRAIN_KEYS` plus ``extras`` (:func:`tensorboard_extras`) and the
     per-dataset losses of training records, and every evaluation record's loss and perplexity."""
 
     def __init__(self, log_dir: str, extras: Sequence[str] = ()):
@@ -110,18 +127,19 @@ class MetricsWriter:
             writer.close()
 
 
-def metrics_writer_from_args(args, enabled: bool) -> MetricsWriter:
+def metrics_writer(config: MetricsConfig, enabled: bool, run_flags: Dict[str, Any]) -> MetricsWriter:
     """The writers the flags ask for (``--metrics-jsonl``, ``--tensorboard-dir``,
-    ``--wandb-project``) on the rank that owns the metrics (``enabled``); none elsewhere."""
+    ``--wandb-project``) on the rank that owns the metrics (``enabled``); none elsewhere.
+    ``run_flags``: every flag's value, W&B's run config."""
     writers = []
-    if enabled and args.metrics_jsonl:
-        writers.append(JsonlWriter(args.metrics_jsonl))
-    if enabled and args.tensorboard_dir:
-        writers.append(TensorBoardWriter(args.tensorboard_dir, tensorboard_extras_from_args(args)))
-    if enabled and getattr(args, "wandb_project", None):
-        from megatron.metrics.wandb_writer import wandb_writer_from_args
+    if enabled and config.metrics_jsonl:
+        writers.append(JsonlWriter(config.metrics_jsonl))
+    if enabled and config.tensorboard_dir:
+        writers.append(TensorBoardWriter(config.tensorboard_dir, tensorboard_extras(config)))
+    if enabled and config.wandb_project:
+        from megatron.metrics.wandb_writer import wandb_writer  # lazy: wandb is optional
 
-        writers.append(wandb_writer_from_args(args))
+        writers.append(wandb_writer(config, run_flags))
     return MetricsWriter(writers)
 
 

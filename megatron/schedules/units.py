@@ -12,6 +12,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from megatron.utils.typed_config import config_from_args
+
 UNITS = ("iterations", "samples", "tokens")
 _RAMP_TABLES: dict = {}
 
@@ -214,17 +216,35 @@ def train_samples_from_args(args, batch_schedule: Optional[BatchSchedule] = None
     return schedule.samples_at_iteration(train_iterations_from_args(args, schedule))
 
 
-def batch_schedule_from_args(args) -> BatchSchedule:
-    """The run's :class:`BatchSchedule` from ``--global-batch-size``, ``--rampup-batch-size``,
-    ``--step-batch-size-schedule`` (as parsed by validate_args into ``args.batch_size_steps``)
-    and ``--seq-length``."""
-    steps = getattr(args, "batch_size_steps", None)  # absent on a namespace built by hand
+@dataclass(frozen=True)
+class BatchConfig:
+    """The batch flags after validation (fields are their argparse dests): ``--global-batch-size``
+    (samples), ``--rampup-batch-size START INCREMENT SAMPLES`` (or None), ``batch_size_steps``
+    (``--step-batch-size-schedule`` as validate_args parses it: ``[(threshold_samples, batch),
+    ...]``, or None) and ``--seq-length`` (tokens per sample)."""
+
+    global_batch_size: int
+    rampup_batch_size: Optional[Sequence]
+    batch_size_steps: Optional[Sequence[Sequence[int]]]
+    seq_length: int
+
+
+def batch_schedule(config: BatchConfig) -> BatchSchedule:
+    """The run's :class:`BatchSchedule` of the validated batch flags."""
+    steps = config.batch_size_steps
     return BatchSchedule(
-        global_batch_size=args.global_batch_size,
-        rampup=tuple(int(x) for x in args.rampup_batch_size) if args.rampup_batch_size else None,
-        seq_length=args.seq_length,
+        global_batch_size=config.global_batch_size,
+        rampup=(tuple(int(x) for x in config.rampup_batch_size) if config.rampup_batch_size
+                else None),
+        seq_length=config.seq_length,
         steps=tuple(tuple(step) for step in steps) if steps else None,
     )
+
+
+def batch_schedule_from_args(args) -> BatchSchedule:
+    """:func:`batch_schedule` of the validated flags in ``args`` (a namespace without one of
+    :class:`BatchConfig`'s fields is a ConfigError naming it)."""
+    return batch_schedule(config_from_args(BatchConfig, args))
 
 
 _SUFFIXES = {"K": 10 ** 3, "M": 10 ** 6, "B": 10 ** 9, "T": 10 ** 12}

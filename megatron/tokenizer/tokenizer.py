@@ -105,15 +105,11 @@ class TokenizerSetup:
     notes: Tuple[str, ...] = ()
 
     def apply(self, args: argparse.Namespace) -> None:
-        """Assign ``args.tokenizer``, ``args.padded_vocab_size`` and ``args.vocab_size``, and add
-        the notes to ``args.startup_notes`` (printed by the training loop at start-up) when the
-        namespace has that list."""
+        """Assign ``args.tokenizer``, ``args.padded_vocab_size`` and ``args.vocab_size`` (the
+        notes are the caller's to print: the entry points hand them to the training loop)."""
         args.tokenizer = self.tokenizer
         args.padded_vocab_size = self.padded_vocab_size
         args.vocab_size = self.vocab_size
-        notes = getattr(args, "startup_notes", None)
-        if isinstance(notes, list):
-            notes.extend(self.notes)
 
 
 def tokenizer_setup(args: argparse.Namespace) -> TokenizerSetup:

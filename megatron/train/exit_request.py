@@ -4,6 +4,7 @@ import time
 
 import torch
 
+from megatron.config.run_config import LoopConfig
 from megatron.utils.rank_utils import all_reduce_small
 
 
@@ -12,19 +13,19 @@ class ExitRequest:
     ``--exit-signal-handler`` (SIGTERM/SIGINT received by any rank), ``--exit-duration-in-mins``
     or ``--kill-switch-path`` (the file exists on any rank)."""
 
-    def __init__(self, args):
+    def __init__(self, loop: LoopConfig):
         self.signal_received = False
         self.deadline = None
         self.reason = ""
-        self.kill_switch_path = args.kill_switch_path
-        if args.exit_duration_in_mins is not None:
-            self.deadline = time.time() + 60.0 * args.exit_duration_in_mins
-        if args.exit_signal_handler:
+        self.kill_switch_path = loop.kill_switch_path
+        if loop.exit_duration_in_mins is not None:
+            self.deadline = time.time() + 60.0 * loop.exit_duration_in_mins
+        if loop.exit_signal_handler:
             import signal
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-        self.enabled = (args.exit_signal_handler or self.deadline is not None
+        self.enabled = (loop.exit_signal_handler or self.deadline is not None
                         or self.kill_switch_path is not None)
 
     def _on_signal(self, signum, frame):

@@ -6,6 +6,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from megatron.checkpoint.engine import TrainingState
+from megatron.config.run_config import LoopConfig
 from megatron.data.device_transfer import to_device_async
 from megatron.utils.rank_utils import all_reduce_small, print_rank_0
 
@@ -97,7 +98,7 @@ class _IntervalStats:
         return loss, packed[2:2 + size], packed[2 + size:2 + 2 * size], packed[2 + 2 * size:]
 
 
-def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
+def _log_iteration(loop: LoopConfig, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
                    grad_norm: Optional[float], dataset_names: List[str], batch_size: int,
                    hooks: Sequence = (), mix=None) -> None:
     """The log line and training record of the interval in ``stats`` (reduced over the replicas
@@ -108,13 +109,13 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
     hook_record = {key: value for _, fields in hook_fields for key, value in fields.items()}
     elapsed = time.perf_counter() - stats.start
     ms_per_iter = 1000.0 * elapsed / max(stats.iterations, 1)
-    tokens_per_s = stats.samples * args.seq_length / max(elapsed, 1e-9)
+    tokens_per_s = stats.samples * loop.seq_length / max(elapsed, 1e-9)
     per_dataset = {name: (dataset_loss[i] / dataset_count[i]).item()
                    for i, name in enumerate(dataset_names) if dataset_count[i] > 0}
     all_tokens = float(dataset_tokens.sum())
     token_share = {name: float(dataset_tokens[i]) / all_tokens
                    for i, name in enumerate(dataset_names) if all_tokens > 0}
-    line = (f" iteration {state.iteration:8d}/{args.train_iters:8d} | consumed samples: "
+    line = (f" iteration {state.iteration:8d}/{loop.train_iters:8d} | consumed samples: "
             f"{state.consumed_samples:12d} | elapsed time per iteration (ms): {ms_per_iter:.1f} | "
             f"tokens/s: {tokens_per_s:.1f} | global batch size: {batch_size:5d} | learning rate: "
             f"{lr:.6E} | lm loss: {loss:.6E} | grad norm: "
@@ -127,7 +128,7 @@ def _log_iteration(args, metrics, stats: _IntervalStats, state: TrainingState, l
     print_rank_0(line)
     metrics.train_record({
         "iteration": state.iteration, "consumed_samples": state.consumed_samples,
-        "consumed_tokens": state.consumed_samples * args.seq_length, "lr": lr, "weight_decay": wd,
+        "consumed_tokens": state.consumed_samples * loop.seq_length, "lr": lr, "weight_decay": wd,
         "lm_loss": loss, "grad_norm": grad_norm, "per_dataset_loss": per_dataset,
         # each dataset's share of the interval's loss tokens, as the objective weighs them
         **({"loss_token_share": token_share} if token_share else {}),

@@ -43,9 +43,10 @@ def main(out_dir: str, argv):
 
     os.makedirs(out_dir, exist_ok=True)
     args = parse_args(argv)
-    tokenizer_setup(args).apply(args)
+    setup = tokenizer_setup(args)
+    setup.apply(args)
     return pretrain(args, pretrain_gpt.datasets_provider, pretrain_gpt.model_provider,
-                    forward_step=recording_forward_step(out_dir))
+                    forward_step=recording_forward_step(out_dir), notes=setup.notes)
 
 
 if __name__ == "__main__":

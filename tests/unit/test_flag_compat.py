@@ -431,12 +431,12 @@ def test_tensorboard_extras_follow_their_flags(tmp_path):
     global_batch_size and train/ms_per_iteration scalars; without them they are not written."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from megatron.metrics.writers import TensorBoardWriter, tensorboard_extras_from_args
+    from megatron.metrics.writers import TensorBoardWriter, tensorboard_extras
 
     record = {"iteration": 1, "lm_loss": 2.0, "global_batch_size": 8, "ms_per_iteration": 12.5}
     for name, flags in (("with", ["--log-batch-size-to-tensorboard", "--log-timers-to-tensorboard"]),
                         ("without", [])):
-        writer = TensorBoardWriter(str(tmp_path / name), tensorboard_extras_from_args(parse(flags)))
+        writer = TensorBoardWriter(str(tmp_path / name), tensorboard_extras(parse(flags).run_config.metrics))
         writer.train_record(record)
         writer.close()
     tags = {}

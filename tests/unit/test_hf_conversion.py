@@ -490,14 +490,14 @@ def test_checkpoint_args_take_the_command_lines_tokenizer(tp1, tmp_path, hf_toke
     same = default_flag_args("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
                              os.path.join(load, "tokenizer"), load=load)
     assert same.tokenizer_type == "HuggingFaceTokenizer" and same.checkpoint_tokenizer_note is None
-    assert not any("instead of the checkpoint's" in n for n in same.startup_notes)
+    assert not any("instead of the checkpoint's" in n for n in tokenizer_setup(same).notes)
     assert (same.padded_vocab_size, same.vocab_size) == (384, 384)
     # another tokenizer that fits (258 byte-level tokens in 384 rows): taken, and said so
     other = default_flag_args("--tokenizer-type", "ByteLevelTokenizer", load=load)
     assert other.tokenizer_type == "ByteLevelTokenizer"
     assert any(n.startswith("--use-checkpoint-args: tokenizer from the command line instead of "
                             "the checkpoint's (--tokenizer-type PretrainedFromHF")
-               for n in other.startup_notes)
+               for n in tokenizer_setup(other).notes)
     assert other.vocab_size == 384  # the imported model's rows all take probability
     # a tokenizer larger than the checkpoint's rows: one error naming both sizes
     small = tmp_path / "small"

@@ -85,13 +85,13 @@ def test_byte_level_round_trip_and_specials():
 def test_default_type_and_padded_vocab_size_attribute():
     args = argparse.Namespace(tokenizer_type=None, vocab_file=None, merge_file=None,
                               tokenizer_model=None, make_vocab_size_divisible_by=128,
-                              tensor_model_parallel_size=2, startup_notes=[])
+                              tensor_model_parallel_size=2)
     setup = tokenizer_setup(args)
     setup.apply(args)
     tok = setup.tokenizer
     assert isinstance(tok, ByteLevelTokenizer)
     assert args.padded_vocab_size == 512  # 258 rounded up to a multiple of 128 * 2
-    assert args.startup_notes == ["tokenizer: ByteLevelTokenizer, 258 tokens (eod 256, pad 257); "
+    assert list(setup.notes) == ["tokenizer: ByteLevelTokenizer, 258 tokens (eod 256, pad 257); "
                                   "embedding rows 512 (254 dummy tokens of padding, which take no probability)"]
 
 
@@ -135,7 +135,7 @@ def test_gpt2_bpe_from_vocab_and_merges(bpe_files):
     assert len(tok.tokenize(SENTENCES[0])) < len(SENTENCES[0].encode())
     assert tok.vocab_size == len(vocab)
     assert args.padded_vocab_size == padded_vocab_size(len(vocab), 128, 1)
-    assert not hasattr(args, "startup_notes")  # a namespace without notes gets none
+    assert not hasattr(args, "startup_notes")  # the notes are the caller's (setup.notes)
     assert tok.inv_vocab[tok.eod] == "<|endoftext|>"
 
 
@@ -314,7 +314,7 @@ def test_sentencepiece_types_match_sentencepiece(sentencepiece_model, ttype):
     import sentencepiece as spm
     from megatron.core.tokenizers.text.models import GPTTokenizer
 
-    args = ns(tokenizer_type=ttype, tokenizer_model=sentencepiece_model, startup_notes=[])
+    args = ns(tokenizer_type=ttype, tokenizer_model=sentencepiece_model)
     setup = tokenizer_setup(args)
     setup.apply(args)
     tok = setup.tokenizer
@@ -325,7 +325,7 @@ def test_sentencepiece_types_match_sentencepiece(sentencepiece_model, ttype):
         sp.get_piece_size(), sp.eos_id(), sp.eos_id(), sp.bos_id(), sp.eos_id()) == (
         384, 2, 2, 1, 2)
     assert args.padded_vocab_size == 384
-    assert args.startup_notes == [
+    assert list(setup.notes) == [
         f"tokenizer: {ttype}, 384 tokens (eod 2, pad 2); embedding rows 384 (0 dummy tokens of "
         "padding, which take no probability)"]
     for text in _demo_texts():
@@ -493,7 +493,7 @@ def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, c
     setup.apply(args)
     tok = setup.tokenizer
     assert isinstance(tok, GPT2BPETokenizer)
-    assert args.startup_notes[-1].startswith(
+    assert setup.notes[-1].startswith(
         "tokenizer: GPT2BPETokenizer (no --tokenizer-type: --vocab-file/--merge-file mean "
         "GPT2BPETokenizer, as in Megatron-LM), ")
     docs = tmp_path / "docs.jsonl"
@@ -519,15 +519,12 @@ def test_file_flags_another_type_ignores_are_noted(hf_tokenizer_dir):
     """Tokenizer file flags the chosen type does not read (a script written for another
     tokenizer): accepted as Megatron-LM does, with one start-up warning naming them."""
     args = ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=hf_tokenizer_dir,
-              vocab_file="gpt2-vocab.json", startup_notes=[])
-    tokenizer_setup(args).apply(args)
-    assert args.startup_notes[1] == ("warning: --vocab-file 'gpt2-vocab.json' not used by "
+              vocab_file="gpt2-vocab.json")
+    assert tokenizer_setup(args).notes[1] == ("warning: --vocab-file 'gpt2-vocab.json' not used by "
                                      "--tokenizer-type PretrainedFromHF (it reads "
                                      "--tokenizer-name-or-path)")
-    args = ns(tokenizer_type="ByteLevelTokenizer", tokenizer_model="tok.model", startup_notes=[])
-    tokenizer_setup(args).apply(args)
-    assert args.startup_notes[1] == ("warning: --tokenizer-model 'tok.model' not used by "
+    args = ns(tokenizer_type="ByteLevelTokenizer", tokenizer_model="tok.model")
+    assert tokenizer_setup(args).notes[1] == ("warning: --tokenizer-model 'tok.model' not used by "
                                      "--tokenizer-type ByteLevelTokenizer (it reads no files)")
-    args = ns(tokenizer_type="ByteLevelTokenizer", startup_notes=[])
-    tokenizer_setup(args).apply(args)
-    assert len(args.startup_notes) == 1
+    args = ns(tokenizer_type="ByteLevelTokenizer")
+    assert len(tokenizer_setup(args).notes) == 1

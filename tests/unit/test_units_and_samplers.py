@@ -89,6 +89,7 @@ def megatron_lm_update_train_iters(train_samples, gbs, rampup):
 def _args(train_samples, gbs, rampup, seq=16, **extra):
     import argparse
     return argparse.Namespace(train_iters=None, train_samples=train_samples, global_batch_size=gbs,
+                              batch_size_steps=None,
                               rampup_batch_size=list(rampup) if rampup else None, seq_length=seq,
                               **extra)
 

@@ -10,7 +10,7 @@ import pytest
 
 from helpers.flags import parse
 from megatron.config.arguments import ArgumentError
-from megatron.metrics.writers import MetricsWriter, metrics_writer_from_args
+from megatron.metrics.writers import MetricsWriter, metrics_writer
 from megatron.metrics.wandb_writer import (RUN_ID_FILE, WandbWriter, read_run_id, run_config,
                                     run_id_to_resume, write_run_id)
 
@@ -28,7 +28,7 @@ def test_flags_and_llm_jp_alias():
                                      "--wandb-save-dir", "d"])) | {"given_flags": args.given_flags}
     assert not any("accepted without effect" in note for note in args.startup_notes)
     # the config of the run is the validated arguments (derived values included), JSON-clean
-    config = run_config(args)
+    config = run_config(vars(args))
     assert config["wandb_project"] == "p" and config["data_parallel_size"] == 1
     assert config["ffn_hidden_size"] == 4 * 64
 
@@ -37,8 +37,8 @@ def test_without_project_nothing_is_imported_and_other_flags_are_noted(no_wandb)
     args = parse(["--wandb-exp-name", "exp"])
     assert "--wandb-exp-name without --wandb-project: no W&B run (as in Megatron-LM)" in \
         args.startup_notes
-    args.metrics_jsonl = None
-    assert metrics_writer_from_args(args, enabled=True).writers == []
+    assert args.run_config.metrics.metrics_jsonl is None
+    assert metrics_writer(args.run_config.metrics, enabled=True, run_flags=vars(args)).writers == []
 
 
 def test_project_without_wandb_is_one_error_naming_the_extra(no_wandb):

@@ -1,0 +1,105 @@
+"""The run's typed configs, built once as the last step of validation (``validate_args``) from the
+validated flags: frozen dataclasses whose fields are the argparse dests, one per consumer, filled
+with no defaults (megatron/utils/typed_config.py), so a flag a consumer needs and the parser lacks
+fails at start-up, by name.
+
+- ``batch``: megatron/schedules/units.py ``BatchConfig`` (the batch schedule);
+- ``loop``: :class:`LoopConfig` (megatron/train/: iterations, intervals, exits, the loader);
+- ``checkpoint``: :class:`CheckpointConfig` (megatron/train/resume.py: ``--save``/``--load``);
+- ``metrics``: megatron/metrics/writers.py ``MetricsConfig`` (jsonl, TensorBoard, W&B);
+- ``optimizer``: megatron-core's ``OptimizerConfig`` (megatron/optim/optimizer.py);
+- ``transformer``: megatron-core's ``TransformerConfig`` (validation builds it: the model);
+- ``notes``: the start-up notes validation returned (printed once the run starts).
+
+The configs the train package consumes are defined here, the layer below it; the lower layers'
+configs are defined next to their consumers, which cannot import this package.
+"""
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer import TransformerConfig
+
+from megatron.metrics.writers import MetricsConfig
+from megatron.schedules.units import BatchConfig
+from megatron.utils.typed_config import config_from_args
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What the training loop reads (megatron/train/): the run's length in iterations
+    (``train_iters``, derived by validation), the micro batch (samples) and data-parallel size,
+    the intervals (iterations) of logging, evaluation, saving and exiting, the evaluation
+    iterations, the run-control exits and the loader's seed and workers."""
+
+    train_iters: int
+    micro_batch_size: int
+    global_batch_size: int
+    data_parallel_size: int
+    seq_length: int
+    log_interval: int
+    eval_interval: int
+    eval_iters: int
+    save_interval: Optional[int]
+    exit_interval: Optional[int]
+    phase_transition_iterations: Optional[Sequence[int]]
+    skip_train: bool
+    kill_switch_path: Optional[str]
+    exit_duration_in_mins: Optional[float]
+    exit_signal_handler: bool
+    train_tokens_note: Optional[str]
+    seed: int
+    num_workers: int
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """What saving and resuming read (megatron/train/resume.py): ``--save``, ``--load`` and how a
+    load is taken (``--finetune``, ``--reset-progress``, ``--no-load-optim``, ``--no-load-rng``,
+    ``--universal-checkpoint``, ``--override-data-mix``)."""
+
+    save: Optional[str]
+    load: Optional[str]
+    finetune: bool
+    reset_progress: bool
+    no_load_optim: bool
+    no_load_rng: bool
+    universal_checkpoint: bool
+    override_data_mix: bool
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every typed config of one run (module docstring)."""
+
+    batch: BatchConfig
+    loop: LoopConfig
+    checkpoint: CheckpointConfig
+    metrics: MetricsConfig
+    optimizer: OptimizerConfig
+    transformer: TransformerConfig
+    notes: Tuple[str, ...]
+
+
+def optimizer_config_from_args(args) -> OptimizerConfig:
+    """megatron-core's ``OptimizerConfig`` of the optimizer flags (``--optimizer``, ``--lr``,
+    ``--min-lr``, ``--weight-decay``, Adam's betas and eps, SGD's momentum, ``--clip-grad``, the
+    precision flags and ``--loss-scale``); every other field keeps megatron-core's default (the
+    dynamic loss scaler's settings go to DeepSpeed's config: megatron/config/deepspeed_config.py)."""
+    return OptimizerConfig(
+        optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        sgd_momentum=args.sgd_momentum, clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
+        loss_scale=args.loss_scale)
+
+
+def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
+    """The :class:`RunConfig` of validated ``args`` (every field read, none defaulted) with the
+    start-up ``notes`` validation returned."""
+    return RunConfig(batch=config_from_args(BatchConfig, args),
+                     loop=config_from_args(LoopConfig, args),
+                     checkpoint=config_from_args(CheckpointConfig, args),
+                     metrics=config_from_args(MetricsConfig, args),
+                     optimizer=optimizer_config_from_args(args),
+                     transformer=args.transformer_config,
+                     notes=tuple(notes))

@@ -65,7 +65,7 @@ def make_checkpoint(directory: str, args) -> int:
     """Write the random-weight checkpoint; returns its parameter count."""
     import torch
 
-    from megatron.checkpoint.hf import canonical_shapes
+    from megatron.checkpoint.hf.families import canonical_shapes
     from megatron.checkpoint.writer import write_checkpoint
 
     record = model_record(args)

@@ -52,7 +52,7 @@ def write_source(directory: str, iteration: int, args) -> int:
     time); returns its parameter count."""
     import torch
 
-    from megatron.checkpoint.hf import canonical_shapes
+    from megatron.checkpoint.hf.families import canonical_shapes
     from megatron.checkpoint.writer import write_checkpoint
 
     record = model_record(args)
@@ -73,7 +73,7 @@ def write_source(directory: str, iteration: int, args) -> int:
 
 
 def largest_tensor_bytes(args) -> int:
-    from megatron.checkpoint.hf import canonical_shapes
+    from megatron.checkpoint.hf.families import canonical_shapes
 
     itemsize = {"bf16": 2, "fp32": 4}[args.dtype]
     shapes = canonical_shapes(model_record(args)["model"], args.vocab).values()

@@ -9,7 +9,7 @@
   this run's engine, ZeRO partitions included);
 - ``writer.py``: the offline writer for any TP x PP;
 - ``model_args.py``: the model flags a checkpoint records and ``--use-checkpoint-args``;
-- ``hf.py``: the Hugging Face transformers families.
+- ``hf/``: the Hugging Face transformers families, one adapter per family.
 
 Parameter names (canonical, pipe, Transformer Engine) and the tensor-parallel split by name are
 megatron/model/param_names.py. Import the submodules directly; this package imports nothing, so

@@ -73,7 +73,7 @@ def record(rows=128, **flags):
 
 
 def random_state(seed, rows=128, dtype=torch.float32, **flags):
-    from megatron.checkpoint.hf import canonical_shapes
+    from megatron.checkpoint.hf.families import canonical_shapes
 
     g = torch.Generator().manual_seed(seed)
     return {n: torch.randn(s, generator=g).to(dtype)
@@ -391,7 +391,7 @@ def test_merge_of_a_run_equals_the_weighted_average_under_any_source_layout(trai
 
 @pytest.mark.launch
 def test_merged_checkpoint_scores_through_tasks_and_exports_to_hf(trained, tmp_path):
-    from megatron.checkpoint.hf import to_hf
+    from megatron.checkpoint.hf.families import to_hf
     from megatron.checkpoint.reader import CheckpointReader
     from megatron.checkpoint.writer import write_checkpoint
     from tasks import zero_shot_rank_classification as rank

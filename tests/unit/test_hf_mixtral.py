@@ -1,4 +1,4 @@
-"""Mixtral in and out of the Hugging Face converters (megatron/checkpoint/hf.py).
+"""Mixtral in and out of the Hugging Face converters (megatron/checkpoint/hf/).
 
 In-process, fp32 on the CPU, tiny models: a RoPE/RMSNorm/SwiGLU mixture-of-experts checkpoint
 (every layer MoE, top-k softmax router) exports to ``MixtralForCausalLM``, which gives the same
@@ -214,9 +214,10 @@ def test_export_refuses_routers_mixtral_cannot_represent(tp1, tmp_path, flags, m
     pytest.param(SHAPE + ["--num-experts", "4", "--moe-ffn-hidden-size", "48"], id="biases"),
 ])
 def test_canonical_moe_names_and_shapes_are_gpt_models(tp1, flags):
-    """hf.py's canonical names and shapes of MoE models (routers, experts by global id, shared
-    experts, dense layers between, router and expert biases) are the GPTModel's."""
-    from megatron.checkpoint.hf import canonical_names, canonical_shapes
+    """megatron/checkpoint/hf/families.py's canonical names and shapes of MoE models (routers,
+    experts by global id, shared experts, dense layers between, router and expert biases) are the
+    GPTModel's."""
+    from megatron.checkpoint.hf.families import canonical_names, canonical_shapes
     from megatron.checkpoint.model_args import model_args_from_args
 
     args = our_args(flags)

@@ -18,7 +18,7 @@ recorded; its experts read from the Hub's per-expert tensors or from transformer
 (recorded as ``--pad-vocab-size-to``). Tokenizer files found in ``HF_DIR`` are copied to
 ``DIR/tokenizer/`` and recorded as ``--tokenizer-type PretrainedFromHF``. Configurations this
 project cannot build are refused naming the config key
-(megatron/checkpoint/hf.py).
+(megatron/checkpoint/hf/).
 
 Tensors are read one at a time from the files (no memory map), so peak memory is about one copy of
 the weights.
@@ -125,9 +125,9 @@ def _resolver(names: set, get: Callable) -> Callable[[str], torch.Tensor]:
 def convert(hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1) -> dict:
     """Import (see the module docstring); returns ``{"family", "directory", "parameters",
     "tokenizer"}``."""
-    from megatron.checkpoint.hf import (MIXTRAL, canonical_names, check_exportable,
-                                        flags_from_hf_config, from_hf, hf_sources,
-                                        per_expert_view)
+    from megatron.checkpoint.hf.families import (canonical_names, check_exportable,
+                                                 flags_from_hf_config, from_hf, hf_sources)
+    from megatron.checkpoint.hf.mixtral import MIXTRAL, per_expert_view
     from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION
     from megatron.checkpoint.writer import write_checkpoint
 

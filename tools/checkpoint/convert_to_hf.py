@@ -12,7 +12,7 @@ follows the recorded model flags (``model_args.json``): learned absolute positio
 ``GPT2LMHeadModel``, RoPE -> ``LlamaForCausalLM`` (with ``--num-experts``: ``MixtralForCausalLM``,
 the experts under the Hub's per-expert names), ALiBi -> ``BloomForCausalLM``; flags the class
 cannot represent (for Mixtral: routers other than its renormalised top-k softmax, shared experts,
-dense layers, token dropping) are refused naming the flag (megatron/checkpoint/hf.py).
+dense layers, token dropping) are refused naming the flag (megatron/checkpoint/hf/).
 
 Tensors are read one at a time from the memory-mapped checkpoint files (their pages released once
 used, megatron/checkpoint/reader.py) and streamed into the safetensors files, whose
@@ -209,8 +209,8 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
     "iteration", "files", "tokenizer_files", "parameters", "bytes"}``."""
     from megatron.checkpoint.reader import CheckpointReader
     from megatron.checkpoint.model_args import resolve_tokenizer_paths
-    from megatron.checkpoint.hf import (canonical_names, canonical_shapes,
-                                                         check_exportable, hf_config, to_hf)
+    from megatron.checkpoint.hf.families import (canonical_names, canonical_shapes,
+                                                 check_exportable, hf_config, to_hf)
     from megatron.model.param_names import VOCAB_PARAMETERS
 
     max_bytes = parse_size(max_shard_size)

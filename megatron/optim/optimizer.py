@@ -2,6 +2,7 @@
 from typing import Dict, List
 
 import torch
+from megatron.core.optimizer import OptimizerConfig
 
 
 def param_groups(model: torch.nn.Module) -> List[Dict]:
@@ -36,19 +37,20 @@ def adamw_kernel() -> Dict[str, bool]:
     return {"fused": True} if get_accelerator().device_name() == "cuda" else {}
 
 
-def build_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """``--optimizer adam`` (AdamW: decoupled decay as Megatron; fused on CUDA, see
+def build_optimizer(config: OptimizerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The torch optimizer of megatron-core's ``OptimizerConfig`` (the run's, from the optimizer
+    flags: megatron/config/run_config.py): ``--optimizer adam`` (AdamW: decoupled decay as Megatron; fused on CUDA, see
     :func:`adamw_kernel`), ``sgd`` or ``adafactor``. Under mixed precision DeepSpeed's wrapper
     hands it fp32 master weights (megatron/optim/precision.py). The learning rate and weight decay set
     here are placeholders; the scheduler drives both."""
     groups = param_groups(model)
-    if args.optimizer == "adam":
-        return torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay,
-                                 betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
+    if config.optimizer == "adam":
+        return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay,
+                                 betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
                                  **adamw_kernel())
-    if args.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=args.lr, weight_decay=args.weight_decay,
-                               momentum=args.sgd_momentum)
-    if args.optimizer == "adafactor":
-        return torch.optim.Adafactor(groups, lr=args.lr, weight_decay=args.weight_decay)
-    raise ValueError(f"--optimizer {args.optimizer}: expected one of adam, sgd, adafactor")
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, weight_decay=config.weight_decay,
+                               momentum=config.sgd_momentum)
+    if config.optimizer == "adafactor":
+        return torch.optim.Adafactor(groups, lr=config.lr, weight_decay=config.weight_decay)
+    raise ValueError(f"--optimizer {config.optimizer}: expected one of adam, sgd, adafactor")

@@ -30,7 +30,7 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
         check_stages_hold_experts(model, moe_layer_pattern(args.moe_layer_freq, args.num_layers),
                                   args.expert_model_parallel_size, describe_layer_freq(args))
     mark_expert_parameters(model, getattr(args, "expert_model_parallel_size", 1))
-    optimizer = build_optimizer(args, model)
+    optimizer = build_optimizer(args.run_config.optimizer, model)
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=deepspeed_config_from_args(args, initial_batch),
         # A pipe engine takes its groups from the PipelineModule's topology (DeepSpeed refuses an

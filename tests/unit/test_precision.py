@@ -161,7 +161,7 @@ def _engine(flags, tensor_parallel_rank=0):
                           "--clip-grad", "0.01"])
     model = Scales()
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=build_optimizer(args, model),
+        model=model, optimizer=build_optimizer(args.run_config.optimizer, model),
         config=deepspeed_config_from_args(args, args.global_batch_size),
         mpu=_mpu(tensor_parallel_rank), dist_init_required=False)
     return engine, model
@@ -237,9 +237,9 @@ def test_adamw_is_torch_fused_on_a_cuda_accelerator_and_foreach_elsewhere(monkey
 
     args = parse([])
     model = torch.nn.Linear(4, 4)
-    assert not build_optimizer(args, model).defaults.get("fused")
+    assert not build_optimizer(args.run_config.optimizer, model).defaults.get("fused")
     monkeypatch.setattr(type(get_accelerator()), "device_name", lambda self, index=None: "cuda")
-    optimizer = build_optimizer(args, model)
+    optimizer = build_optimizer(args.run_config.optimizer, model)
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is True
 
 
@@ -275,7 +275,7 @@ def test_optimizer_step_reads_the_device_a_fixed_number_of_times(flags, one_rank
     args = parse(flags + ["--clip-grad", "0.01"])
     model = ManyParameters()
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=build_optimizer(args, model),
+        model=model, optimizer=build_optimizer(args.run_config.optimizer, model),
         config=deepspeed_config_from_args(args, args.global_batch_size), mpu=_mpu(0),
         dist_init_required=False)
     x = torch.ones(4, dtype=model.weights[0].dtype)

@@ -146,7 +146,7 @@ def _tiny_engine(args):
 
     model = Tiny()
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=build_optimizer(args, model),
+        model=model, optimizer=build_optimizer(args.run_config.optimizer, model),
         config=deepspeed_config_from_args(args, args.global_batch_size), mpu=MegatronCoreMPU(),
         dist_init_required=False)
     return model, engine

@@ -112,7 +112,7 @@ def main():
     opts = parser.parse_args()
 
     from megatron.config.arguments import parse_args
-    from megatron.runtime.initialize import initialize_distributed
+    from megatron.parallel.initialize import initialize_distributed
 
     args = parse_args(model_flags(opts), world_size=1)
     args.padded_vocab_size = 256

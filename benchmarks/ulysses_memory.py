@@ -3,7 +3,7 @@
 
 Each setting is one launch of this script through the real ``deepspeed`` launcher (gloo, CPU
 ranks, a free port per launch). Each rank builds the real model path: ``megatron.config.arguments``
-parse/validate for its world size, ``megatron.runtime.initialize.initialize_distributed`` (megatron-core's
+parse/validate for its world size, ``megatron.parallel.initialize.initialize_distributed`` (megatron-core's
 groups, the context-parallel one being the Ulysses group), ``build_gpt_model``; every iteration
 runs ``megatron.train.steps.gpt_forward_step`` (each SP rank keeps its half of the sequence, the
 all-to-all around core attention gives it the whole sequence for half the heads), backward, sums
@@ -57,7 +57,7 @@ def worker(opts) -> None:
     torch.set_num_threads(opts.threads)
     from megatron.config.arguments import parse_args
     from megatron.core import parallel_state
-    from megatron.runtime.initialize import initialize_distributed, set_seeds
+    from megatron.parallel.initialize import initialize_distributed, set_seeds
     from megatron.model.gpt_model import build_gpt_model
     from megatron.train.steps import gpt_forward_step
 

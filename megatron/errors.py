@@ -74,8 +74,8 @@ def exit_with_error(message: str, status: int = EXIT_CONFIG_ERROR) -> NoReturn:
 def run_entry_point(main: Callable[[], object]) -> None:
     """Run ``main()``; a :class:`ConfigError` prints ``error: MESSAGE`` once per launch (see
     :func:`exit_with_error`) and exits with status 1. However it ends, the interpreter then exits
-    without its slow shutdown collection (:mod:`megatron.runtime.process_exit`)."""
-    from megatron.runtime.process_exit import skip_shutdown_collection
+    without its slow shutdown collection (:mod:`megatron.utils.process_exit`)."""
+    from megatron.utils.process_exit import skip_shutdown_collection
 
     try:
         main()

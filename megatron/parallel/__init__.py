@@ -1,2 +1,3 @@
-"""Parallel layouts: tensor/pipeline/data-parallel sizes, megatron-core process groups, the ``mpu``
-DeepSpeed is given, activation recompute flags."""
+"""Parallel layouts: distributed start-up (torch.distributed, megatron-core's process groups,
+seeds), tensor/pipeline/data-parallel sizes, the ``mpu`` DeepSpeed is given, activation recompute
+flags."""

@@ -6,7 +6,7 @@ tensor-parallel layers (sequence parallelism, the asynchronous gradient all-redu
 running their communication kernels in the order they are queued, ahead of the computation they
 overlap with, which only one connection guarantees. The CUDA driver reads the variable when it
 creates a device's context, so it is set before this process touches the GPU
-(``megatron.runtime.initialize.initialize_distributed``, before ``torch.cuda.set_device``): unset, it
+(``megatron.parallel.initialize.initialize_distributed``, before ``torch.cuda.set_device``): unset, it
 becomes 1; set to another value on a GPU that needs 1, the run stops naming it.
 """
 from typing import Callable, MutableMapping, Optional, Tuple

@@ -1,1 +1,3 @@
-"""The process of a run: distributed start-up, seeds, native ops, CPU all-reduce, exit, warnings."""
+"""The process of a run below the parallel layouts: native ops built at first use, DeepSpeed's CPU
+all-reduce, warnings silenced at start-up. (Distributed start-up is megatron/parallel/initialize.py;
+the fast exit is megatron/utils/process_exit.py.)"""

@@ -16,7 +16,7 @@ from megatron.metrics.writers import MetricsWriter, metrics_writer
 from megatron.model.attention_backends import check_backend_trains
 from megatron.optim.loss_normalization import normalization_line
 from megatron.parallel.topology import layout_line
-from megatron.runtime.initialize import initialize_distributed, set_seeds
+from megatron.parallel.initialize import initialize_distributed, set_seeds
 from megatron.schedules.units import batch_schedule
 from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
 from megatron.train.evaluation import _evaluate_all

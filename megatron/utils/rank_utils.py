@@ -1,7 +1,7 @@
 """Rank-aware helpers every layer may use: printing on rank 0 and all-reducing small tensors.
 
 A leaf module (it imports only torch), so the data, model, parallel and checkpoint modules need
-not import ``megatron.runtime.initialize``, which starts the distributed processes.
+not import ``megatron.parallel.initialize``, which starts the distributed processes.
 """
 import torch
 

@@ -1,4 +1,4 @@
-"""The entry points' fast exit (megatron/runtime/process_exit.py): nothing is lost by skipping the
+"""The entry points' fast exit (megatron/utils/process_exit.py): nothing is lost by skipping the
 interpreter's shutdown collection."""
 import subprocess
 import sys

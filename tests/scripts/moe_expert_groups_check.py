@@ -32,7 +32,7 @@ def main(out_dir: str) -> None:
     from megatron.config.arguments import parse_args
     from megatron.checkpoint.engine_index import canonical_namer
     from megatron.core import parallel_state
-    from megatron.runtime.initialize import initialize_distributed, set_seeds
+    from megatron.parallel.initialize import initialize_distributed, set_seeds
     from megatron.model.gpt_model_pipe import gpt_model_for_layout
     from megatron.metrics.moe import moe_training_from_args
     from megatron.train.engine_setup import setup_model_and_optimizer

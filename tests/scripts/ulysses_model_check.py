@@ -67,7 +67,7 @@ def _run(args, batch):
     from megatron.model.gpt_model import build_gpt_model
     from megatron.parallel.topology import initialize_model_parallel
     from megatron.train.steps import gpt_forward_step
-    from megatron.runtime.initialize import set_seeds
+    from megatron.parallel.initialize import set_seeds
 
     initialize_model_parallel(args)
     set_seeds(args.seed)
@@ -90,7 +90,7 @@ def _run(args, batch):
 def main(out_dir: str) -> None:
     from megatron.config.arguments import parse_args
     from megatron.core import parallel_state
-    from megatron.runtime.initialize import initialize_distributed
+    from megatron.parallel.initialize import initialize_distributed
 
     records = {}
     for name, (extra, structured) in CASES.items():

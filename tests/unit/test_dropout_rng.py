@@ -98,7 +98,7 @@ def test_each_pipeline_stage_gets_seed_plus_100_times_its_rank(monkeypatch):
     (Megatron-LM's _set_random_seed); the initial weights are the same for every stage's seeds."""
     from megatron.config.arguments import parse_args
     from megatron.core import parallel_state, tensor_parallel
-    from megatron.runtime.initialize import set_seeds
+    from megatron.parallel.initialize import set_seeds
     from megatron.model.gpt_model import build_gpt_model
 
     args = parse_args(["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4",

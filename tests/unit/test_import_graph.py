@@ -14,16 +14,22 @@ from helpers.paths import ROOT
 ROOT_PATH = Path(ROOT)
 PACKAGES = ("megatron", "tasks", "tools")
 ENTRY_POINTS = ("pretrain_gpt.py", "finetune_t0.py")
-# Modules that start or drive a run: nothing below them may import them. (megatron.config's other
-# modules hold flags as data the model and checkpoint layers read, e.g. moe_flags.)
-TOP = ("megatron.train", "megatron.config.arguments", "megatron.runtime.initialize", "pretrain_gpt",
-       "finetune_t0", "tasks", "tools")
-# The library layers: data, model, parallelism, schedules, tokenizers, checkpoints.
-LIBRARY = ("megatron.data", "megatron.model", "megatron.parallel", "megatron.schedules",
-           "megatron.tokenizer", "megatron.checkpoint")
-# Leaves (every module of megatron.utils too): import no module of the project (beyond other
-# leaves).
-LEAVES = ("megatron.errors", "megatron.utils", "megatron.runtime.process_exit")
+# The layers, lowest first (docs/architecture.md draws them): a module may import its own layer
+# and the layers below it, never one above.
+LAYERS = (("megatron.errors", "megatron.utils"),
+          ("megatron.runtime",),
+          ("megatron.schedules", "megatron.tokenizer"),
+          ("megatron.data",),
+          ("megatron.parallel",),
+          ("megatron.model",),
+          ("megatron.checkpoint",),
+          ("megatron.optim", "megatron.metrics"),
+          ("megatron.config",),
+          ("megatron.train",),
+          ("pretrain_gpt", "finetune_t0", "tasks", "tools"))
+# Leaves: import no module of the project beyond other leaves.
+LEAVES = ("megatron.errors", "megatron.utils")
+LAZY_MARK = "# lazy:"
 
 
 def _module_files() -> Dict[str, Path]:
@@ -118,14 +124,70 @@ def test_no_import_cycle():
     assert not cycles, "import circles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-def test_no_lower_layer_imports_a_higher_one():
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module``'s layer."""
+    for index, prefixes in enumerate(LAYERS):
+        if _within(module, prefixes):
+            return index
+    raise AssertionError(f"{module} is in no layer of LAYERS: add its package there")
+
+
+def upward_edges(graph: Dict[str, Set[str]]) -> List[str]:
+    """``"A imports B"`` for every import from a lower layer to a higher one."""
+    return sorted(f"{m} imports {t}" for m, targets in graph.items() for t in targets
+                  if layer_of(t) > layer_of(m))
+
+
+def unmarked_lazy_imports() -> List[str]:
+    """``path:line`` of every import of a project module inside a function whose line does not
+    say why it is deferred (``# lazy: REASON``): a hidden dependency otherwise."""
+    modules = _module_files()
+    found = []
+    for module, path in modules.items():
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        local = set()
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                local.update(node for node in ast.walk(function)
+                             if isinstance(node, (ast.Import, ast.ImportFrom)))
+        for node in local:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            if (isinstance(node, ast.ImportFrom) and node.level) or \
+                    any(_resolve(name, modules) for name in names):
+                if LAZY_MARK not in lines[node.lineno - 1]:
+                    found.append(f"{path.relative_to(ROOT_PATH)}:{node.lineno}")
+    return sorted(found)
+
+
+def test_every_module_is_in_a_layer_and_the_walk_sees_an_upward_edge():
     graph = import_graph()
-    upward = sorted(f"{m} imports {t}" for m, targets in graph.items() for t in targets
-                    if _within(m, LIBRARY) and _within(t, TOP))
-    assert not upward, "library modules import run drivers: " + "; ".join(upward)
+    for module in graph:
+        layer_of(module)
+    planted = {k: set(v) for k, v in graph.items()}
+    planted["megatron.data.builder"].add("megatron.model.gpt_model")
+    assert set(upward_edges(planted)) - set(upward_edges(graph)) == {
+        "megatron.data.builder imports megatron.model.gpt_model"}
+
+
+def test_no_lower_layer_imports_a_higher_one():
+    upward = upward_edges(import_graph())
+    assert not upward, "imports up the layers (tests/unit/test_import_graph.py LAYERS): " \
+        + "; ".join(upward)
+    graph = import_graph()
     leaf_imports = sorted(f"{m} imports {t}" for m, targets in graph.items() for t in targets
                           if _within(m, LEAVES) and not _within(t, LEAVES))
     assert not leaf_imports, "leaf modules import the project: " + "; ".join(leaf_imports)
+
+
+def test_function_local_project_imports_say_why():
+    unmarked = unmarked_lazy_imports()
+    assert not unmarked, (f"{len(unmarked)} imports of project modules inside functions without "
+                          f"'{LAZY_MARK} REASON' on their line (move them to the top of the "
+                          f"module, or say why they wait): " + ", ".join(unmarked))
 
 
 def test_architecture_doc_lists_the_modules_of_the_tree():

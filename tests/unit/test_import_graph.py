@@ -15,7 +15,8 @@ ROOT_PATH = Path(ROOT)
 PACKAGES = ("megatron", "tasks", "tools")
 ENTRY_POINTS = ("pretrain_gpt.py", "finetune_t0.py")
 # Modules that start or drive a run: nothing below them may import them. (megatron.config's other
-# modules hold flags as data the model and checkpoint layers read, e.g. moe_flags.)
+# modules hold flags and their checks, e.g. moe_flags; they import the library layers, not the
+# reverse.)
 TOP = ("megatron.train", "megatron.config.arguments", "megatron.runtime.initialize", "pretrain_gpt",
        "finetune_t0", "tasks", "tools")
 # The library layers: data, model, parallelism, schedules, tokenizers, checkpoints.

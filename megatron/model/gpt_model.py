@@ -28,8 +28,8 @@ from megatron.model.attention_backends import (apply_te_kernel_environment,
 from megatron.model.fusions import describe_fusions, fusion_config_from_args
 from megatron.model.rotary import use_device_rotary_embedding
 from megatron.model.vocab_padding import mask_output_layer_padding
-from megatron.model.moe import layer_specs_for_pattern, moe_layer_pattern, use_moe_router
-from megatron.config.moe_flags import describe_moe, moe_config_from_args
+from megatron.model.moe import (describe_moe, layer_specs_for_pattern, moe_config_from_args,
+                                moe_layer_pattern, use_moe_router)
 from megatron.parallel.recompute import recompute_config_from_args
 
 

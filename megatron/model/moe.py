@@ -1,5 +1,6 @@
-"""megatron-core's MoE layer in the model's layer spec: a router that also runs on a CPU and
-counts the tokens each expert receives, and the per-layer specs of ``--moe-layer-freq``.
+"""megatron-core's MoE layer in the model's layer spec: the ``TransformerConfig`` fields of the MoE
+flags and the model's MoE summary line, a router that also runs on a CPU and counts the tokens each
+expert receives, and the per-layer specs of ``--moe-layer-freq``.
 
 megatron-core 0.16's ``TopKRouter.gating`` moves a CPU weight to the GPU. Its gating GEMM also
 names a Transformer Engine function that is undefined when TE is absent. :class:`MoERouter`
@@ -31,6 +32,54 @@ def moe_layer_pattern(freq: Union[int, List[int]], num_layers: int) -> List[int]
     if isinstance(freq, int):
         return [1 if i % freq == 0 else 0 for i in range(num_layers)]
     return list(freq)
+
+
+def moe_config_from_args(args) -> dict:
+    """The ``TransformerConfig`` fields of the MoE flags (empty for a dense model)."""
+    if getattr(args, "num_experts", None) is None:
+        return {}
+    return dict(
+        num_moe_experts=args.num_experts,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        moe_router_topk=args.moe_router_topk,
+        moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+        moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+        moe_z_loss_coeff=args.moe_z_loss_coeff,
+        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+        moe_layer_freq=args.moe_layer_freq,
+        moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+        moe_grouped_gemm=args.moe_grouped_gemm,
+        moe_expert_capacity_factor=args.moe_expert_capacity_factor,
+        moe_pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
+        moe_token_drop_policy=args.moe_token_drop_policy,
+        moe_router_pre_softmax=args.moe_router_pre_softmax,
+        moe_router_score_function=args.moe_router_score_function,
+        moe_router_dtype=args.moe_router_dtype,
+        moe_input_jitter_eps=args.moe_input_jitter_eps,
+        moe_per_layer_logging=args.moe_per_layer_logging,
+    )
+
+
+def describe_moe(args) -> str:
+    """The start-up line of the MoE flags, e.g. ``MoE: 8 experts (FFN 512) in 4 of 4 layers,
+    top-2 softmax router, aux_loss x 0.01, dropless, allgather dispatcher, expert-parallel 2``."""
+    pattern = moe_layer_pattern(args.moe_layer_freq, args.num_layers)
+    capacity = ("dropless" if args.moe_expert_capacity_factor is None else
+                f"capacity factor {args.moe_expert_capacity_factor:g} (drop by "
+                f"{args.moe_token_drop_policy})")
+    parts = [f"MoE: {args.num_experts} experts (FFN {args.moe_ffn_hidden_size}) in "
+             f"{sum(pattern)} of {args.num_layers} layers",
+             f"top-{args.moe_router_topk} {args.moe_router_score_function} router"
+             f"{' (pre-softmax)' if args.moe_router_pre_softmax else ''}",
+             f"{args.moe_router_load_balancing_type} x {args.moe_aux_loss_coeff:g}"]
+    if args.moe_z_loss_coeff:
+        parts.append(f"z-loss x {args.moe_z_loss_coeff:g}")
+    if args.moe_shared_expert_intermediate_size:
+        parts.append(f"shared expert {args.moe_shared_expert_intermediate_size}")
+    parts += [capacity, f"{args.moe_token_dispatcher_type} dispatcher",
+              f"expert-parallel {args.expert_model_parallel_size}"]
+    return ", ".join(parts)
 
 
 class MoERouter(TopKRouter):

@@ -1,20 +1,14 @@
-"""What the training loop needs to drive DeepSpeed's pipe engine (``PipelineEngine``).
+"""What the training loop needs to drive DeepSpeed's pipe engine (``PipelineEngine``). (The pipe's
+input format is megatron/model/pipe_io.py, its train and eval steps megatron/train/steps.py.)
 
-- :func:`pipe_batch`: the loader's batch dict -> the ``(inputs, labels)`` tuples the engine feeds to
-  the first and the last stage (see megatron/model/gpt_model_pipe.py for what flows where);
-- :func:`pipe_train_step` / :func:`pipe_eval_step`: one iteration / one evaluation window through
-  ``train_batch`` / ``eval_batch``; the per-micro-batch losses exist only on the last stage, which
-  weighs them (megatron/optim/loss_normalization.py) and adds them to the interval statistics (other
-  stages add nothing, so the world-wide sums the loop reduces at log time are the last stage's);
 - :func:`check_grid_matches`: the engine's process groups are megatron-core's;
 - :func:`install_model_grad_clipping`: clipping by the norm of the whole model's gradient (every
   stage, each tensor-parallel shard once, the tied embedding once) at ZeRO stage 0, where
   DeepSpeed's ``clip_grad_norm_`` with the pipe grid would count only the first stage's replicated
   parameters.
 """
-import functools
 import types
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -51,93 +45,6 @@ def is_pipe_engine(engine) -> bool:
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     return isinstance(engine, PipelineEngine)
-
-
-def pipe_batch(batch: Dict[str, torch.Tensor], device=None) -> Tuple[tuple, tuple]:
-    """``((tokens, position_ids, *attention), (labels, loss_mask[, dataset_id]))`` from a loader
-    batch (the first stage reads the inputs, the last stage the labels); ``attention`` is the
-    batch's compact attention structure (``segment_ids`` with ``cu_seqlens``, ``is_prefix``) in
-    the pipe's form. With ``device`` the batch goes there in one non-blocking copy first
-    (megatron/data/device_transfer.py), so the engine's own per-tensor move has nothing to do."""
-    from megatron.data.device_transfer import batch_to_device
-    from megatron.model.gpt_model_pipe import attention_tensors
-    from megatron.model.masks import CU_SEQLENS_KEY, IS_PREFIX_KEY, SEGMENT_IDS_KEY
-
-    if device is not None:
-        batch = batch_to_device(batch, device)
-    inputs = [batch["tokens"], batch["position_ids"],
-              *attention_tensors(batch.get(SEGMENT_IDS_KEY), batch.get(IS_PREFIX_KEY),
-                                 batch.get(CU_SEQLENS_KEY))]
-    labels = [batch["labels"], batch["loss_mask"]]
-    if batch.get("dataset_id") is not None:
-        labels.append(torch.as_tensor(batch["dataset_id"]).view(-1))
-    return tuple(inputs), tuple(labels)
-
-
-def _stage_batches(engine, iterator: Iterator[Dict], num_micro_batches: int, prepare):
-    """(the batches this stage feeds the engine, the raw ones read) for one call of the engine:
-    the last stage, which computes the losses, reads its ``num_micro_batches`` batches first (so
-    their loss weights are known before the first forward); the others read as the engine asks,
-    as before."""
-    if engine.is_last_stage():
-        raw = [next(iterator) for _ in range(num_micro_batches)]
-        return [prepare(b) for b in raw], raw
-    return (prepare(b) for b in iterator), None
-
-
-def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,
-                    logging_now: bool, normalizer=None) -> Optional[float]:
-    """One iteration (``num_micro_batches`` micro batches, forward, backward, optimizer step) with
-    ``engine.train_batch``; the last stage weighs the iteration's losses (``normalizer``,
-    megatron/optim/loss_normalization.py: the loss each backward pass takes) and adds each micro
-    batch's losses to ``stats``. Returns None: the gradient norm is the engine's
-    (:func:`install_model_grad_clipping`)."""
-    from megatron.optim.loss_normalization import LossNormalizer
-
-    normalizer = normalizer or LossNormalizer("micro-batch")
-    if engine.micro_batches != num_micro_batches:
-        raise RuntimeError(f"pipe engine runs {engine.micro_batches} micro batches per iteration, "
-                           f"the batch schedule asks {num_micro_batches}")
-    batches, raw = _stage_batches(engine, iterator, num_micro_batches, normalizer.prepare)
-    loss_function = engine.module.loss_function
-    weights = None
-    if raw is not None:
-        weights = normalizer.weigh(batches, engine.device)
-        loss_function.set_factors(weights.factors)
-    engine.train_batch(data_iter=map(functools.partial(pipe_batch, device=engine.device),
-                                     iter(batches)))
-    for m, (loss, per_sample, dataset_id) in enumerate(loss_function.pop_records()):
-        stats.add_micro_batch(loss, per_sample, dataset_id, weights.counts[m],
-                              *normalizer.sample_stats(raw[m], batches[m]))
-    return None
-
-
-def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
-                   normalizer=None) -> Tuple[torch.Tensor, float]:
-    """Forward ``num_micro_batches`` micro batches with ``engine.eval_batch``; returns (sum of the
-    micro-batch losses, each weighted as the normalisation averages them, and the sum of those
-    weights) on the last stage and (0, 0) on the others.
-
-    The pipe engine describes the tensors it sends between stages once and reuses that description;
-    it is renewed around the evaluation, so an evaluation set whose batches carry another attention
-    structure than the training set's (say, no ``segment_ids``) still travels correctly."""
-    from megatron.optim.loss_normalization import LossNormalizer
-
-    normalizer = normalizer or LossNormalizer("micro-batch")
-    batches, raw = _stage_batches(engine, iterator, num_micro_batches,
-                                  functools.partial(normalizer.prepare, train=False))
-    engine.reset_activation_shape()
-    engine.eval_batch(map(functools.partial(pipe_batch, device=engine.device), iter(batches)),
-                      num_micro_batches=num_micro_batches,
-                      reduce_output=None, bcast_loss=False)
-    engine.reset_activation_shape()
-    records = engine.module.loss_function.pop_records()
-    total, weight_sum = torch.zeros((), dtype=torch.float64), 0.0
-    for m, (loss, _, _) in enumerate(records):
-        weight = normalizer.eval_weight(batches[m])
-        total = total + loss.detach().double().cpu() * weight
-        weight_sum += weight
-    return total, weight_sum
 
 
 def check_grid_matches(grid) -> None:

@@ -1,6 +1,12 @@
 """One training iteration and one evaluation window on this run's engine: the GPT forward step, the
-per-micro-batch steps of a plain DeepSpeed engine (the pipe engine's are megatron/parallel/pipe.py)
-and the gradient norm an iteration logs."""
+per-micro-batch steps of a plain DeepSpeed engine, the pipe engine's steps and the gradient norm an
+iteration logs.
+
+The pipe engine's steps (:func:`pipe_train_step` / :func:`pipe_eval_step`) run one iteration / one
+evaluation window through ``train_batch`` / ``eval_batch`` (the batches in the pipe's input format,
+megatron/model/pipe_io.py); the per-micro-batch losses exist only on the last stage, which weighs
+them (megatron/optim/loss_normalization.py) and adds them to the interval statistics (other stages
+add nothing, so the world-wide sums the loop reduces at log time are the last stage's)."""
 import functools
 import math
 from dataclasses import dataclass
@@ -9,6 +15,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 import torch
 
 from megatron.model.lm_loss import masked_lm_loss
+from megatron.model.pipe_io import pipe_batch
 from megatron.optim.loss_normalization import LossNormalizer
 
 
@@ -92,12 +99,75 @@ def micro_batch_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: i
     return loss_sum.cpu(), weight_sum
 
 
+def _stage_batches(engine, iterator: Iterator[Dict], num_micro_batches: int, prepare):
+    """(the batches this stage feeds the engine, the raw ones read) for one call of the engine:
+    the last stage, which computes the losses, reads its ``num_micro_batches`` batches first (so
+    their loss weights are known before the first forward); the others read as the engine asks,
+    as before."""
+    if engine.is_last_stage():
+        raw = [next(iterator) for _ in range(num_micro_batches)]
+        return [prepare(b) for b in raw], raw
+    return (prepare(b) for b in iterator), None
+
+
+def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,
+                    logging_now: bool, normalizer=None) -> Optional[float]:
+    """One iteration (``num_micro_batches`` micro batches, forward, backward, optimizer step) with
+    ``engine.train_batch``; the last stage weighs the iteration's losses (``normalizer``,
+    megatron/optim/loss_normalization.py: the loss each backward pass takes) and adds each micro
+    batch's losses to ``stats``. Returns None: the gradient norm is the engine's
+    (:func:`megatron.parallel.pipe.install_model_grad_clipping`)."""
+    normalizer = normalizer or LossNormalizer("micro-batch")
+    if engine.micro_batches != num_micro_batches:
+        raise RuntimeError(f"pipe engine runs {engine.micro_batches} micro batches per iteration, "
+                           f"the batch schedule asks {num_micro_batches}")
+    batches, raw = _stage_batches(engine, iterator, num_micro_batches, normalizer.prepare)
+    loss_function = engine.module.loss_function
+    weights = None
+    if raw is not None:
+        weights = normalizer.weigh(batches, engine.device)
+        loss_function.set_factors(weights.factors)
+    engine.train_batch(data_iter=map(functools.partial(pipe_batch, device=engine.device),
+                                     iter(batches)))
+    for m, (loss, per_sample, dataset_id) in enumerate(loss_function.pop_records()):
+        stats.add_micro_batch(loss, per_sample, dataset_id, weights.counts[m],
+                              *normalizer.sample_stats(raw[m], batches[m]))
+    return None
+
+
+def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
+                   normalizer=None) -> Tuple[torch.Tensor, float]:
+    """Forward ``num_micro_batches`` micro batches with ``engine.eval_batch``; returns (sum of the
+    micro-batch losses, each weighted as the normalisation averages them, and the sum of those
+    weights) on the last stage and (0, 0) on the others.
+
+    The pipe engine describes the tensors it sends between stages once and reuses that description;
+    it is renewed around the evaluation, so an evaluation set whose batches carry another attention
+    structure than the training set's (say, no ``segment_ids``) still travels correctly."""
+    normalizer = normalizer or LossNormalizer("micro-batch")
+    batches, raw = _stage_batches(engine, iterator, num_micro_batches,
+                                  functools.partial(normalizer.prepare, train=False))
+    engine.reset_activation_shape()
+    engine.eval_batch(map(functools.partial(pipe_batch, device=engine.device), iter(batches)),
+                      num_micro_batches=num_micro_batches,
+                      reduce_output=None, bcast_loss=False)
+    engine.reset_activation_shape()
+    records = engine.module.loss_function.pop_records()
+    total, weight_sum = torch.zeros((), dtype=torch.float64), 0.0
+    for m, (loss, _, _) in enumerate(records):
+        weight = normalizer.eval_weight(batches[m])
+        total = total + loss.detach().double().cpu() * weight
+        weight_sum += weight
+    return total, weight_sum
+
+
 def step_functions(engine, forward_step: Callable,
                    normalizer: Optional[LossNormalizer] = None) -> StepFunctions:
-    """The pipe engine's ``train_batch``/``eval_batch`` steps (megatron/parallel/pipe.py) for a
-    ``PipelineModule``, else the per-micro-batch steps around ``forward_step``; both weigh the
-    losses with ``normalizer`` (default: Megatron-LM's per-micro-batch mean)."""
-    from megatron.parallel.pipe import is_pipe_engine, pipe_eval_step, pipe_train_step
+    """The pipe engine's ``train_batch``/``eval_batch`` steps (:func:`pipe_train_step`,
+    :func:`pipe_eval_step`) for a ``PipelineModule``, else the per-micro-batch steps around
+    ``forward_step``; both weigh the losses with ``normalizer`` (default: Megatron-LM's
+    per-micro-batch mean)."""
+    from megatron.parallel.pipe import is_pipe_engine
 
     normalizer = normalizer or LossNormalizer("micro-batch")
     if is_pipe_engine(engine):

@@ -34,7 +34,7 @@ def main(out_dir: str) -> None:
     from megatron.model.gpt_model import build_gpt_model
     from megatron.model.gpt_model_pipe import build_gpt_model_pipe
     from megatron.model.lm_loss import masked_lm_loss
-    from megatron.parallel.pipe import pipe_batch
+    from megatron.model.pipe_io import pipe_batch
 
     args = parse_args(FLAGS, world_size=2, require_data=False)
     args.padded_vocab_size = VOCAB

@@ -112,7 +112,7 @@ def test_pipe_equals_gpt_model_and_starts_from_the_same_weights(one_rank, positi
     from megatron.model.gpt_model import build_gpt_model, transformer_config_from_args
     from megatron.model.init import initialize_parameters
     from megatron.model.lm_loss import masked_lm_loss
-    from megatron.parallel.pipe import pipe_batch
+    from megatron.model.pipe_io import pipe_batch
 
     args = model_args("--position-embedding-type", position, "--seed", "11")
     reference = build_gpt_model(args)

@@ -152,7 +152,7 @@ def test_pipe_stage_forward_backward_without_host_syncs(one_rank, kind, interval
     from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
-    from megatron.parallel.pipe import pipe_batch
+    from megatron.model.pipe_io import pipe_batch
 
     args = model_args("--attention-dropout", "0.1")
     pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args), 128,

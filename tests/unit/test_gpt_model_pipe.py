@@ -1,5 +1,6 @@
 """GPTModelPipe on one process: canonical names and initial weights, equality with GPTModel,
-recompute, stage partitioning, and the pipe batch / tied-copy glue (megatron/parallel/pipe.py)."""
+recompute, stage partitioning, the pipe batch (megatron/model/pipe_io.py) and the tied-copy glue
+(megatron/parallel/pipe.py)."""
 import types
 
 import pytest
@@ -58,7 +59,7 @@ def batch(args, with_mask=False, seed=0):
 
 
 def pipe_forward(pipe, data):
-    from megatron.parallel.pipe import pipe_batch
+    from megatron.model.pipe_io import pipe_batch
     inputs, labels = pipe_batch(data)
     return pipe.loss_fn(pipe(inputs), labels)
 
@@ -168,7 +169,7 @@ def test_tied_embedding_gradient_is_the_sum_of_both_uses(one_stage):
         for f in pipe.forward_funcs:
             f.zero_grad() if isinstance(f, torch.nn.Module) else None
         weight = embedding.word_embeddings.weight
-        from megatron.parallel.pipe import pipe_batch
+        from megatron.model.pipe_io import pipe_batch
         inputs, labels = pipe_batch(data)
         hidden = embedding(inputs)
         for f in pipe.forward_funcs[1:-1]:
@@ -229,7 +230,7 @@ def test_partition_methods_give_the_documented_layer_counts(one_stage):
 
 
 def test_pipe_batch_carries_what_the_stages_need():
-    from megatron.parallel.pipe import pipe_batch
+    from megatron.model.pipe_io import pipe_batch
     args = types.SimpleNamespace(micro_batch_size=2, seq_length=8)
     data = batch(args, with_mask=True)
     inputs, labels = pipe_batch(data)

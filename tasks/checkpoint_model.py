@@ -69,7 +69,7 @@ def _capacity_factor_error(args) -> ConfigError:
     """The error for evaluating with a capacity factor: where the factor came from and how to
     route dropless instead."""
     factor = args.moe_expert_capacity_factor
-    given = getattr(args, "given_flags", {}) or {}
+    given = args.given_flags or {}
     spelling = given.get("moe_expert_capacity_factor")
     if spelling == "--moe-expert-capacity-factor" and not args.microsoft_moe_defaults:
         source, remedy = f"{spelling} {factor:g}", f"drop {spelling}"
@@ -95,9 +95,9 @@ def _capacity_factor_error(args) -> ConfigError:
 def check_moe_evaluable(args) -> None:
     """Refuse MoE flags whose forward gives a request no score of its own (a capacity factor),
     naming the flag and the dropless alternative; nothing for a dense or dropless model."""
-    if getattr(args, "num_experts", None) is None:
+    if args.num_experts is None:
         return
-    if getattr(args, "moe_expert_capacity_factor", None) is not None:
+    if args.moe_expert_capacity_factor is not None:
         raise _capacity_factor_error(args)
 
 

@@ -90,9 +90,9 @@ def training_blend(args):
     """The training :class:`SplitBlend` of ``--data-blend-config``,
     ``--train-weighted-split-paths`` or ``--data-path``/``--train-data-path`` (None without
     training data)."""
-    if getattr(args, "data_blend", None) is not None and args.data_blend.train is not None:
+    if args.data_blend is not None and args.data_blend.train is not None:
         return args.data_blend.train
-    groups = getattr(args, "weighted_split_groups", {}).get("train") or []
+    groups = args.weighted_split_groups.get("train") or []
     if groups:
         return groups[0].to_split_blend("--train-weighted-split-paths")
     if args.data_path or args.train_data_path:

@@ -145,7 +145,7 @@ def apply_checkpoint_args(args: argparse.Namespace, parser: argparse.ArgumentPar
     the record, or None without ``--use-checkpoint-args``. Raises ``ArgumentError`` naming the flag,
     the command line's value and the checkpoint's when they disagree, and when ``--load`` holds no
     checkpoint or one without recorded model flags. Call before ``validate_args``."""
-    if not getattr(args, "use_checkpoint_args", False):
+    if not args.use_checkpoint_args:
         return None
     if not args.load:
         raise ArgumentError("--use-checkpoint-args needs --load DIR (the checkpoint whose model "

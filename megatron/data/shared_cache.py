@@ -38,11 +38,11 @@ def dataset_prefixes(args) -> List[str]:
         paths = getattr(args, flag, None)
         if paths:
             prefixes += get_blend_from_list(paths)[0]
-    blend = getattr(args, "data_blend", None)
+    blend = args.data_blend
     if blend is not None:
         for split in ([blend.train] if blend.train is not None else []) + list(blend.valid) + list(blend.test):
             prefixes += [entry.path for stage in split.stages for entry in stage.entries]
-    for groups in (getattr(args, "weighted_split_groups", None) or {}).values():
+    for groups in (args.weighted_split_groups or {}).values():
         prefixes += [item.prefix for group in groups for item in group.items]
     return list(dict.fromkeys(prefixes))
 

@@ -146,6 +146,6 @@ def tracked_loss_names(args) -> List[str]:
 
 def moe_training_from_args(model: torch.nn.Module, args) -> Optional[MoETraining]:
     """:class:`MoETraining` for a model with ``--num-experts``, else None."""
-    if getattr(args, "num_experts", None) is None:
+    if args.num_experts is None:
         return None
     return MoETraining(model, args)

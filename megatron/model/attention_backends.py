@@ -210,9 +210,9 @@ def batches_have_structure(args) -> bool:
 def dense_scores_mib(args) -> float:
     """MiB of one ``[b, h, s, s]`` tensor of attention probabilities of this run: micro batch x
     this rank's heads (over TP x Ulysses SP) x seq-length squared, in the parameters' dtype."""
-    element = 2 if (getattr(args, "bf16", False) or getattr(args, "fp16", False)) else 4
+    element = 2 if (args.bf16 or args.fp16) else 4
     heads = args.num_attention_heads / (max(args.tensor_model_parallel_size, 1)
-                                        * getattr(args, "ds_sequence_parallel_size", 1))
+                                        * args.ds_sequence_parallel_size)
     return args.micro_batch_size * heads * args.seq_length ** 2 * element / 2 ** 20
 
 
@@ -245,7 +245,7 @@ def resolve_attention_backend_from_args(args, te=None, device_type: Optional[str
         prefix_batches=bool(getattr(args, "prefix_lm", False)), te_version=te.version,
         flash_attn=te.flash_attn, te_problem=te.describe_absence() if te.problem else None,
         dense_scores_mib=dense_scores_mib(args),
-        sequence_parallel_size=getattr(args, "ds_sequence_parallel_size", 1))
+        sequence_parallel_size=args.ds_sequence_parallel_size)
 
 
 def attention_backend_from_args(args) -> AttentionBackend:
@@ -254,7 +254,7 @@ def attention_backend_from_args(args) -> AttentionBackend:
     cannot run here) or a namespace that never went through validation (built by hand) is
     resolved now, for training (:func:`resolve_attention_backend_from_args`: ArgumentError when
     it cannot run)."""
-    resolved = getattr(args, "resolved_attention_backend", None)
+    resolved = args.resolved_attention_backend
     return resolved if resolved is not None else resolve_attention_backend_from_args(args)
 
 

@@ -112,7 +112,7 @@ def scheduler_steps_from_args(args) -> dict:
     ``--train-samples`` runs alike."""
     gbs, seq = args.global_batch_size, args.seq_length
     train = args.train_iters * gbs if args.train_samples is None else args.train_samples
-    if getattr(args, "lr_decay_tokens", None) is not None:
+    if args.lr_decay_tokens is not None:
         decay = args.lr_decay_tokens / seq
     elif args.lr_decay_samples is not None:
         decay = args.lr_decay_samples
@@ -122,7 +122,7 @@ def scheduler_steps_from_args(args) -> dict:
         decay = train
     if args.lr_warmup_fraction is not None:
         warmup = args.lr_warmup_fraction * decay
-    elif getattr(args, "lr_warmup_tokens", None) is not None:
+    elif args.lr_warmup_tokens is not None:
         warmup = args.lr_warmup_tokens / seq
     elif args.lr_warmup_samples:
         warmup = args.lr_warmup_samples
@@ -184,24 +184,24 @@ def power_spans_from_args(args, bs: BatchSchedule) -> Tuple[float, float, float]
     are converted through the batch schedule (rampup aware), samples times ``--seq-length``."""
     seq = bs.seq_length
     end = _power_tokens(args, bs, args.lr_decay_iters, args.lr_decay_samples,
-                        getattr(args, "lr_decay_tokens", None))
+                        args.lr_decay_tokens)
     if end is None:
         end = (float(args.train_samples) * seq if args.train_samples is not None
                else float(bs.samples_at_iteration(args.train_iters)) * seq)
     if args.lr_warmup_fraction is not None:
         warmup = args.lr_warmup_fraction * end
-    elif getattr(args, "lr_warmup_tokens", None) is not None:
+    elif args.lr_warmup_tokens is not None:
         warmup = float(args.lr_warmup_tokens)
     elif args.lr_warmup_iters:
         warmup = float(bs.samples_at_iteration(args.lr_warmup_iters)) * seq
     else:
         warmup = float(args.lr_warmup_samples or 0) * seq
     decay = 0.0
-    if getattr(args, "power_scheduler_decay_tokens", None):
+    if args.power_scheduler_decay_tokens:
         decay = float(args.power_scheduler_decay_tokens)
-    elif getattr(args, "power_scheduler_decay_samples", None):
+    elif args.power_scheduler_decay_samples:
         decay = float(args.power_scheduler_decay_samples) * seq
-    elif getattr(args, "power_scheduler_decay_iters", None):
+    elif args.power_scheduler_decay_iters:
         end_iter = int(bs.iterations_at_samples(end / seq))
         start_iter = max(end_iter - int(args.power_scheduler_decay_iters), 0)
         decay = end - float(bs.samples_at_iteration(start_iter)) * seq
@@ -213,7 +213,7 @@ def lr_schedule_with_run_defaults(lr_schedule, args):
     run's LR flags filled in (e.g. a bare ``{type: inv}`` takes ``learning_rate`` = ``--lr`` and
     ``min_lr`` = ``--min-lr``), so the values it runs with are stored, and compared on resume, with
     the schedule."""
-    flags = {"lr": getattr(args, "lr", None), "min_lr": getattr(args, "min_lr", None)}
+    flags = {"lr": args.lr, "min_lr": args.min_lr}
     return fill_run_defaults(lr_schedule, {k: float(v) for k, v in flags.items() if v is not None})
 
 
@@ -226,8 +226,8 @@ def scheduler_params_from_args(args, batch_schedule: Optional[BatchSchedule] = N
     params.update(run_shape_from_args(args, bs))
     params.update(start_wd=args.start_weight_decay, end_wd=args.end_weight_decay,
                   wd_incr_style=args.weight_decay_incr_style, wd_incr_steps=steps["wd_incr_steps"])
-    config = getattr(args, "lr_schedule_config_dict", None)
-    if config is None and getattr(args, "lr_schedule_config", None):
+    config = args.lr_schedule_config_dict
+    if config is None and args.lr_schedule_config:
         config = load_schedule_config(args.lr_schedule_config)
     if config is not None:
         params["lr_schedule"] = lr_schedule_with_run_defaults(config["lr_schedule"], args)

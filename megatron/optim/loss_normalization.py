@@ -42,9 +42,9 @@ __all__ = ["NORMALIZATIONS", "normalization_from_args", "normalization_line", "L
 def normalization_from_args(args) -> str:
     """``micro-batch``, ``token`` or ``sample`` from ``--calculate-per-token-loss`` /
     ``--calculate-per-sample-loss`` (exclusive: checked by validate_args)."""
-    if getattr(args, "calculate_per_token_loss", False):
+    if args.calculate_per_token_loss:
         return "token"
-    if getattr(args, "calculate_per_sample_loss", False):
+    if args.calculate_per_sample_loss:
         return "sample"
     return "micro-batch"
 

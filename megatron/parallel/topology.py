@@ -39,8 +39,8 @@ class ParallelLayout:
         """The layout validated by ``validate_args`` (``args.data_parallel_size`` is set there)."""
         return cls(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                    dp=args.data_parallel_size, world=args.world_size,
-                   sp=getattr(args, "ds_sequence_parallel_size", 1),
-                   ep=getattr(args, "expert_model_parallel_size", 1))
+                   sp=args.ds_sequence_parallel_size,
+                   ep=args.expert_model_parallel_size)
 
     def describe(self) -> str:
         """``tensor-parallel T, pipeline-parallel P[, Ulysses sequence-parallel S], data-parallel

@@ -51,7 +51,7 @@ def ulysses_layout_problem(args) -> Optional[str]:
                 "group Ulysses needs; use --pipeline-model-parallel-size 1 (with "
                 "--tensor-model-parallel-size for the model's memory)")
     problems = []
-    if getattr(args, "zero_stage", None) == 3:
+    if args.zero_stage == 3:
         problems.append(f"{flag} with ZeRO stage 3: DeepSpeed's ZeRO-3 reduce-scatter averages the "
                         "gradients over the sequence-parallel ranks where they must be summed (its "
                         "stage 1/2 and stage 0 reductions sum them); use --zero-stage 1 or 2")

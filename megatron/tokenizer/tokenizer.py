@@ -120,12 +120,12 @@ def tokenizer_setup(args: argparse.Namespace) -> TokenizerSetup:
     tokenizer's with a ``--use-checkpoint-args`` record of more real rows) and the start-up lines.
     Nothing is written into ``args`` (:meth:`TokenizerSetup.apply` does)."""
     tokenizer = build_tokenizer(args)
-    divisible_by = getattr(args, "make_vocab_size_divisible_by", 128)
-    tp = getattr(args, "tensor_model_parallel_size", 1)
+    divisible_by = args.make_vocab_size_divisible_by
+    tp = args.tensor_model_parallel_size
     padded = padded_vocab_size(tokenizer.vocab_size, divisible_by, tp,
-                               getattr(args, "pad_vocab_size_to", None))
+                               args.pad_vocab_size_to)
     recorded = (getattr(args, "checkpoint_model_args", None) or {}).get("vocab_size")
-    notes = [tokenizer_summary(tokenizer, padded, getattr(args, "tokenizer_type_note", None))]
+    notes = [tokenizer_summary(tokenizer, padded, args.tokenizer_type_note)]
     if getattr(args, "checkpoint_tokenizer_note", None):
         notes.append(args.checkpoint_tokenizer_note)
     unused = unused_tokenizer_flags(args)
@@ -154,7 +154,7 @@ def check_fits_checkpoint(tokenizer, args: argparse.Namespace) -> None:
     if rows and tokenizer.vocab_size > int(rows):
         raise ConfigError(
             f"--tokenizer-type {args.tokenizer_type}: the tokenizer has {tokenizer.vocab_size} "
-            f"tokens but the checkpoint in --load {getattr(args, 'load', None)} embeds {rows} "
+            f"tokens but the checkpoint in --load {args.load} embeds {rows} "
             "rows (--use-checkpoint-args); give a tokenizer that fits, or drop the tokenizer "
             "flags to use the checkpoint's")
 

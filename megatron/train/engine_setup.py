@@ -26,10 +26,10 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     model = model_provider(args)
     pipe = isinstance(model, PipelineModule)
     # expert-parallel experts reduced over their expert-data-parallel group (DeepSpeed's MoE path)
-    if getattr(args, "num_experts", None):
+    if args.num_experts:
         check_stages_hold_experts(model, moe_layer_pattern(args.moe_layer_freq, args.num_layers),
                                   args.expert_model_parallel_size, describe_layer_freq(args))
-    mark_expert_parameters(model, getattr(args, "expert_model_parallel_size", 1))
+    mark_expert_parameters(model, args.expert_model_parallel_size)
     optimizer = build_optimizer(args.run_config.optimizer, model)
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=deepspeed_config_from_args(args, initial_batch),

@@ -1,10 +1,11 @@
 """SDPA core attention against a naive masked-softmax reference, and inside a GPTModel (packed
 batches with prefixes and ALiBi in every backend: tests/unit/test_attention_backends.py)."""
-import argparse
 import math
 
 import pytest
 import torch
+
+from helpers.flags import parse
 
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -84,17 +85,10 @@ def test_gpt_model_uses_sdpa_and_segments_change_output():
     from megatron.model.gpt_model import build_gpt_model
     from megatron.model.masks import attention_structure
     from megatron.model.sdpa_attention import SDPAttention
-    args = argparse.Namespace(
-        num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=64,
-        kv_channels=8, hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02,
-        normalization="LayerNorm", norm_epsilon=1e-5, swiglu=False, openai_gelu=False, embed_layernorm=False,
-        disable_bias_linear=False,
-        tensor_model_parallel_size=1, use_cpu_initialization=True, bf16=False, fp16=False,
-        transformer_impl="local", padded_vocab_size=128, max_position_embeddings=16,
-        untie_embeddings_and_output_weights=False, position_embedding_type="learned_absolute",
-        rotary_percent=1.0, rotary_base=10000, sequence_parallel=False, recompute_granularity=None,
-        recompute_method=None, recompute_num_layers=None, distribute_saved_activations=False, seed=0,
-        attention_backend="auto", reset_attention_mask=False, micro_batch_size=2, seq_length=16)
+    args = parse(["--hidden-size", "32", "--ffn-hidden-size", "64", "--hidden-dropout", "0",
+                  "--attention-dropout", "0", "--seq-length", "16", "--max-position-embeddings",
+                  "16", "--transformer-impl", "local", "--use-cpu-initialization", "--seed", "0"])
+    args.padded_vocab_size = 128  # what the entry point's tokenizer set-up derives
     torch.manual_seed(0)
     model = build_gpt_model(args).eval()
     assert any(isinstance(m, SDPAttention) for m in model.modules())

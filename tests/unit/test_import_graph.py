@@ -16,8 +16,8 @@ PACKAGES = ("megatron", "tasks", "tools")
 ENTRY_POINTS = ("pretrain_gpt.py", "finetune_t0.py")
 # Modules that start or drive a run: nothing below them may import them. (megatron.config's other
 # modules hold flags as data the model and checkpoint layers read, e.g. moe_flags.)
-TOP = ("megatron.train", "megatron.config.arguments", "megatron.runtime.initialize", "pretrain_gpt",
-       "finetune_t0", "tasks", "tools")
+TOP = ("megatron.train", "megatron.config.parser", "megatron.config.arguments",
+       "megatron.runtime.initialize", "pretrain_gpt", "finetune_t0", "tasks", "tools")
 # The library layers: data, model, parallelism, schedules, tokenizers, checkpoints.
 LIBRARY = ("megatron.data", "megatron.model", "megatron.parallel", "megatron.schedules",
            "megatron.tokenizer", "megatron.checkpoint")

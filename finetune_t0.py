@@ -15,7 +15,7 @@ from megatron.runtime.known_warnings import quiet_known_warnings
 
 quiet_known_warnings()
 
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 from megatron.errors import ArgumentError, run_entry_point
 from megatron.data.mtf_builder import build_mtf_data
 from megatron.data.train_data import TrainData
@@ -25,7 +25,7 @@ from megatron.train.loop import pretrain
 
 
 def extra_args_provider(parser):
-    """The T0 flags; the weighted-split flags come from megatron/config/arguments.py."""
+    """The T0 flags; the weighted-split flags come from megatron/config/data_flags.py."""
     g = parser.add_argument_group("T0 multitask finetuning")
     g.add_argument("--prefix-lm", action="store_true",
               help="Non-causal decoder: each segment's input tokens attend to each other "

@@ -8,7 +8,7 @@ from megatron.runtime.known_warnings import quiet_known_warnings
 
 quiet_known_warnings()
 
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 from megatron.errors import run_entry_point
 from megatron.data.builder import build_pretraining_data
 from megatron.data.document_segments import with_document_segments

@@ -111,7 +111,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="Alternate the two loops this often.")
     opts = parser.parse_args()
 
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.parallel.initialize import initialize_distributed
 
     args = parse_args(model_flags(opts), world_size=1)

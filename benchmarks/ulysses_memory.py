@@ -2,7 +2,7 @@
 (``--ds-sequence-parallel-size 2``, 2 CPU ranks) against SP 1 (1 rank) on the same model and batch.
 
 Each setting is one launch of this script through the real ``deepspeed`` launcher (gloo, CPU
-ranks, a free port per launch). Each rank builds the real model path: ``megatron.config.arguments``
+ranks, a free port per launch). Each rank builds the real model path: ``megatron.config.parser``
 parse/validate for its world size, ``megatron.parallel.initialize.initialize_distributed`` (megatron-core's
 groups, the context-parallel one being the Ulysses group), ``build_gpt_model``; every iteration
 runs ``megatron.train.steps.gpt_forward_step`` (each SP rank keeps its half of the sequence, the
@@ -55,7 +55,7 @@ def worker(opts) -> None:
     import torch
 
     torch.set_num_threads(opts.threads)
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.core import parallel_state
     from megatron.parallel.initialize import initialize_distributed, set_seeds
     from megatron.model.gpt_model import build_gpt_model

@@ -68,7 +68,7 @@ _DEFAULTS = ["--micro-batch-size", "1", "--train-iters", "1", "--lr", "0"]
 
 
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
 
     from megatron.tokenizer import tokenizer_setup
     from tasks.checkpoint_model import one_process_argv

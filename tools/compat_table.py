@@ -178,7 +178,7 @@ def all_flags() -> List[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of pretrain_gpt.py with finetune_t0.py's own flags added."""
-    from megatron.config.arguments import get_parser
+    from megatron.config.parser import get_parser
     from finetune_t0 import extra_args_provider
 
     return get_parser(extra_args_provider)

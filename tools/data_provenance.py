@@ -63,7 +63,8 @@ def parse_iterations(text: str) -> Tuple[int, int]:
 
 
 def parse_provenance_args(argv: Optional[List[str]] = None):
-    from megatron.config.arguments import get_parser, validate_args
+    from megatron.config.arguments import validate_args
+    from megatron.config.parser import get_parser
 
     parser = get_parser(add_provenance_args, deepspeed_args=False)
     args = parser.parse_args(argv)

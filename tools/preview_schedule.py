@@ -57,7 +57,8 @@ def add_preview_args(parser):
 
 
 def parse_preview_args(argv: Optional[List[str]] = None):
-    from megatron.config.arguments import get_parser, validate_args
+    from megatron.config.arguments import validate_args
+    from megatron.config.parser import get_parser
     from megatron.errors import ArgumentError
     parser = get_parser(add_preview_args, deepspeed_args=False)
     args = parser.parse_args(argv)

@@ -5,6 +5,11 @@ must agree (:func:`reconcile_with_flags` fails naming the flag, the key and both
 as a flag only it goes into the config; given in the JSON only it becomes the flag's value, so
 the rest of the program (logging, schedules, the model's dtype) sees what DeepSpeed runs, and the
 start-up log says so. ``"auto"`` (Hugging Face's placeholder) counts as not given.
+
+``validate_args`` (megatron/config/arguments.py) runs the checks of DeepSpeed's flags kept here:
+:func:`validate_deepspeed_json` reads the JSON, :func:`validate_deepspeed_config` reconciles it with
+the flags and checks ``--use-distributed-optimizer`` and the precision flags (the device's support,
+fp16 loss scaling, the mixed-precision recipe of megatron/optim/precision.py).
 """
 import copy
 import json
@@ -13,8 +18,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from megatron.errors import ConfigError
-from megatron.optim.precision import deepspeed_precision_entries
+from megatron.errors import ArgumentError, ConfigError
+from megatron.optim.precision import deepspeed_precision_entries, resolve_precision_flags
 
 
 def load_deepspeed_json(path: str) -> Dict[str, Any]:
@@ -206,3 +211,101 @@ def deepspeed_config_from_args(args, train_batch_size: int) -> Dict[str, Any]:
     config.setdefault("steps_per_print", 10 ** 12)
     config.setdefault("wall_clock_breakdown", False)
     return config
+
+
+# ------------------------------------------------- checks of validate_args (ArgumentError)
+def validate_deepspeed_json(args) -> None:
+    """``args.deepspeed_config_dict``: the ``--deepspeed_config`` JSON (None without the flag)."""
+    args.deepspeed_config_dict = None
+    if args.deepspeed_config is not None:
+        try:
+            args.deepspeed_config_dict = load_deepspeed_json(args.deepspeed_config)
+        except ConfigError as e:
+            raise ArgumentError(str(e)) from None
+
+
+def validate_deepspeed_config(args) -> None:
+    """Flags and ``--deepspeed_config`` agree (megatron/config/deepspeed_config.py
+    reconcile_with_flags; values only the JSON gives are taken into args and noted), then
+    ``--use-distributed-optimizer`` (ZeRO stage 1 unless a stage >= 1 is given), the
+    precision flags against the device and the mixed-precision recipe."""
+    if args.deepspeed_config_dict is not None:
+        try:
+            taken = reconcile_with_flags(args, args.deepspeed_config_dict)
+        except ConfigError as e:
+            raise ArgumentError(str(e)) from None
+        if taken:
+            args.startup_notes.append(f"from --deepspeed_config {args.deepspeed_config}: "
+                                      + ", ".join(taken))
+    if args.use_distributed_optimizer:
+        if args.zero_stage is None:
+            args.zero_stage = 1
+        elif args.zero_stage == 0:
+            where = ("--zero-stage 0" if "zero_stage" in args.given_flags else
+                     f"--deepspeed_config {args.deepspeed_config} zero_optimization.stage=0")
+            raise ArgumentError(f"--use-distributed-optimizer (optimizer states sharded over the "
+                                f"data-parallel ranks: DeepSpeed ZeRO stage 1 here) contradicts "
+                                f"{where}; drop one")
+        args.startup_notes.append(
+            f"--use-distributed-optimizer: optimizer states sharded over the "
+            f"{args.data_parallel_size} data-parallel rank(s) by DeepSpeed ZeRO stage "
+            f"{args.zero_stage}")
+    if args.fp16 and args.bf16:
+        raise ArgumentError("--fp16 and --bf16 are mutually exclusive (one of them from "
+                            f"--deepspeed_config {args.deepspeed_config}); pick one")
+    _validate_precision_on_device(args)
+    _resolve_precision(args)
+
+
+def _resolve_precision(args) -> None:
+    """Gradient accumulation and reduction dtypes (Megatron-LM's flags, the JSON's
+    ``data_types.grad_accum_dtype`` and ``communication_data_type``) and the ZeRO stage of mixed
+    precision (megatron/optim/precision.py ``resolve_precision_flags``)."""
+    config = args.deepspeed_config_dict or {}
+    try:
+        args.startup_notes.extend(resolve_precision_flags(
+            args, json_value(config, "data_types.grad_accum_dtype"),
+            json_value(config, "communication_data_type")))
+    except ConfigError as e:
+        raise ArgumentError(str(e)) from None
+
+
+def _validate_precision_on_device(args) -> None:
+    """``--fp16``/``--bf16`` need the DeepSpeed accelerator to support the type (DeepSpeed's
+    engine refuses it otherwise with a traceback); fp16 loss-scale values."""
+    given = "fp16" if args.fp16 else "bf16" if args.bf16 else None
+    if given is not None:
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        supported = (accelerator.is_fp16_supported() if given == "fp16"
+                     else accelerator.is_bf16_supported())
+        if not supported:
+            flag = (f"--{given}" if given in args.given_flags else
+                    f"--deepspeed_config {args.deepspeed_config} {given}.enabled=true")
+            other = "--bf16" if given == "fp16" else "--fp16"
+            raise ArgumentError(f"{flag}: DeepSpeed's {accelerator.device_name()} accelerator has "
+                                f"no {given} support on this machine; use {other} or full "
+                                "precision (drop the flag)")
+    scale = args.initial_loss_scale
+    if scale is not None:
+        if not (math.isfinite(scale) and scale > 0 and math.log2(scale).is_integer()):
+            raise ArgumentError(f"--initial-loss-scale {args.initial_loss_scale:g} must be a power "
+                                "of 2 (DeepSpeed takes fp16.initial_scale_power = log2 of it)")
+    if args.loss_scale is not None and not (math.isfinite(args.loss_scale) and args.loss_scale >= 0):
+        raise ArgumentError(f"--loss-scale {args.loss_scale:g} must be non-negative (0: dynamic)")
+    if args.min_loss_scale is not None and not (math.isfinite(args.min_loss_scale)
+                                                and args.min_loss_scale >= 1
+                                                and args.min_loss_scale == int(args.min_loss_scale)):
+        raise ArgumentError(f"--min-loss-scale {args.min_loss_scale:g} must be a positive whole "
+                            "number (DeepSpeed's fp16.min_loss_scale is an integer)")
+    for dest in ("loss_scale_window", "hysteresis"):
+        if getattr(args, dest) is not None and getattr(args, dest) < 1:
+            raise ArgumentError(f"--{dest.replace('_', '-')} {getattr(args, dest)} must be at least 1")
+    if not args.fp16:
+        given_scale = [args.given_flags[d] for d in ("loss_scale", "initial_loss_scale",
+                                                     "min_loss_scale", "loss_scale_window",
+                                                     "hysteresis") if d in args.given_flags]
+        if given_scale:
+            args.startup_notes.append(f"{', '.join(given_scale)}: no effect without --fp16 "
+                                      "(loss scaling is for float16 only)")

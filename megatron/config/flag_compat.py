@@ -4,8 +4,9 @@ without effect, or refuses: one table, as data.
 The families are BigScience's Megatron-DeepSpeed fork (``bigscience``), NVIDIA Megatron-LM
 (``megatron-lm``) and Microsoft Megatron-DeepSpeed (``microsoft``). Flags those scripts use that are
 implemented here under the same name with the same meaning are simply flags of the parser
-(:func:`megatron.config.arguments.get_parser`); this module lists the others, and the parser registers
-each of them from here, so the table and the parser cannot drift apart.
+(:func:`megatron.config.parser.get_parser`); this module lists the others, and the parser registers
+each of them from here (megatron/config/compat_flags.py), so the table and the parser cannot drift
+apart.
 
 Data structure (what ``docs/compatibility.md`` is generated from):
 

@@ -279,7 +279,7 @@ def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
 
 def build_pretraining_data(args, tokenizer, resume=None) -> TrainData:
     """Training set and evaluation groups for ``pretrain_gpt.py`` from whichever data flags are
-    given (validated to be exactly one kind by ``megatron.config.arguments``). ``resume``
+    given (validated to be exactly one kind by ``megatron.config.data_flags``). ``resume``
     (megatron/data/mix_resume.py ``DataResume``): the checkpoint a resumed run continues, whose
     data ledger the training mix continues. With ranks on several hosts the index cache
     directories must be shared first (megatron/data/shared_cache.py)."""

@@ -28,7 +28,7 @@ SplitItem = Tuple[float, float, float, str]
 
 def weighted_split_groups(args, split: str) -> List[Tuple[str, List[SplitItem]]]:
     """The named groups of ``--{split}-weighted-split-paths`` (or ``...-path FILE``), parsed by
-    ``megatron.config.arguments`` (megatron/data/weighted_splits.py), as (name, [(weight, start, end,
+    ``megatron.config.data_flags`` (megatron/data/weighted_splits.py), as (name, [(weight, start, end,
     prefix)]). Files are checked per inputs/targets pair by MTFDocumentPair."""
     return [(g.name, [(it.weight, it.start, it.end, it.prefix) for it in g.items])
             for g in args.weighted_split_groups[split]]

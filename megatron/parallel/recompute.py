@@ -23,7 +23,7 @@ def recompute_config_from_args(args) -> Dict[str, Any]:
 def resolve_recompute_flags(args) -> None:
     """Fold BigScience's ``--checkpoint-activations`` / ``--deepspeed-activation-checkpointing``
     into Megatron-LM's three recompute flags (in place) and check their combination; raises
-    :class:`megatron.config.arguments.ArgumentError` naming the flags and values."""
+    :class:`megatron.errors.ArgumentError` naming the flags and values."""
     from megatron.errors import ArgumentError
 
     bigscience = [f for f, v in (("--checkpoint-activations", args.checkpoint_activations),

@@ -14,9 +14,9 @@ import argparse
 import dataclasses
 from typing import Any, List, Optional, Tuple
 
+from megatron.config.tokenizer_flags import FILE_FLAG_ATTRS, TOKENIZER_FILE_FLAGS, check_tokenizer_args
 from megatron.errors import ConfigError
 from megatron.tokenizer.byte_level import ByteLevelTokenizer
-from megatron.tokenizer.flags import FILE_FLAG_ATTRS, TOKENIZER_FILE_FLAGS, check_tokenizer_args
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
 
 __all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "TokenizerSetup", "build_tokenizer",

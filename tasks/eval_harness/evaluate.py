@@ -111,7 +111,7 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The shared parser's flags (model, tokenizer, checkpoint) plus the evaluation flags."""
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from tasks.zero_shot_rank_classification import _DEFAULTS
 
     from megatron.tokenizer import tokenizer_setup

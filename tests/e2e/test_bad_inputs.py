@@ -18,12 +18,13 @@ import yaml
 
 from helpers.flags import tiny_run_flags
 from helpers.paths import ROOT
-from megatron.config.arguments import ArgumentError, get_parser, parse_args, validate_args
+from megatron.config.arguments import validate_args
+from megatron.config.parser import get_parser, parse_args
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from megatron.data.blend_config import load_blend_config, parse_blend_config
 from megatron.data.weighted_splits import (parse_weighted_split_group, parse_weighted_split_paths,
                                            weighted_split_groups_from_args)
-from megatron.errors import ConfigError
+from megatron.errors import ArgumentError, ConfigError
 
 
 def _make(prefix, ndocs=20, length=12):

@@ -84,7 +84,7 @@ def parse_in_process(flags: List[str], monkeypatch):
         from finetune_t0 import parse_t0_args
         return parse_t0_args(argv)
     assert entry_point == "pretrain_gpt.py", entry_point
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     return parse_args(argv)
 
 

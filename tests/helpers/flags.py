@@ -34,7 +34,8 @@ TINY_SCHEDULE = tiny_run_flags(seq_length=16, train_iters=None, lr=None, data_pa
 def parse(extra: List[str], world_size: int = 1, extra_args_provider=None, base=TINY_RUN):
     """``validate_args`` of ``base + extra`` as the entry points parse them for ``world_size``
     ranks (an ArgumentError raises)."""
-    from megatron.config.arguments import get_parser, validate_args
+    from megatron.config.arguments import validate_args
+    from megatron.config.parser import get_parser
 
     return validate_args(get_parser(extra_args_provider).parse_args(base + extra), world_size)
 
@@ -43,7 +44,7 @@ def one_error_line(argv: List[str], capsys, **kwargs) -> str:
     """``parse_args(argv)`` exits 2 with one line on stderr and no usage text; that line."""
     import pytest
 
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
 
     with pytest.raises(SystemExit) as info:
         parse_args(argv, world_size=1, **kwargs)

@@ -6,7 +6,7 @@ import os
 import torch
 
 from helpers.flags import TINY_MODEL
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 
 BASE = ["--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
         "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local"]

@@ -29,7 +29,7 @@ FLAGS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
 
 
 def main(out_dir: str) -> None:
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.checkpoint.engine_index import canonical_namer
     from megatron.core import parallel_state
     from megatron.parallel.initialize import initialize_distributed, set_seeds

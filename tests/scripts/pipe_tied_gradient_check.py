@@ -29,7 +29,7 @@ def main(out_dir: str) -> None:
 
     import deepspeed
 
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.parallel.initialize import initialize_distributed, set_seeds
     from megatron.model.gpt_model import build_gpt_model
     from megatron.model.gpt_model_pipe import build_gpt_model_pipe

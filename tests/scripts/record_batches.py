@@ -37,7 +37,7 @@ def recording_forward_step(out_dir: str):
 
 
 def main(out_dir: str, argv):
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.tokenizer import tokenizer_setup
     from megatron.train.loop import pretrain
 

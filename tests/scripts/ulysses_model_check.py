@@ -88,7 +88,7 @@ def _run(args, batch):
 
 
 def main(out_dir: str) -> None:
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.core import parallel_state
     from megatron.parallel.initialize import initialize_distributed
 

@@ -4,7 +4,9 @@ import json
 import pytest
 
 from helpers.flags import TINY_RUN, parse
-from megatron.config.arguments import ArgumentError, get_parser, validate_args
+from megatron.config.arguments import validate_args
+from megatron.config.parser import get_parser
+from megatron.errors import ArgumentError
 
 
 def test_defaults_are_derived():
@@ -105,7 +107,7 @@ def test_deepspeed_config_missing_or_invalid(tmp_path):
 
 
 def test_parse_args_exits_with_message(capsys):
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     with pytest.raises(SystemExit) as exit_info:
         parse_args(TINY_RUN + ["--fp16", "--bf16"], world_size=1)
     assert exit_info.value.code == 2

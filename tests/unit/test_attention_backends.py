@@ -314,7 +314,7 @@ def test_backend_selection(requested, kwargs, name, kernel):
     ("te", dict(te=False, impl="local"), "Transformer Engine is not installed"),
 ])
 def test_backend_selection_errors_name_the_flag(requested, kwargs, message):
-    from megatron.config.arguments import ArgumentError
+    from megatron.errors import ArgumentError
     with pytest.raises(ArgumentError, match=f"--attention-backend {requested}: .*{message}"):
         resolve(requested, **kwargs)
 
@@ -347,7 +347,7 @@ def test_validate_args_refuses_te_combinations_without_a_kernel(monkeypatch, cap
     """On a GPU with Transformer Engine 2.9 and no flash-attn, parsing the flags fails with the
     reason; the combinations that have a kernel parse."""
     import argparse
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.model import transformer_engine_support
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(transformer_engine_support, "transformer_engine_status", lambda: (
@@ -371,7 +371,7 @@ def test_validate_args_refuses_te_combinations_without_a_kernel(monkeypatch, cap
 
 
 def test_attention_backend_flag(capsys):
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     base = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
             "--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3"]
     assert parse_args(base, require_data=False).attention_backend == "auto"
@@ -550,7 +550,7 @@ def test_t0_prefix_lm_losses_compact_equal_dense_reference(monkeypatch, position
     path (SDPA backend) and the dense reference mask built from the same batches give the same
     losses."""
     import megatron.model.gpt_model as gpt_model
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.data.mtf_dataset import pack_sample
 
@@ -609,7 +609,7 @@ def test_flex_model_forward_equals_sdpa_model_on_cpu(monkeypatch, position):
     """Through the whole GPTModel (same weights): FlexAttention's logits (forward only, as CPU
     evaluation may run it) equal SDPA's on a packed prefix-LM batch."""
     import megatron.model.gpt_model as gpt_model
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.model.flex_attention import FlexCoreAttention
     from megatron.model.masks import attention_structure
 

@@ -580,7 +580,7 @@ def test_data_path_blends_are_megatron_cores_within_an_epoch(data, tmp_path):
     """--data-path W A W B --split: the training set and the valid/test groups are megatron-core's
     BlendedMegatronDatasetBuilder splits sample for sample while no dataset passes its first epoch
     (the same document ranges, blending rule and one-epoch GPTDatasets), now with the ledger."""
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.data.builder import (build_pretraining_data, gpt_dataset_config,
                                        train_valid_test_num_samples)

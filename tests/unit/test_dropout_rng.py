@@ -96,7 +96,7 @@ def test_packed_attention_dropout_differs_per_tensor_parallel_rank():
 def test_each_pipeline_stage_gets_seed_plus_100_times_its_rank(monkeypatch):
     """set_seeds: Python, NumPy, torch and the tracker's streams of stage 2 start from --seed + 200
     (Megatron-LM's _set_random_seed); the initial weights are the same for every stage's seeds."""
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.core import parallel_state, tensor_parallel
     from megatron.parallel.initialize import set_seeds
     from megatron.model.gpt_model import build_gpt_model

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers.flags import tiny_run_flags
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 
 FLAGS = tiny_run_flags(seq_length=16, train_iters=1, data_path=None) + [
     "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local",

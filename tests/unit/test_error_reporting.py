@@ -8,7 +8,7 @@ import pytest
 
 from helpers.flags import tiny_run_flags
 from megatron import errors
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 
 BASE = tiny_run_flags(hidden_size=32, seq_length=16, global_batch_size=4, train_iters=4,
                       data_path="unused")

@@ -32,7 +32,7 @@ def test_global_sample_order_is_independent_of_data_parallel_size(consumed):
 def test_blended_dataset_index_is_independent_of_world(tmp_path, dist_group):
     """The curriculum dataset (global sample -> dataset, sample) is rebuilt identically from the
     same flags, so a resumed run with any data-parallel size reads the same global samples."""
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.data.builder import build_pretraining_data
     from megatron.tokenizer import build_tokenizer
     data = make_pretrain_data(tmp_path / "data")

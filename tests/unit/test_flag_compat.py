@@ -11,8 +11,9 @@ import pytest
 
 from helpers.flags import TINY_RUN, one_error_line, parse
 from megatron.config import flag_compat
-from megatron.config.arguments import ArgumentError, get_parser
 from megatron.config.deepspeed_config import deepspeed_config_from_args
+from megatron.config.parser import get_parser
+from megatron.errors import ArgumentError
 
 # attributes that record how the command line was written, not what it means
 _BOOKKEEPING = ("given_flags", "startup_notes")

@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 import torch
 
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 
 
 class HostSync(AssertionError):

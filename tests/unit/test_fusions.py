@@ -15,7 +15,7 @@ EVERYTHING = FusionSupport(te_fused_rope=True, apex_layer_norm=True)
 
 
 def _args(*extra):
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     return parse_args(["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
                        "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "1",
                        "--lr", "1e-3", *extra], require_data=False)

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 
 MODEL_FLAGS = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
                "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
@@ -293,7 +293,7 @@ def test_recompute_in_the_pipe_recomputes_each_layer_with_the_same_dropout(one_s
 
 def test_partition_method_matching_no_layer_is_refused():
     """--pp-partition-method type:REGEX must name a pipe layer class (good and bad input)."""
-    from megatron.config.arguments import ArgumentError
+    from megatron.errors import ArgumentError
     from megatron.model.gpt_model_pipe import partition_method_from_args
 
     def method(value):

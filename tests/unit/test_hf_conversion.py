@@ -16,8 +16,8 @@ import torch
 
 from helpers.hf import (BASE, FAMILIES, SHAPE, VOCAB, export, our_args, our_logits, our_model,
                         read_safetensors, save_model, tokens)
-from megatron.config.arguments import ArgumentError, get_parser, parse_args
-from megatron.errors import ConfigError
+from megatron.config.parser import get_parser, parse_args
+from megatron.errors import ArgumentError, ConfigError
 
 def hf_logits(hf_dir, tokens):
     from transformers import AutoModelForCausalLM

@@ -14,7 +14,7 @@ REAL_TE_SPEC = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
 
 
 def _args(extra=()):
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     return parse_args(["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
                        "--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1",
                        "--lr", "1e-3", "--normalization", "RMSNorm", *extra], require_data=False)

@@ -8,9 +8,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from helpers.flags import TINY_SCHEDULE as BASE
-from megatron.config.arguments import ArgumentError, get_parser, parse_args, validate_args
+from megatron.config.arguments import validate_args
+from megatron.config.parser import get_parser, parse_args
 from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler as CoreScheduler
+from megatron.errors import ArgumentError
 from megatron.optim.learning_rates import build_opt_param_scheduler, scheduler_steps_from_args
 
 

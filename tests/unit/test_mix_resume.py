@@ -321,7 +321,8 @@ def test_a_ledger_that_disagrees_with_the_index_is_refused(tmp_path):
 def test_phase_transition_and_provenance_flags_are_checked(tmp_path):
     import sys
 
-    from megatron.config.arguments import get_parser, validate_args
+    from megatron.config.arguments import validate_args
+    from megatron.config.parser import get_parser
     from megatron.errors import ArgumentError
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import data_provenance

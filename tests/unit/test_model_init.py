@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from megatron.config.arguments import get_parser, validate_args
+from megatron.config.arguments import validate_args
+from megatron.config.parser import get_parser
 
 
 def _args(extra=()):

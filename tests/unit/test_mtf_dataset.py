@@ -381,7 +381,7 @@ def test_t0_sample_documents_are_its_packed_pairs(tmp_path):
 def test_packed_segments_do_not_see_each_other_in_the_model(dist_group, position):
     """Logits of a segment inside a packed sample equal those of the segment alone (compact
     attention structure -> the model's SDPA backend), with and without --prefix-lm."""
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     from megatron.core import parallel_state
     from megatron.model.gpt_model import build_gpt_model
     from megatron.model.masks import attention_structure_from_batch

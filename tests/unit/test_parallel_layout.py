@@ -6,7 +6,7 @@ import pytest
 
 from helpers.flags import parse as parse_tiny
 from helpers.flags import tiny_run_flags
-from megatron.config.arguments import ArgumentError
+from megatron.errors import ArgumentError
 
 BASE = tiny_run_flags(num_layers=4)
 

@@ -11,8 +11,8 @@ import torch
 
 from helpers.flags import parse as parse_tiny
 from helpers.flags import tiny_run_flags
-from megatron.config.arguments import ArgumentError
 from megatron.config.deepspeed_config import deepspeed_config_from_args
+from megatron.errors import ArgumentError
 
 BASE = tiny_run_flags(micro_batch_size=1, global_batch_size=2, lr="0.1")
 

@@ -11,7 +11,7 @@ import torch
 
 from helpers.flags import TINY_SCHEDULE as BASE
 from helpers.paths import ROOT
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 from megatron.optim.learning_rates import build_opt_param_scheduler
 from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
 

@@ -6,7 +6,8 @@ from unittest import mock
 import pytest
 import torch
 
-from megatron.config.arguments import get_parser, validate_args
+from megatron.config.arguments import validate_args
+from megatron.config.parser import get_parser
 
 
 def _model(extra):

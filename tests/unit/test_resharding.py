@@ -274,7 +274,7 @@ def test_universal_checkpoint_loads_a_same_layout_checkpoint_through_resharding(
     (not DeepSpeed's loader, which this stand-in engine lacks) restores weights and state."""
     from types import SimpleNamespace
 
-    from megatron.config.arguments import get_parser
+    from megatron.config.parser import get_parser
     from megatron.checkpoint.engine import load_checkpoint
 
     assert get_parser().parse_args(["--universal-checkpoint"]).universal_checkpoint

@@ -33,7 +33,8 @@ def test_cpu_embedding_equals_megatron_cores(monkeypatch, interleaved, percent, 
 
 
 def test_gpt_model_with_rope_runs_forward_and_backward_on_cpu(dist_group):
-    from megatron.config.arguments import get_parser, validate_args
+    from megatron.config.arguments import validate_args
+    from megatron.config.parser import get_parser
     from megatron.core import parallel_state
     from megatron.model.gpt_model import build_gpt_model
 

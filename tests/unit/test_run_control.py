@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from helpers.flags import tiny_run_flags
-from megatron.config.arguments import ArgumentError, get_parser, parse_args, validate_args
-from megatron.errors import ConfigError
+from megatron.config.arguments import validate_args
+from megatron.config.parser import get_parser, parse_args
+from megatron.errors import ArgumentError, ConfigError
 
 BASE = tiny_run_flags(seq_length=64, global_batch_size=8, train_iters=None, data_path=None)
 

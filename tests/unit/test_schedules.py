@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from helpers.paths import DATA
-from megatron.config.arguments import ArgumentError, get_parser, validate_args
+from megatron.config.arguments import validate_args
+from megatron.config.parser import get_parser
+from megatron.errors import ArgumentError
 from megatron.schedules.registry import (REQUIRED, Schedule, ScheduleContext, ScheduleError,
                                          build_schedule, known_kinds, register_schedule)
 from megatron.schedules.units import BatchSchedule

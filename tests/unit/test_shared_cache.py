@@ -7,7 +7,7 @@ from megatron.data.shared_cache import (MARKER_PREFIX, index_cache_dirs, require
 
 
 def _args(tmp_path, *extra):
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
     return parse_args(["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
                        "--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1",
                        "--lr", "1e-3", *extra], require_data=False)

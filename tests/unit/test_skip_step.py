@@ -1,10 +1,10 @@
 """Skipping an optimizer step on a gradient spike (megatron/optim/skip_step.py, megatron/optim/skip_step_engine.py,
-docs/skip_step.md), in process: the decision against hand-computed z-scores, its state, the flags
-and their errors; then one CPU rank's DeepSpeed engine under every optimizer wrapper (ZeRO 0-3
-in fp32, BF16_Optimizer, bf16 ZeRO 2, fp16), where a skipped step leaves the parameters, the fp32
-master weights and the optimizer state bit for bit as they were and the next step trains. The
-launches (pipeline 2 x data parallel 2, a skip by each rule, resume across a skip) are in
-tests/e2e/test_skip_step_e2e.py."""
+megatron/config/skip_step_flags.py, docs/skip_step.md), in process: the decision against
+hand-computed z-scores, its state, the flags and their errors; then one CPU rank's DeepSpeed engine
+under every optimizer wrapper (ZeRO 0-3 in fp32, BF16_Optimizer, bf16 ZeRO 2, fp16), where a
+skipped step leaves the parameters, the fp32 master weights and the optimizer state bit for bit as
+they were and the next step trains. The launches (pipeline 2 x data parallel 2, a skip by each
+rule, resume across a skip) are in tests/e2e/test_skip_step_e2e.py."""
 import math
 
 import pytest
@@ -13,7 +13,7 @@ import torch
 from helpers.flags import parse as parse_tiny
 from helpers.flags import tiny_run_flags
 from helpers.tensors import tensors_by_path
-from megatron.config.arguments import ArgumentError
+from megatron.errors import ArgumentError
 from megatron.optim.skip_step import SkipStepRule, mean_and_std, zscore
 
 BASE = tiny_run_flags(micro_batch_size=1, global_batch_size=2, lr="0.01")

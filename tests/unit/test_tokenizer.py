@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.flags import tiny_run_flags
+from megatron.config.tokenizer_flags import TOKENIZER_TYPES
 from megatron.core.tokenizers import MegatronTokenizerBase as BASE
 from megatron.errors import ConfigError
 from megatron.tokenizer import (
-    TOKENIZER_TYPES,
     ByteLevelTokenizer,
     GPT2BPETokenizer,
     HuggingFaceTokenizer,
@@ -457,7 +457,7 @@ def test_tokenizer_files_without_type_are_an_error(extra, named, capsys):
     """File flags without --tokenizer-type that name no tokenizer: a vocabulary without merges
     (GPT-2 BPE needs both), or a --tokenizer-model that several types read. pretrain_gpt's flags
     exit 2 naming the flags and values, preprocess_data.py and build_tokenizer likewise."""
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
 
     from tools.preprocess_data import main
 
@@ -481,7 +481,7 @@ def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, c
     """--vocab-file/--merge-file without --tokenizer-type: GPT-2 BPE, as Megatron-LM's and
     Microsoft's pretrain_gpt.py (args_defaults={'tokenizer_type': 'GPT2BPETokenizer'}), in
     pretrain_gpt's flags (the start-up line says why), preprocess_data.py and build_tokenizer."""
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
 
     from tools.preprocess_data import main
 
@@ -508,7 +508,7 @@ def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, c
 
 def test_no_tokenizer_flags_mean_byte_level():
     """No tokenizer flag at all: the byte-level default, resolved by validation."""
-    from megatron.config.arguments import parse_args
+    from megatron.config.parser import parse_args
 
     args = parse_args(RUN_FLAGS, world_size=1)
     assert args.tokenizer_type == "ByteLevelTokenizer"

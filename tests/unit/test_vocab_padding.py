@@ -6,7 +6,7 @@ tests/e2e/test_parallel_layouts_e2e.py (no --make-vocab-size-divisible-by there)
 import pytest
 import torch
 
-from megatron.config.arguments import parse_args
+from megatron.config.parser import parse_args
 
 FLAGS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
          "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers.flags import parse
-from megatron.config.arguments import ArgumentError
+from megatron.errors import ArgumentError
 from megatron.metrics.writers import MetricsWriter, metrics_writer
 from megatron.metrics.wandb_writer import (RUN_ID_FILE, WandbWriter, read_run_id, run_config,
                                     run_id_to_resume, write_run_id)

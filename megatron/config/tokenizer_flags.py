@@ -6,7 +6,7 @@ Names and meanings follow Megatron-LM (``--tokenizer-type``, ``--vocab-file``, `
 """
 import argparse
 
-from megatron.errors import ConfigError
+from megatron.errors import ArgumentError, ConfigError
 
 DEFAULT_TOKENIZER_TYPE = "ByteLevelTokenizer"
 # The type --vocab-file/--merge-file mean without --tokenizer-type (Megatron-LM's pretrain_gpt.py
@@ -88,3 +88,12 @@ def check_tokenizer_args(args: argparse.Namespace) -> None:
     missing = [flag for flag in needed if flag not in given]
     if missing:
         raise ConfigError(f"--tokenizer-type {ttype} needs {' and '.join(needed)}")
+
+
+def validate_tokenizer(args) -> None:
+    """Tokenizer flags (:func:`check_tokenizer_args`, its ConfigError as an ArgumentError);
+    resolves the default --tokenizer-type."""
+    try:
+        check_tokenizer_args(args)
+    except ConfigError as e:
+        raise ArgumentError(str(e)) from e

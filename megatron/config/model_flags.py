@@ -1,0 +1,184 @@
+"""The "model" flag group (``--num-layers``, ``--hidden-size``, ``--swiglu``,
+``--position-embedding-type``, ``--transformer-impl``, ``--attention-backend``, ...) and its checks:
+derived sizes, the rotary flags, the layer implementation, the core attention of the run, and
+megatron-core's ``TransformerConfig`` (``args.transformer_config``)."""
+import argparse
+
+from megatron.config.compat_flags import value_alias
+from megatron.errors import ArgumentError
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The "model" flag group."""
+    g = parser.add_argument_group("model")
+    g.add_argument("--num-layers", type=int, default=None, help="Number of transformer layers.")
+    g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
+    g.add_argument("--ffn-hidden-size", type=int, default=None,
+                   help="MLP hidden size (default 4*hidden, or 8/3*hidden rounded to 64 with --swiglu).")
+    g.add_argument("--num-attention-heads", type=int, default=None, help="Attention heads.")
+    g.add_argument("--num-query-groups", type=int, default=None,
+                   help="Key/value head groups for grouped-query attention (default: heads).")
+    g.add_argument("--kv-channels", type=int, default=None,
+                   help="Channels per attention head (default hidden/heads).")
+    g.add_argument("--seq-length", type=int, default=None, help="Tokens per sample.")
+    g.add_argument("--max-position-embeddings", type=int, default=None,
+                   help="Largest position the model can embed (default --seq-length).")
+    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"],
+                   type=value_alias("--normalization"),
+                   help="Norm layers (any case: rmsnorm, layernorm).")
+    g.add_argument("--norm-epsilon", type=float, default=1e-5)
+    g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP instead of GeLU.")
+    g.add_argument("--openai-gelu", action="store_true",
+                   help="GeLU by its tanh approximation (OpenAI's GPT-2, BigScience's BLOOM) "
+                        "instead of the exact erf form.")
+    g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion",
+                   help="GeLU by the exact erf form instead of the tanh approximation that "
+                        "Megatron-LM's bias-GeLU fusion computes (the default with biases; "
+                        "megatron/model/gelu.py).")
+    # Megatron-LM's kernel fusions (GPU only; same functions unfused: megatron/model/fusions.py)
+    g.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion",
+                   help="GPU: SwiGLU (and its bias) unfused instead of megatron-core's fused kernel.")
+    g.add_argument("--no-bias-dropout-fusion", action="store_false", dest="bias_dropout_fusion",
+                   help="GPU: bias + dropout + residual add unfused instead of megatron-core's "
+                        "fused kernel.")
+    g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion",
+                   help="GPU: rotary embeddings unfused instead of Transformer Engine's fused "
+                        "kernel (used when TE imports).")
+    g.add_argument("--no-persist-layer-norm", action="store_false", dest="persist_layer_norm",
+                   help="GPU: no Apex persistent LayerNorm kernel (used with Apex and "
+                        "--transformer-impl local).")
+    g.add_argument("--position-embedding-type", default="learned_absolute",
+                   choices=["learned_absolute", "rope", "alibi", "none"],
+                   type=value_alias("--position-embedding-type"),
+                   help="alibi: BLOOM's attention biases (no position embedding); BigScience's "
+                        "rotary and absolute mean rope and learned_absolute.")
+    g.add_argument("--rotary-percent", type=float, default=1.0,
+                   help="Fraction of each head's channels rotated (needs rope).")
+    g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base (needs rope).")
+    g.add_argument("--hidden-dropout", type=float, default=0.1)
+    g.add_argument("--attention-dropout", type=float, default=0.1)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                   help="Separate input embedding and output layer weights.")
+    g.add_argument("--disable-bias-linear", action="store_true", help="No biases in linear layers.")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--transformer-impl", default=None,
+                   choices=["transformer_engine", "local"],
+                   help="Layer implementation (default: transformer_engine when Transformer "
+                        "Engine imports, else local); transformer_engine given without it is an "
+                        "error.")
+    g.add_argument("--attention-backend", default="auto",
+                   help="Core attention: auto (default), sdpa, flex, te, or Megatron-LM's flash, fused, "
+                        "unfused (Transformer Engine kernels), local (SDPA here); see docs/attention.md.")
+    g.add_argument("--use-cpu-initialization", action="store_true",
+                   help="Initialise weights on the CPU (always on when no GPU is present).")
+
+
+def _resolve_transformer_impl(args) -> None:
+    """``--transformer-impl``: the default is Transformer Engine when it imports, else local (with
+    a start-up warning when TE is installed but does not import); an explicit
+    transformer_engine that cannot be met is an error naming why."""
+    from megatron.model import transformer_engine_support
+
+    # the run's one look for Transformer Engine: the attention backend and the layer spec use it
+    te = args.transformer_engine_status = transformer_engine_support.transformer_engine_status()
+    if args.transformer_impl is None:
+        args.transformer_impl = "transformer_engine" if te.importable else "local"
+        if te.problem is not None:
+            args.startup_notes.append(f"warning: {te.describe_absence()}; using --transformer-impl "
+                                      "local")
+    elif args.transformer_impl == "transformer_engine" and not te.importable:
+        raise ArgumentError(f"--transformer-impl transformer_engine: {te.describe_absence()}; "
+                            "install it or give --transformer-impl local (without the flag, local "
+                            "is used when Transformer Engine is absent)")
+
+
+def resolve_attention_backend(args) -> None:
+    """``args.resolved_attention_backend``: the core attention of this run on this machine
+    (megatron/model/attention_backends.py), resolved once, here; the model builds it and logs it.
+    An explicit Transformer Engine backend that cannot run (TE absent or without a GPU, a kernel
+    family with none for this run's batches) is refused here, naming what runs instead. What
+    FlexAttention cannot do (train on a CPU, attention dropout) is refused when a run starts
+    (``check_backend_trains``, before distributed start-up), not by parsing: resolved for
+    forward use, FlexAttention may evaluate on a CPU; one that cannot run at all is left
+    unresolved (None) for the run to refuse."""
+    from megatron.model.attention_backends import TE_BACKENDS, resolve_attention_backend_from_args
+
+    try:
+        args.resolved_attention_backend = resolve_attention_backend_from_args(
+            args, te=args.transformer_engine_status, training=False)
+    except ArgumentError:
+        if args.attention_backend in TE_BACKENDS:
+            raise
+        args.resolved_attention_backend = None
+
+
+def build_transformer_config(args) -> None:
+    """``args.transformer_config``: megatron-core's ``TransformerConfig`` of the model flags,
+    layout (TP, sequence parallelism), recompute and precision flags
+    (megatron/model/gpt_model.py ``transformer_config_from_args``); the model is built from it.
+    Its own checks (``ValueError`` from ``__post_init__``) are an ArgumentError here."""
+    from megatron.model.gpt_model import transformer_config_from_args
+
+    try:
+        args.transformer_config = transformer_config_from_args(args)
+    except ValueError as e:
+        raise ArgumentError(f"megatron-core's TransformerConfig refuses the model flags (--num-layers "
+                            f"{args.num_layers}, --hidden-size {args.hidden_size}, "
+                            f"--num-attention-heads {args.num_attention_heads}, "
+                            f"--tensor-model-parallel-size {args.tensor_model_parallel_size}, "
+                            f"recompute and precision flags): {e}") from None
+
+
+def _validate_rotary(args) -> None:
+    """``--rotary-*`` flags (or their aliases) configure RoPE; without it they are an error."""
+    if args.position_embedding_type == "rope":
+        return
+    given = [f"{args.given_flags[d]} {getattr(args, d):g}" for d in ("rotary_percent", "rotary_base")
+             if d in args.given_flags]
+    if given:
+        raise ArgumentError(f"{', '.join(given)} configure rotary position embeddings, but "
+                            f"--position-embedding-type is {args.position_embedding_type}; add "
+                            "--position-embedding-type rope or drop them")
+
+
+def validate_model(args) -> None:
+    """The model flags: rotary flags, divisibility of heads and query groups, derived sizes
+    (query groups, kv channels, ffn size, max positions), the attention backend's name,
+    ``--transformer-impl`` and the dropouts."""
+    _validate_rotary(args)
+    if args.hidden_size % args.num_attention_heads:
+        raise ArgumentError(f"--hidden-size {args.hidden_size} is not divisible by "
+                            f"--num-attention-heads {args.num_attention_heads}")
+    if args.num_query_groups is None:
+        args.num_query_groups = args.num_attention_heads
+    elif args.num_attention_heads % args.num_query_groups:
+        raise ArgumentError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+                            f"--num-query-groups {args.num_query_groups}")
+    if args.kv_channels is None:
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    if args.disable_bias_linear or args.swiglu:
+        # Megatron-LM's validate_args: no bias-GeLU fusion without biases (so GeLU is erf), and
+        # SwiGLU has no GeLU; the recorded flag then says what the MLP computes
+        args.bias_gelu_fusion = False
+    if args.ffn_hidden_size is None:
+        if args.swiglu:
+            args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64 or 64
+        else:
+            args.ffn_hidden_size = 4 * args.hidden_size
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if (args.position_embedding_type == "learned_absolute"
+            and args.seq_length > args.max_position_embeddings):
+        raise ArgumentError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
+                            f"{args.max_position_embeddings}")
+    from megatron.model.attention_backends import ATTENTION_BACKEND_CHOICES
+
+    if args.attention_backend not in ATTENTION_BACKEND_CHOICES:
+        raise ArgumentError(f"--attention-backend {args.attention_backend}: unknown; choose one of "
+                            f"{', '.join(ATTENTION_BACKEND_CHOICES)}")
+    _resolve_transformer_impl(args)
+    for name in ("hidden_dropout", "attention_dropout"):
+        value = getattr(args, name)
+        if not 0.0 <= value < 1.0:
+            raise ArgumentError(f"--{name.replace('_', '-')} {value} must be in [0, 1)")

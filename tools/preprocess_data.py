@@ -26,6 +26,7 @@ from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 quiet_known_warnings()  # before megatron.core is imported
 
 from megatron.config.tokenizer_flags import add_tokenizer_args, check_tokenizer_args  # noqa: E402
+from megatron.tokenizer.types import tokenizer_config_from_args  # noqa: E402
 from megatron.data.preprocess import preprocess_jsonl  # noqa: E402
 from megatron.errors import ConfigError  # noqa: E402
 
@@ -63,16 +64,12 @@ def get_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     """Run preprocessing for the command line ``argv``; return the process exit status."""
     args = get_args(argv)
-    tokenizer_args = argparse.Namespace(
-        tokenizer_type=args.tokenizer_type, vocab_file=args.vocab_file,
-        merge_file=args.merge_file, tokenizer_model=args.tokenizer_model,
-        tokenizer_name_or_path=args.tokenizer_name_or_path,
-    )
+    tokenizer = tokenizer_config_from_args(args)
     if args.tokenizer_type_note:
         print(f"tokenizer: {args.tokenizer_type} ({args.tokenizer_type_note})", file=sys.stderr)
     try:
         result = preprocess_jsonl(
-            args.input, args.output_prefix, args.json_keys, tokenizer_args,
+            args.input, args.output_prefix, args.json_keys, tokenizer,
             append_eod=args.append_eod, workers=args.workers, log_interval=args.log_interval,
             chunk_size=args.chunk_size,
         )

@@ -10,6 +10,7 @@ is the last writer of ``args``: only the entry points add the tokenizer and its 
 (``megatron.tokenizer.tokenizer_setup(args).apply(args)``), which need the tokenizer's files.
 """
 import argparse
+from typing import List
 
 from megatron.config.bloom_flags import validate_bloom_model
 from megatron.config.compat_flags import inert_flags
@@ -37,32 +38,34 @@ def _require(args, *names: str) -> None:
 
 def validate_args(args: argparse.Namespace, world_size: int = 1,
                   require_data: bool = True) -> argparse.Namespace:
-    """Check flag combinations for ``world_size`` ranks and fill derived values in place.
-    ``require_data=False`` lets tools that build no dataset (schedule previews) skip data flags."""
+    """Check flag combinations for ``world_size`` ranks, fill derived values in place and, last,
+    build the run's typed configs (``args.run_config``, megatron/config/run_config.py) with the
+    start-up notes the checks returned. ``require_data=False`` lets tools that build no dataset
+    (schedule previews) skip data flags."""
     _require(args, "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size")
     # Every check whose inputs are valid runs, so one error names all problems of a command line;
     # a check is skipped when one it builds on (derived values) failed.
     if not hasattr(args, "given_flags"):  # a namespace not from get_parser(): nothing "given"
         args.given_flags = {}
-    args.startup_notes = []
+    notes: List[str] = []  # start-up lines the checks hand back (printed once the run starts)
     checks = (("deepspeed json", (), lambda: validate_deepspeed_json(args)),
-              ("batch", ("deepspeed json",), lambda: validate_batch(args, world_size)),
-              ("model", (), lambda: validate_model(args)),
-              ("training", (), lambda: validate_training(args)),
-              ("skip step", (), lambda: validate_skip_step_args(args)),
+              ("batch", ("deepspeed json",), lambda: validate_batch(args, world_size, notes)),
+              ("model", (), lambda: validate_model(args, notes)),
+              ("training", (), lambda: validate_training(args, notes)),
+              ("skip step", (), lambda: validate_skip_step_args(args, notes)),
               ("run control", ("batch", "training"), lambda: validate_run_control(args)),
               ("lr", ("batch", "training", "run control"), lambda: validate_lr_units(args)),
               ("data", (), lambda: validate_data(args, require_data)),
               ("tokenizer", (), lambda: validate_tokenizer(args)),
-              ("deepspeed", ("batch", "training"), lambda: validate_deepspeed_config(args)),
+              ("deepspeed", ("batch", "training"), lambda: validate_deepspeed_config(args, notes)),
               ("layout", ("batch", "model", "deepspeed"), lambda: validate_layout(args)),
               ("BLOOM model", ("batch",), lambda: validate_bloom_model(args)),
               ("pipe accumulation", ("batch", "layout"),
                lambda: validate_pipe_accumulation(args)),
-              ("logging", (), lambda: validate_logging(args)),
+              ("logging", (), lambda: validate_logging(args, notes)),
               # after the flags they read (bf16/fp16 may come from --deepspeed_config)
               ("attention", ("model", "deepspeed"), lambda: resolve_attention_backend(args)),
-              ("moe", ("batch", "model", "layout"), lambda: validate_moe_args(args)),
+              ("moe", ("batch", "model", "layout"), lambda: validate_moe_args(args, notes)),
               ("transformer config", ("model", "layout", "deepspeed", "moe"),
                lambda: build_transformer_config(args)),
               ("train iters", ("batch", "training", "run control", "lr"),
@@ -81,10 +84,10 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
         raise ArgumentError("; ".join(errors))
     inert = inert_flags(args)
     if inert:
-        args.startup_notes.append(f"accepted without effect here (docs/compatibility.md): "
-                                  f"{', '.join(inert)}")
+        notes.append(f"accepted without effect here (docs/compatibility.md): "
+                     f"{', '.join(inert)}")
     # lazy: megatron-core's configs load torch and megatron-core (seconds); --help needs neither
     from megatron.config.run_config import run_config_from_args
 
-    args.run_config = run_config_from_args(args, args.startup_notes)
+    args.run_config = run_config_from_args(args, notes)
     return args

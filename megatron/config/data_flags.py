@@ -50,7 +50,7 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eod-mask-loss", action="store_true")
 
 
-def validate_phase_transitions(args) -> None:
+def validate_phase_transitions(args, notes: List[str]) -> None:
     """``--phase-transition-iterations``: Megatron-LM's comma-separated list (or one number per
     argument) -> sorted distinct positive iterations."""
     texts = args.phase_transition_iterations
@@ -73,7 +73,7 @@ def validate_phase_transitions(args) -> None:
             values.append(value)
     args.phase_transition_iterations = sorted(set(values))
     if args.save is None:
-        args.startup_notes.append("warning: --phase-transition-iterations without --save: the run "
+        notes.append("warning: --phase-transition-iterations without --save: the run "
                                   "exits at each phase end without a checkpoint to continue from")
 
 

@@ -224,7 +224,7 @@ def validate_deepspeed_json(args) -> None:
             raise ArgumentError(str(e)) from None
 
 
-def validate_deepspeed_config(args) -> None:
+def validate_deepspeed_config(args, notes: List[str]) -> None:
     """Flags and ``--deepspeed_config`` agree (megatron/config/deepspeed_config.py
     reconcile_with_flags; values only the JSON gives are taken into args and noted), then
     ``--use-distributed-optimizer`` (ZeRO stage 1 unless a stage >= 1 is given), the
@@ -235,7 +235,7 @@ def validate_deepspeed_config(args) -> None:
         except ConfigError as e:
             raise ArgumentError(str(e)) from None
         if taken:
-            args.startup_notes.append(f"from --deepspeed_config {args.deepspeed_config}: "
+            notes.append(f"from --deepspeed_config {args.deepspeed_config}: "
                                       + ", ".join(taken))
     if args.use_distributed_optimizer:
         if args.zero_stage is None:
@@ -246,31 +246,31 @@ def validate_deepspeed_config(args) -> None:
             raise ArgumentError(f"--use-distributed-optimizer (optimizer states sharded over the "
                                 f"data-parallel ranks: DeepSpeed ZeRO stage 1 here) contradicts "
                                 f"{where}; drop one")
-        args.startup_notes.append(
+        notes.append(
             f"--use-distributed-optimizer: optimizer states sharded over the "
             f"{args.data_parallel_size} data-parallel rank(s) by DeepSpeed ZeRO stage "
             f"{args.zero_stage}")
     if args.fp16 and args.bf16:
         raise ArgumentError("--fp16 and --bf16 are mutually exclusive (one of them from "
                             f"--deepspeed_config {args.deepspeed_config}); pick one")
-    _validate_precision_on_device(args)
-    _resolve_precision(args)
+    _validate_precision_on_device(args, notes)
+    _resolve_precision(args, notes)
 
 
-def _resolve_precision(args) -> None:
+def _resolve_precision(args, notes: List[str]) -> None:
     """Gradient accumulation and reduction dtypes (Megatron-LM's flags, the JSON's
     ``data_types.grad_accum_dtype`` and ``communication_data_type``) and the ZeRO stage of mixed
     precision (megatron/optim/precision.py ``resolve_precision_flags``)."""
     config = args.deepspeed_config_dict or {}
     try:
-        args.startup_notes.extend(resolve_precision_flags(
+        notes.extend(resolve_precision_flags(
             args, json_value(config, "data_types.grad_accum_dtype"),
             json_value(config, "communication_data_type")))
     except ConfigError as e:
         raise ArgumentError(str(e)) from None
 
 
-def _validate_precision_on_device(args) -> None:
+def _validate_precision_on_device(args, notes: List[str]) -> None:
     """``--fp16``/``--bf16`` need the DeepSpeed accelerator to support the type (DeepSpeed's
     engine refuses it otherwise with a traceback); fp16 loss-scale values."""
     given = "fp16" if args.fp16 else "bf16" if args.bf16 else None
@@ -307,5 +307,5 @@ def _validate_precision_on_device(args) -> None:
                                                      "min_loss_scale", "loss_scale_window",
                                                      "hysteresis") if d in args.given_flags]
         if given_scale:
-            args.startup_notes.append(f"{', '.join(given_scale)}: no effect without --fp16 "
+            notes.append(f"{', '.join(given_scale)}: no effect without --fp16 "
                                       "(loss scaling is for float16 only)")

@@ -1,5 +1,6 @@
 """The "logging" flag group (TensorBoard, ``--metrics-jsonl``, Weights & Biases) and its check:
 ``--wandb-project`` needs an importable ``wandb``."""
+from typing import List
 import argparse
 
 from megatron.errors import ArgumentError
@@ -26,7 +27,7 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
                    help="Directory for the W&B run's local files (default --save/wandb).")
 
 
-def validate_logging(args) -> None:
+def validate_logging(args, notes: List[str]) -> None:
     """``--wandb-project`` needs an importable ``wandb`` (imported here, only with the flag, so a
     missing one stops the run before any work); the other W&B flags without it log nothing."""
     project = getattr(args, "wandb_project", None)
@@ -34,7 +35,7 @@ def validate_logging(args) -> None:
         others = [args.given_flags[d] for d in ("wandb_exp_name", "wandb_save_dir")
                   if d in args.given_flags]
         if others:
-            args.startup_notes.append(f"{', '.join(others)} without --wandb-project: no W&B run "
+            notes.append(f"{', '.join(others)} without --wandb-project: no W&B run "
                                       "(as in Megatron-LM)")
         return
     from megatron.metrics.wandb_writer import INSTALL_HINT, wandb_import_problem

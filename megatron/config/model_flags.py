@@ -2,6 +2,7 @@
 ``--position-embedding-type``, ``--transformer-impl``, ``--attention-backend``, ...) and its checks:
 derived sizes, the rotary flags, the layer implementation, the core attention of the run, and
 megatron-core's ``TransformerConfig`` (``args.transformer_config``)."""
+from typing import List
 import argparse
 
 from megatron.config.compat_flags import value_alias
@@ -74,7 +75,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="Initialise weights on the CPU (always on when no GPU is present).")
 
 
-def _resolve_transformer_impl(args) -> None:
+def _resolve_transformer_impl(args, notes: List[str]) -> None:
     """``--transformer-impl``: the default is Transformer Engine when it imports, else local (with
     a start-up warning when TE is installed but does not import); an explicit
     transformer_engine that cannot be met is an error naming why."""
@@ -85,7 +86,7 @@ def _resolve_transformer_impl(args) -> None:
     if args.transformer_impl is None:
         args.transformer_impl = "transformer_engine" if te.importable else "local"
         if te.problem is not None:
-            args.startup_notes.append(f"warning: {te.describe_absence()}; using --transformer-impl "
+            notes.append(f"warning: {te.describe_absence()}; using --transformer-impl "
                                       "local")
     elif args.transformer_impl == "transformer_engine" and not te.importable:
         raise ArgumentError(f"--transformer-impl transformer_engine: {te.describe_absence()}; "
@@ -142,7 +143,7 @@ def _validate_rotary(args) -> None:
                             "--position-embedding-type rope or drop them")
 
 
-def validate_model(args) -> None:
+def validate_model(args, notes: List[str]) -> None:
     """The model flags: rotary flags, divisibility of heads and query groups, derived sizes
     (query groups, kv channels, ffn size, max positions), the attention backend's name,
     ``--transformer-impl`` and the dropouts."""
@@ -177,7 +178,7 @@ def validate_model(args) -> None:
     if args.attention_backend not in ATTENTION_BACKEND_CHOICES:
         raise ArgumentError(f"--attention-backend {args.attention_backend}: unknown; choose one of "
                             f"{', '.join(ATTENTION_BACKEND_CHOICES)}")
-    _resolve_transformer_impl(args)
+    _resolve_transformer_impl(args, notes)
     for name in ("hidden_dropout", "attention_dropout"):
         value = getattr(args, name)
         if not 0.0 <= value < 1.0:

@@ -165,7 +165,7 @@ def describe_layer_freq(args) -> str:
 def _recorded_model_flags(args) -> dict:
     """The model flags ``--use-checkpoint-args`` took from the checkpoint (dest -> value; empty
     without the flag)."""
-    return (getattr(args, "checkpoint_model_args", None) or {}).get("model") or {}
+    return (args.checkpoint_model_args or {}).get("model") or {}
 
 
 def _num_experts(args) -> Optional[int]:
@@ -188,7 +188,7 @@ def _num_experts(args) -> Optional[int]:
     return distinct[0]
 
 
-def validate_moe_args(args) -> None:
+def validate_moe_args(args, notes: List[str]) -> None:
     """Resolve the MoE flags in place: ``args.num_experts`` becomes one count or None,
     ``args.moe_layer_freq`` an int or a 0/1 list, Microsoft's token-dropping spellings a capacity
     factor. Layouts and devices megatron-core's MoE cannot run are refused, naming what works."""
@@ -201,10 +201,10 @@ def validate_moe_args(args) -> None:
             raise ArgumentError(f"--expert-model-parallel-size {args.expert_model_parallel_size} "
                                 "needs --num-experts (a dense model has no experts to split)")
         if moe_only:
-            args.startup_notes.append(f"dense model (no --num-experts): {', '.join(moe_only)} "
+            notes.append(f"dense model (no --num-experts): {', '.join(moe_only)} "
                                       "have no effect")
         return
-    _apply_microsoft_defaults(args)
+    _apply_microsoft_defaults(args, notes)
     if args.expert_interval is not None:
         if "moe_layer_freq" in given:
             raise ArgumentError("--expert-interval (Microsoft) and --moe-layer-freq both say which "
@@ -239,7 +239,7 @@ def validate_moe_args(args) -> None:
                 "logit is always 1, so the router would learn nothing from the LM loss")
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
-    _resolve_token_dropping(args)
+    _resolve_token_dropping(args, notes)
     _validate_expert_layout(args)
     _validate_moe_on_device(args)
 
@@ -256,7 +256,7 @@ _MICROSOFT_SPELLINGS = {"moe_router_topk": "--topk", "moe_aux_loss_coeff": "--mo
                         "create_moe_param_group": "--create-moe-param-group"}
 
 
-def _apply_microsoft_defaults(args) -> None:
+def _apply_microsoft_defaults(args, notes: List[str]) -> None:
     """A command line that spells its MoE flags as Microsoft Megatron-DeepSpeed does gets that
     project's defaults for the MoE flags it leaves out: ``--topk 1`` (DeepSpeed's top-1 gate, the
     softmax probability), ``--moe-loss-coeff 0.1``, ``--expert-interval 2`` (MoE in every second
@@ -283,7 +283,7 @@ def _apply_microsoft_defaults(args) -> None:
         args.moe_expert_capacity_factor = 1.0
         applied.append("token dropping at --moe-train-capacity-factor 1.0")
     if applied:
-        args.startup_notes.append("MoE flags in Microsoft Megatron-DeepSpeed's spelling: its "
+        notes.append("MoE flags in Microsoft Megatron-DeepSpeed's spelling: its "
                                   f"defaults apply ({', '.join(applied)}; docs/moe.md)")
 
 
@@ -294,7 +294,7 @@ def _tokens_routed_per_micro_batch(args) -> int:
     return tokens // args.tensor_model_parallel_size if args.sequence_parallel else tokens
 
 
-def _resolve_token_dropping(args) -> None:
+def _resolve_token_dropping(args, notes: List[str]) -> None:
     given = args.given_flags
     factor = args.moe_expert_capacity_factor
     if args.disable_moe_token_dropping and args.moe_token_dropping:
@@ -326,7 +326,7 @@ def _resolve_token_dropping(args) -> None:
     inert = [f"{f} {getattr(args, d)}" for d, f in given.items()
              if d in ("moe_min_capacity", "moe_eval_capacity_factor")]
     if inert:
-        args.startup_notes.append(f"MoE capacity flags that change nothing in this run (docs/moe.md): "
+        notes.append(f"MoE capacity flags that change nothing in this run (docs/moe.md): "
                                   f"{', '.join(inert)} (the capacity never falls below the minimum; "
                                   "evaluation uses the training capacity)")
     if args.moe_pad_expert_input_to_capacity and factor is None:

@@ -1,16 +1,17 @@
 """The "run control" flag group (BigScience / Microsoft Megatron-DeepSpeed: ``--train-tokens``,
 ``--kill-switch-path``, ``--eval-only``, ``--reset-progress``) and its checks; what they do at run
-time is megatron/train/run_control.py."""
+time is megatron/train/run_control.py. The token budget is applied here: validation shortens the
+run to it."""
 import argparse
+from typing import Optional
 
 from megatron.errors import ArgumentError
+from megatron.schedules.units import BatchSchedule, batch_schedule_from_args, token_budget_iterations
 
 
 def add_run_control_args(parser: argparse.ArgumentParser) -> None:
     """When training runs and stops (BigScience / Microsoft Megatron-DeepSpeed flags; see
     megatron/train/run_control.py)."""
-    from megatron.train.run_control import parse_bool_value
-
     g = parser.add_argument_group("run control (BigScience / Microsoft Megatron-DeepSpeed)")
     g.add_argument("--train-tokens", type=int, default=None,
                    help="Microsoft: stop after the first iteration whose consumed tokens (samples x "
@@ -32,11 +33,8 @@ def add_run_control_args(parser: argparse.ArgumentParser) -> None:
 
 
 def validate_run_control(args) -> None:
-    """``--train-tokens`` (shortens the run to the budget, megatron/train/run_control.py),
+    """``--train-tokens`` (shortens the run to the budget: :func:`apply_token_budget`),
     ``--reset-progress`` and ``--eval-only``/``--skip-train`` combinations."""
-    from megatron.train.run_control import apply_token_budget
-    from megatron.schedules.units import batch_schedule_from_args
-
     if args.train_tokens is not None and args.train_tokens <= 0:
         raise ArgumentError(f"--train-tokens {args.train_tokens} must be positive")
     if args.reset_progress:
@@ -56,3 +54,41 @@ def validate_run_control(args) -> None:
         raise ArgumentError("--eval-only/--skip-train with --eval-iters 0 evaluates nothing; give "
                             "--eval-iters N (global batches per evaluation)")
     args.train_tokens_note = apply_token_budget(args, batch_schedule_from_args(args))
+
+
+def apply_token_budget(args, batch_schedule: BatchSchedule) -> Optional[str]:
+    """Shorten ``args.train_iters`` (iteration-based run) or ``args.train_samples`` (sample-based)
+    to the ``--train-tokens`` budget when it ends training first; returns a one-line description
+    of the outcome for the start-up log (None without ``--train-tokens``)."""
+    if args.train_tokens is None:
+        return None
+    budget_iters = token_budget_iterations(args.train_tokens, batch_schedule)
+    budget_samples = batch_schedule.samples_at_iteration(budget_iters)
+    tokens = batch_schedule.tokens(budget_samples)
+    if args.train_iters is not None:
+        given = f"--train-iters {args.train_iters}"
+        first = budget_iters < args.train_iters
+        if first:
+            args.train_iters = budget_iters
+    else:
+        given = f"--train-samples {args.train_samples}"
+        first = budget_samples < args.train_samples
+        if first:
+            args.train_samples = budget_samples
+    if not first:
+        return (f"--train-tokens {args.train_tokens}: {given} ends training first (the budget "
+                f"would last {budget_iters} iterations)")
+    return (f"--train-tokens {args.train_tokens}: training stops after iteration {budget_iters} "
+            f"({budget_samples} samples, {tokens} tokens), before {given}; schedules that run to "
+            "the end of training end there")
+
+
+def parse_bool_value(text: str) -> bool:
+    """``true/false``, ``yes/no``, ``1/0`` (any case) as a bool, for flags that BigScience's
+    scripts give a value (``--eval-only True``); ``argparse.ArgumentTypeError`` otherwise."""
+    value = str(text).strip().lower()
+    if value in ("true", "yes", "1"):
+        return True
+    if value in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false, yes/no, 1/0)")

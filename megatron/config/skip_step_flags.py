@@ -1,6 +1,7 @@
 """The "skipping a step on a gradient spike" flag group (``--grad-norm-skip-threshold``,
 ``--skip-step-zscore-threshold``, ``--skip-step-zscore-window``) and its checks; the decision
 they configure is megatron/optim/skip_step.py (docs/skip_step.md)."""
+from typing import List
 import math
 
 from megatron.errors import ArgumentError
@@ -28,7 +29,7 @@ def add_skip_step_args(parser) -> None:
                         "norms (kept in checkpoints).")
 
 
-def validate_skip_step_args(args) -> None:
+def validate_skip_step_args(args, notes: List[str]) -> None:
     """:class:`megatron.errors.ArgumentError` naming the flag, its value and what is allowed."""
     threshold = args.grad_norm_skip_threshold
     if math.isnan(threshold) or threshold <= 0:
@@ -45,5 +46,5 @@ def validate_skip_step_args(args) -> None:
         raise ArgumentError(f"--skip-step-zscore-window {window}: must be an integer of at least "
                             f"2 iterations (default {DEFAULT_ZSCORE_WINDOW})")
     if zscore_threshold is None and window != DEFAULT_ZSCORE_WINDOW:
-        args.startup_notes.append(f"--skip-step-zscore-window {window}: no effect without "
+        notes.append(f"--skip-step-zscore-window {window}: no effect without "
                                   "--skip-step-zscore-threshold")

@@ -2,6 +2,7 @@
 precision and fp16 loss scaling, intervals, loss normalisation) and its checks: the batch
 (gradient accumulation steps), the run length, LR bounds and intervals, and the ``train_iters``
 of a ``--train-samples`` run."""
+from typing import List
 import argparse
 
 from megatron.config.data_flags import validate_phase_transitions
@@ -109,7 +110,7 @@ def _validate_step_batch_size_schedule(args, per_step: int) -> None:
     args.batch_size_steps = [list(step) for step in steps]
 
 
-def validate_batch(args, world_size: int) -> None:
+def validate_batch(args, world_size: int, notes: List[str]) -> None:
     """The data-parallel size of ``world_size`` ranks, the global batch (from the flags, the
     batch schedule or ``--deepspeed_config``) and its rampup, and
     ``args.gradient_accumulation_steps``."""
@@ -123,7 +124,7 @@ def validate_batch(args, world_size: int) -> None:
     if args.global_batch_size is None and args.deepspeed_config_dict:
         args.global_batch_size = global_batch_from_json(args, args.deepspeed_config_dict)
         if args.global_batch_size is not None:
-            args.startup_notes.append(f"--global-batch-size {args.global_batch_size} from "
+            notes.append(f"--global-batch-size {args.global_batch_size} from "
                                       f"--deepspeed_config {args.deepspeed_config}")
     if args.global_batch_size is None:
         args.global_batch_size = per_step
@@ -167,7 +168,7 @@ def derive_train_iters(args) -> None:
     args.train_iters = train_iterations_from_args(args, batch_schedule_from_args(args))
 
 
-def validate_training(args) -> None:
+def validate_training(args, notes: List[str]) -> None:
     """Precision exclusivity, the run length, ``--lr``/``--min-lr``, the log, evaluation and save
     intervals, the phase transitions and the loss normalisation."""
     if args.fp16 and args.bf16:
@@ -195,9 +196,9 @@ def validate_training(args) -> None:
     if args.save_interval is not None and args.save_interval <= 0:
         raise ArgumentError(f"--save-interval {args.save_interval} must be positive")
     if args.save_interval is not None and args.save is None:
-        args.startup_notes.append(f"warning: --save-interval {args.save_interval} without --save: "
+        notes.append(f"warning: --save-interval {args.save_interval} without --save: "
                                   "no checkpoints will be saved")
-    validate_phase_transitions(args)
+    validate_phase_transitions(args, notes)
     if args.calculate_per_token_loss and args.calculate_per_sample_loss:
         raise ArgumentError("--calculate-per-token-loss and --calculate-per-sample-loss are "
                             "mutually exclusive: the loss is averaged over tokens or over samples")

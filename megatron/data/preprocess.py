@@ -9,7 +9,6 @@ datasets for T0 stay aligned by document index.
 ``preprocess_jsonl`` directly.
 """
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -19,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 
 import numpy
+
+from megatron.tokenizer.types import TokenizerConfig, tokenizer_config
 
 # megatron-core (the indexed-dataset writer, the tokenizers) is imported where data is written, not
 # here: tools/make_demo_data.py's up-to-date check needs only output_prefix_for_key, and an import
@@ -74,11 +75,11 @@ def encode_line(
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer_args: argparse.Namespace, json_keys, append_eod, input_path) -> None:
+def _init_worker(tokenizer: TokenizerConfig, json_keys, append_eod, input_path) -> None:
     """Pool initializer: build this process's tokenizer once."""
     from megatron.tokenizer import build_tokenizer
 
-    _WORKER["tokenizer"] = build_tokenizer(argparse.Namespace(**vars(tokenizer_args)))
+    _WORKER["tokenizer"] = build_tokenizer(tokenizer)
     _WORKER["json_keys"] = tuple(json_keys)
     _WORKER["append_eod"] = append_eod
     _WORKER["input_path"] = input_path
@@ -121,7 +122,7 @@ def preprocess_jsonl(
     input_path: str,
     output_prefix: str,
     json_keys: Sequence[str] = ("text",),
-    tokenizer_args: Optional[argparse.Namespace] = None,
+    tokenizer: Optional[TokenizerConfig] = None,
     append_eod: bool = False,
     workers: int = 1,
     log_interval: int = 1000,
@@ -131,8 +132,9 @@ def preprocess_jsonl(
     """Tokenize every non-blank line of the JSON-lines file ``input_path`` and write, for each
     json key K, the megatron-core indexed dataset ``{output_prefix}_K_document.{bin,idx}``.
 
-    ``tokenizer_args`` is a Namespace for ``build_tokenizer`` (``None``: the byte-level
-    tokenizer). Token dtype is ``DType.optimal_dtype(vocab_size)``. ``workers`` > 1 tokenizes in a
+    ``tokenizer`` is the megatron/tokenizer/types.py ``TokenizerConfig`` to tokenize with
+    (``None``: the byte-level tokenizer). Token dtype is ``DType.optimal_dtype(vocab_size)``.
+    ``workers`` > 1 tokenizes in a
     process pool (``imap`` in chunks of ``chunk_size`` lines; document order is preserved).
     Every ``log_interval`` documents (0: never) a progress line with documents/s and input MB/s
     goes to ``log_stream`` (default stderr). Outputs are written under temporary names and
@@ -146,19 +148,14 @@ def preprocess_jsonl(
         raise ValueError("--json-keys needs at least one key")
     if len(set(json_keys)) != len(json_keys):
         raise ValueError(f"--json-keys has duplicates: {json_keys}")
-    if tokenizer_args is None:
-        tokenizer_args = argparse.Namespace(tokenizer_type="ByteLevelTokenizer")
-    tokenizer_args = argparse.Namespace(**vars(tokenizer_args))  # never modify the caller's
-    for attr in ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model"):
-        if not hasattr(tokenizer_args, attr):
-            setattr(tokenizer_args, attr, None)
+    tokenizer_choice = tokenizer if tokenizer is not None else tokenizer_config()  # byte-level
     workers = max(1, int(workers))
     log_stream = sys.stderr if log_stream is None else log_stream
 
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     # Build once here: validates the tokenizer files before any worker starts, gives the dtype.
-    _init_worker(tokenizer_args, json_keys, append_eod, input_path)
+    _init_worker(tokenizer_choice, json_keys, append_eod, input_path)
     tokenizer = _WORKER["tokenizer"]
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
 
@@ -183,7 +180,7 @@ def preprocess_jsonl(
         if workers > 1:
             pool = multiprocessing.Pool(
                 workers, initializer=_init_worker,
-                initargs=(tokenizer_args, json_keys, append_eod, input_path),
+                initargs=(tokenizer_choice, json_keys, append_eod, input_path),
             )
             encoded = pool.imap(_encode_numbered_line, lines, chunksize=max(1, chunk_size))
         else:

@@ -71,8 +71,10 @@ def run_id_to_resume(save_dir: Optional[str], name: Optional[str]) -> Optional[s
 
 def run_config(run_flags: Dict[str, Any]) -> Dict[str, Any]:
     """The validated arguments (``run_flags``: ``vars(args)``) as the run's config, with every
-    value JSON can't hold written as its ``str``."""
-    return json.loads(json.dumps(run_flags, default=str))
+    value JSON can't hold written as its ``str``; the typed configs (``run_config``) are left
+    out: they repeat the flags."""
+    flags = {key: value for key, value in run_flags.items() if key != "run_config"}
+    return json.loads(json.dumps(flags, default=str))
 
 
 def wandb_dir(config) -> Optional[str]:

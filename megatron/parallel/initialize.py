@@ -1,6 +1,7 @@
 """Process setup: torch.distributed through DeepSpeed, megatron-core model parallel state, seeds."""
 import os
 import random
+from typing import List
 
 import numpy as np
 import torch
@@ -11,10 +12,11 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def initialize_distributed(args) -> None:
+def initialize_distributed(args) -> List[str]:
     """Start torch.distributed (DeepSpeed's launcher sets RANK/WORLD_SIZE/MASTER_*; a plain
     ``python`` run becomes a 1-rank group) and megatron-core's tensor/pipeline/data-parallel
-    groups (megatron/parallel/topology.py)."""
+    groups (megatron/parallel/topology.py). Returns the start-up notes it has (on a GPU: how
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` was set)."""
     import deepspeed
     from megatron.parallel.topology import initialize_model_parallel
 
@@ -23,23 +25,25 @@ def initialize_distributed(args) -> None:
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
+    notes = []
     if torch.cuda.is_available():
-        _apply_cuda_max_connections(args)  # before this process touches the GPU
+        notes += _apply_cuda_max_connections(args)  # before this process touches the GPU
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not torch.distributed.is_initialized():
         _init_deepspeed_distributed(args)
     initialize_model_parallel(args)
+    return notes
 
 
-def _apply_cuda_max_connections(args) -> None:
-    """``CUDA_DEVICE_MAX_CONNECTIONS`` as Megatron-LM requires it (megatron/parallel/cuda_connections.py)."""
+def _apply_cuda_max_connections(args) -> List[str]:
+    """``CUDA_DEVICE_MAX_CONNECTIONS`` as Megatron-LM requires it (megatron/parallel/cuda_connections.py);
+    the note saying so, if any."""
     from megatron.parallel.cuda_connections import apply_max_connections
 
     note = apply_max_connections(
         args.tensor_model_parallel_size, "cuda", os.environ,
         lambda: torch.cuda.get_device_capability(int(os.environ["LOCAL_RANK"])))
-    if note:
-        args.startup_notes.append(note)
+    return [note] if note else []
 
 
 def _init_deepspeed_distributed(args) -> None:

@@ -7,6 +7,7 @@ Megatron-LM's ``--step-batch-size-schedule 'T0:B0 T1:B1 ...'`` it is Bi from Ti 
 way the mapping between iterations and samples is not linear; everything that converts goes
 through :class:`BatchSchedule`.
 """
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -294,3 +295,11 @@ def parse_step_batch_size_schedule(text: str, seq_length: int) -> List[Tuple[int
                              f"({after[0]} at --seq-length {seq_length}); thresholds must "
                              "increase")
     return [(samples, size) for samples, size, _ in steps]
+
+
+def token_budget_iterations(train_tokens: int, batch_schedule: BatchSchedule) -> int:
+    """Iterations a ``--train-tokens`` budget allows: the smallest ``i`` whose consumed tokens
+    (samples after ``i`` iterations x seq length, rampup aware) reach ``train_tokens``. This is
+    where Microsoft's loop (``while consumed_train_tokens < train_tokens``) stops."""
+    samples = math.ceil(int(train_tokens) / batch_schedule.seq_length)
+    return batch_schedule.iterations_for_samples(samples)

@@ -1,4 +1,5 @@
-"""``build_tokenizer(args)``: the tokenizer named by ``--tokenizer-type``; ``tokenizer_setup(args)``:
+"""``build_tokenizer(config)``: the tokenizer a ``TokenizerConfig`` names (megatron/tokenizer/types.py:
+the type and its files); ``tokenizer_setup(args)``:
 it with the padded vocabulary (embedding rows) and the start-up lines, returned for the caller that
 sets up the run's ``args`` to assign (nothing here writes the sizes into ``args``).
 
@@ -14,10 +15,10 @@ import argparse
 import dataclasses
 from typing import Any, List, Optional, Tuple
 
-from megatron.config.tokenizer_flags import FILE_FLAG_ATTRS, TOKENIZER_FILE_FLAGS, check_tokenizer_args
 from megatron.errors import ConfigError
 from megatron.tokenizer.byte_level import ByteLevelTokenizer
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
+from megatron.tokenizer.types import TOKENIZER_FILE_FLAGS, TokenizerConfig, tokenizer_config_from_args
 
 __all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "TokenizerSetup", "build_tokenizer",
            "padded_vocab_size", "tokenizer_setup"]
@@ -50,44 +51,26 @@ def padded_vocab_size(
     return -(-int(raw_vocab_size) // multiple) * multiple
 
 
-def _build(args: argparse.Namespace):
-    """The tokenizer for the checked ``args.tokenizer_type``."""
-    ttype = args.tokenizer_type
+def build_tokenizer(config: TokenizerConfig):
+    """The tokenizer ``config`` names (its type resolved: megatron/tokenizer/types.py
+    ``tokenizer_config``), read from its files. Raises ConfigError for missing or unreadable
+    files (naming flag and value)."""
+    ttype = config.tokenizer_type
     if ttype == "ByteLevelTokenizer":
         return ByteLevelTokenizer()
     if ttype == "GPT2BPETokenizer":
-        return GPT2BPETokenizer(args.vocab_file, args.merge_file)
+        return GPT2BPETokenizer(config.vocab_file, config.merge_file)
     # megatron-core's Hugging Face / sentencepiece tokenizers import transformers (about a second
     # of start-up per rank): imported only by the runs that use them.
     from megatron.tokenizer.core_tokenizers import HuggingFaceTokenizer, SentencePieceTokenizer
 
     if ttype == "HuggingFaceTokenizer":
-        return HuggingFaceTokenizer(args.tokenizer_model, "--tokenizer-model", ttype)
+        return HuggingFaceTokenizer(config.tokenizer_model, "--tokenizer-model", ttype)
     if ttype == "PretrainedFromHF":
-        return HuggingFaceTokenizer(args.tokenizer_name_or_path, "--tokenizer-name-or-path", ttype)
+        return HuggingFaceTokenizer(config.tokenizer_name_or_path, "--tokenizer-name-or-path", ttype)
     if ttype in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
-        return SentencePieceTokenizer(args.tokenizer_model, ttype)
-    raise AssertionError(f"check_tokenizer_args let --tokenizer-type {ttype!r} through")
-
-
-def build_tokenizer(args: argparse.Namespace):
-    """Build the tokenizer named by ``args.tokenizer_type`` (the byte-level default if unset).
-
-    Reads ``args.vocab_file``, ``args.merge_file``, ``args.tokenizer_model`` and
-    ``args.tokenizer_name_or_path`` as the type needs (absent attributes count as not given;
-    ``check_tokenizer_args`` resolves ``args.tokenizer_type`` of a namespace that validation never
-    saw). The embedding rows and the start-up lines come with :func:`tokenizer_setup`. Raises
-    ConfigError for an unknown type, missing flags or files, or file flags without a type (naming
-    flag and value).
-    """
-    for attr in ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model",
-                 "tokenizer_name_or_path"):
-        if not hasattr(args, attr):
-            setattr(args, attr, None)
-    check_tokenizer_args(args)
-    tokenizer = _build(args)
-    check_fits_checkpoint(tokenizer, args)
-    return tokenizer
+        return SentencePieceTokenizer(config.tokenizer_model, ttype)
+    raise AssertionError(f"tokenizer_config let --tokenizer-type {ttype!r} through")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,48 +96,48 @@ class TokenizerSetup:
 
 
 def tokenizer_setup(args: argparse.Namespace) -> TokenizerSetup:
-    """:func:`build_tokenizer` with the embedding rows for it, as Megatron-LM computes them: the
-    vocabulary padded to a multiple of ``args.make_vocab_size_divisible_by`` x
-    ``args.tensor_model_parallel_size`` (Megatron-LM's defaults 128 and 1 when the namespace lacks
-    them), or ``args.pad_vocab_size_to``; the rows that take probability (more than the
-    tokenizer's with a ``--use-checkpoint-args`` record of more real rows) and the start-up lines.
-    Nothing is written into ``args`` (:meth:`TokenizerSetup.apply` does)."""
-    tokenizer = build_tokenizer(args)
-    divisible_by = args.make_vocab_size_divisible_by
-    tp = args.tensor_model_parallel_size
-    padded = padded_vocab_size(tokenizer.vocab_size, divisible_by, tp,
-                               args.pad_vocab_size_to)
-    recorded = (getattr(args, "checkpoint_model_args", None) or {}).get("vocab_size")
-    notes = [tokenizer_summary(tokenizer, padded, args.tokenizer_type_note)]
-    if getattr(args, "checkpoint_tokenizer_note", None):
+    """:func:`build_tokenizer` of the validated tokenizer flags in ``args`` with the embedding rows
+    for it, as Megatron-LM computes them: the vocabulary padded to a multiple of
+    ``--make-vocab-size-divisible-by`` x ``--tensor-model-parallel-size``, or
+    ``--pad-vocab-size-to``; the rows that take probability (more than the tokenizer's with a
+    ``--use-checkpoint-args`` record of more real rows) and the start-up lines. Nothing is
+    written into ``args`` (:meth:`TokenizerSetup.apply` does)."""
+    config = tokenizer_config_from_args(args)
+    tokenizer = build_tokenizer(config)
+    record = args.checkpoint_model_args or {}  # --use-checkpoint-args: model_args.json
+    check_fits_checkpoint(tokenizer, config, record, args.load)
+    padded = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
+                               args.tensor_model_parallel_size, args.pad_vocab_size_to)
+    notes = [tokenizer_summary(tokenizer, padded, config.tokenizer_type_note)]
+    if args.checkpoint_tokenizer_note:
         notes.append(args.checkpoint_tokenizer_note)
-    unused = unused_tokenizer_flags(args)
+    unused = unused_tokenizer_flags(config)
     if unused:
         notes.append(f"warning: {' '.join(unused)} not used by --tokenizer-type "
-                     f"{args.tokenizer_type} (it reads "
-                     f"{' '.join(TOKENIZER_FILE_FLAGS[args.tokenizer_type] or ['no files'])})")
-    return TokenizerSetup(tokenizer, padded, model_vocab_size(tokenizer.vocab_size, padded, recorded),
+                     f"{config.tokenizer_type} (it reads "
+                     f"{' '.join(TOKENIZER_FILE_FLAGS[config.tokenizer_type] or ['no files'])})")
+    return TokenizerSetup(tokenizer, padded,
+                          model_vocab_size(tokenizer.vocab_size, padded, record.get("vocab_size")),
                           tuple(notes))
 
 
-def unused_tokenizer_flags(args: argparse.Namespace) -> List[str]:
-    """``FLAG 'VALUE'`` for each tokenizer file flag given that ``args.tokenizer_type`` ignores
+def unused_tokenizer_flags(config: TokenizerConfig) -> List[str]:
+    """``FLAG 'VALUE'`` for each tokenizer file flag given that ``config.tokenizer_type`` ignores
     (Megatron-LM ignores them too; scripts written for another tokenizer often carry them)."""
-    used = TOKENIZER_FILE_FLAGS[args.tokenizer_type] or ()
-    return [f"{flag} {getattr(args, attr)!r}" for flag, attr in FILE_FLAG_ATTRS.items()
-            if flag not in used and getattr(args, attr, None)]
+    used = TOKENIZER_FILE_FLAGS[config.tokenizer_type] or ()
+    return [f"{flag} {value!r}" for flag, value in config.file_flags().items() if flag not in used]
 
 
-def check_fits_checkpoint(tokenizer, args: argparse.Namespace) -> None:
-    """With ``--use-checkpoint-args`` (``args.checkpoint_model_args`` set), a ConfigError naming
-    both sizes when the tokenizer has more tokens than the checkpoint's embedding rows
-    (``padded_vocab_size`` of its ``model_args.json``)."""
-    record = getattr(args, "checkpoint_model_args", None) or {}
+def check_fits_checkpoint(tokenizer, config: TokenizerConfig, record: dict,
+                          load: Optional[str]) -> None:
+    """With ``--use-checkpoint-args`` (``record``: the ``model_args.json`` of ``--load``
+    ``load``; empty without), a ConfigError naming both sizes when the tokenizer has more tokens
+    than the checkpoint's embedding rows (its ``padded_vocab_size``)."""
     rows = record.get("padded_vocab_size")
     if rows and tokenizer.vocab_size > int(rows):
         raise ConfigError(
-            f"--tokenizer-type {args.tokenizer_type}: the tokenizer has {tokenizer.vocab_size} "
-            f"tokens but the checkpoint in --load {args.load} embeds {rows} "
+            f"--tokenizer-type {config.tokenizer_type}: the tokenizer has {tokenizer.vocab_size} "
+            f"tokens but the checkpoint in --load {load} embeds {rows} "
             "rows (--use-checkpoint-args); give a tokenizer that fits, or drop the tokenizer "
             "flags to use the checkpoint's")
 

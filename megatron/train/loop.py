@@ -131,8 +131,9 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     run = args.run_config
     loop, checkpoint = run.loop, run.checkpoint
     check_backend_trains(args)  # before start-up: FlexAttention has no backward on a CPU
-    initialize_distributed(args)
-    for note in run.notes + tuple(notes):  # flag compatibility, --deepspeed_config, tokenizer
+    start_notes = initialize_distributed(args)
+    # flag compatibility, --deepspeed_config, the tokenizer's, distributed start-up's
+    for note in run.notes + tuple(notes) + tuple(start_notes):
         print_rank_0(note)
     if _kill_switch_at_start(loop):
         return TrainingState()

@@ -542,11 +542,11 @@ def test_preprocess_input(case, tmp_path):
 
 
 # ========================================================================= tokenizer files
-def _ns(**kw):
-    base = dict(tokenizer_type="ByteLevelTokenizer", vocab_file=None, merge_file=None,
-                tokenizer_model=None)
-    base.update(kw)
-    return argparse.Namespace(**base)
+def _choice(**flags):
+    """The TokenizerConfig of these tokenizer flag values (megatron/tokenizer/types.py)."""
+    from megatron.tokenizer.types import tokenizer_config
+
+    return tokenizer_config(**flags)
 
 
 @pytest.fixture(scope="module")
@@ -573,20 +573,20 @@ def test_tokenizer_missing_files(bpe, tmp_path):
     from megatron.tokenizer import build_tokenizer
 
     ok = bpe["ok"]
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="GPT2BPETokenizer")),
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="GPT2BPETokenizer")),
             "--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file")
     missing = str(tmp_path / "vocab.json")
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="GPT2BPETokenizer",
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="GPT2BPETokenizer",
                                                      vocab_file=missing,
                                                      merge_file=str(ok / "merges.txt"))),
             f"--vocab-file {missing!r}: no such file (GPT2BPETokenizer vocab.json)")
     missing = str(tmp_path / "merges.txt")
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="GPT2BPETokenizer",
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="GPT2BPETokenizer",
                                                      vocab_file=str(ok / "vocab.json"),
                                                      merge_file=missing)),
             f"--merge-file {missing!r}: no such file (GPT2BPETokenizer merges.txt)")
     missing = str(tmp_path / "tokenizer.json")
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="HuggingFaceTokenizer",
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="HuggingFaceTokenizer",
                                                      tokenizer_model=missing)),
             f"--tokenizer-model {missing!r}: no such file or directory")
 
@@ -597,13 +597,13 @@ def test_tokenizer_corrupt_files(bpe, tmp_path):
     ok = bpe["ok"]
     bad_vocab = tmp_path / "vocab.json"
     bad_vocab.write_text("{not json")
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="GPT2BPETokenizer",
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="GPT2BPETokenizer",
                                                      vocab_file=str(bad_vocab),
                                                      merge_file=str(ok / "merges.txt"))),
             f"could not read GPT-2 BPE from --vocab-file {str(bad_vocab)!r} and --merge-file")
     bad_json = tmp_path / "tokenizer.json"
     bad_json.write_text('{"version": "1.0", "model": ')
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="HuggingFaceTokenizer",
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="HuggingFaceTokenizer",
                                                      tokenizer_model=str(bad_json))),
             f"--tokenizer-model {str(bad_json)!r} is not a tokenizers JSON file")
     cfg_dir = tmp_path / "with_cfg"
@@ -611,7 +611,7 @@ def test_tokenizer_corrupt_files(bpe, tmp_path):
     (cfg_dir / "tokenizer.json").write_text((ok / "tokenizer.json").read_text())
     (cfg_dir / "tokenizer_config.json").write_text("{eos_token: </s>")
     model = str(cfg_dir / "tokenizer.json")
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="HuggingFaceTokenizer",
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="HuggingFaceTokenizer",
                                                      tokenizer_model=model)),
             f"--tokenizer-model {model!r}: ", "tokenizer_config.json' beside it is not valid JSON")
 
@@ -620,12 +620,12 @@ def test_tokenizer_without_end_of_document_token(bpe):
     from megatron.tokenizer import build_tokenizer
 
     noeod = bpe["noeod"]
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="GPT2BPETokenizer",
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="GPT2BPETokenizer",
                                                      vocab_file=str(noeod / "vocab.json"),
                                                      merge_file=str(noeod / "merges.txt"))),
             f"--vocab-file {str(noeod / 'vocab.json')!r} has no '<|endoftext|>' token")
     model = str(noeod / "tokenizer.json")
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="HuggingFaceTokenizer",
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="HuggingFaceTokenizer",
                                                      tokenizer_model=model)),
             f"--tokenizer-model {model!r} has no end-of-document token", "</s>")
 
@@ -633,7 +633,7 @@ def test_tokenizer_without_end_of_document_token(bpe):
 def test_tokenizer_unknown_type():
     from megatron.tokenizer import build_tokenizer
 
-    _raises(ConfigError, lambda: build_tokenizer(_ns(tokenizer_type="SentencePiece")),
+    _raises(ConfigError, lambda: build_tokenizer(_choice(tokenizer_type="SentencePiece")),
             "unknown --tokenizer-type 'SentencePiece'", "ByteLevelTokenizer")
 
 

@@ -111,7 +111,7 @@ def test_every_flag_of_the_script_parses(name, compat_data, tmp_path, monkeypatc
     # the inert flags given are named in one start-up note
     from megatron.config.flag_compat import compat_flag
     inert = sorted(f for f in given if compat_flag(f) and compat_flag(f).status == "inert")
-    notes = [n for n in args.startup_notes if n.startswith("accepted without effect here")]
+    notes = [n for n in args.run_config.notes if n.startswith("accepted without effect here")]
     if inert:
         assert len(notes) == 1 and all(f in notes[0] for f in inert), (inert, notes)
 
@@ -413,7 +413,7 @@ def test_microsoft_moe_script_gets_microsofts_moe_model(compat_data, tmp_path, m
     assert (args.moe_router_topk, args.moe_router_pre_softmax, args.moe_aux_loss_coeff) == (
         1, True, 0.01)
     assert args.moe_layer_freq == [0, 1] and args.moe_expert_capacity_factor == 1.0
-    notes = " ".join(args.startup_notes)
+    notes = " ".join(args.run_config.notes)
     assert "--moe-min-capacity 4" in notes and "--moe-eval-capacity-factor 1.0" in notes
     dropless = parse_in_process(script_flags("ms_moe", compat_data, str(tmp_path / "dropless"),
                                              MOE_DROP_TOKEN="false"), monkeypatch)

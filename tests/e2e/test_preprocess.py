@@ -1,6 +1,5 @@
 """preprocess_jsonl / tools/preprocess_data.py: round trips through megatron-core IndexedDataset."""
 
-import argparse
 import importlib.util
 import json
 import os
@@ -13,12 +12,12 @@ import pytest
 from helpers.paths import ROOT
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.data.preprocess import output_prefix_for_key, preprocess_jsonl
+from megatron.tokenizer.types import tokenizer_config
 from megatron.tokenizer import ByteLevelTokenizer
 
 TEXTS = ["Hello world.", "Zoë visited Kraków — 日本語!", "", "def f(x):\n    return x * 2\n",
          "a" * 1000, '{"json": "inside text"}']
-BYTE = argparse.Namespace(tokenizer_type="ByteLevelTokenizer", vocab_file=None, merge_file=None,
-                          tokenizer_model=None)
+BYTE = tokenizer_config(tokenizer_type="ByteLevelTokenizer")
 
 
 def write_jsonl(path, records, blank_lines=False):
@@ -99,8 +98,8 @@ def test_bpe_tokenizer_dtype_and_eod(tmp_path):
         vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(tmp_path / "tokenizer.json"))
-    args = argparse.Namespace(tokenizer_type="HuggingFaceTokenizer",
-                              tokenizer_model=str(tmp_path / "tokenizer.json"))
+    args = tokenizer_config(tokenizer_type="HuggingFaceTokenizer",
+                            tokenizer_model=str(tmp_path / "tokenizer.json"))
     path = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS])
     res = preprocess_jsonl(path, str(tmp_path / "hf"), ["text"], args, append_eod=True,
                            log_interval=0)

@@ -5,6 +5,8 @@ SIGKILL and resumed (bitwise the same records) are in tests/e2e/test_exact_resum
 import pytest
 import torch
 
+from helpers.flags import parse
+
 from helpers.resume import TRAIN_ITERS, make_pretrain_data, pretrain_flags
 
 
@@ -34,13 +36,13 @@ def test_blended_dataset_index_is_independent_of_world(tmp_path, dist_group):
     same flags, so a resumed run with any data-parallel size reads the same global samples."""
     from megatron.config.parser import parse_args
     from megatron.data.builder import build_pretraining_data
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import tokenizer_setup
     data = make_pretrain_data(tmp_path / "data")
     datasets = []
     for run in ("a", "b"):
         args = parse_args(pretrain_flags(data, tmp_path / run))
         args.data_cache_path = str(tmp_path / f"cache_{run}")  # built from scratch each time
-        args.tokenizer = build_tokenizer(args)
+        args.tokenizer = tokenizer_setup(args).tokenizer
         datasets.append(build_pretraining_data(args, args.tokenizer).train)
     a, b = datasets
     assert len(a) == len(b)
@@ -54,13 +56,12 @@ def test_dataloader_does_not_draw_from_the_global_rng(dist_group):
     """Creating the training iterator must not advance torch's global generator: a resumed run
     creates it right after restoring the RNG state, the uninterrupted one did not, so a draw here
     shifted every later dropout mask (found by the kill/resume test with dropout on)."""
-    import argparse
     from megatron.core import parallel_state
     from megatron.train.loader import _loader
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel()
     dataset = [{"x": torch.tensor([i])} for i in range(16)]
-    args = argparse.Namespace(micro_batch_size=2, num_workers=0, seed=1)
+    loop = parse(["--seed", "1"]).run_config.loop  # micro batches of 2, no workers
     before = torch.get_rng_state()
-    next(_loader(dataset, 4, args))
+    next(_loader(dataset, 4, loop))
     assert torch.equal(torch.get_rng_state(), before)

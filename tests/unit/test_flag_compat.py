@@ -16,7 +16,7 @@ from megatron.config.parser import get_parser
 from megatron.errors import ArgumentError
 
 # attributes that record how the command line was written, not what it means
-_BOOKKEEPING = ("given_flags", "startup_notes")
+_BOOKKEEPING = ("given_flags", "run_config")
 
 
 def meaning(args) -> dict:
@@ -71,7 +71,7 @@ def test_use_distributed_optimizer_is_zero_1_and_stated():
         deepspeed_config_from_args(parse(["--zero-stage", "1"], world_size=2),
                                    4)["zero_optimization"]
     assert ("--use-distributed-optimizer: optimizer states sharded over the 2 data-parallel "
-            "rank(s) by DeepSpeed ZeRO stage 1") in args.startup_notes
+            "rank(s) by DeepSpeed ZeRO stage 1") in args.run_config.notes
     assert parse(["--use-distributed-optimizer", "--zero-stage", "2"], world_size=2).zero_stage == 2
     with pytest.raises(ArgumentError, match=r"--use-distributed-optimizer .* contradicts "
                                             r"--zero-stage 0"):
@@ -129,12 +129,12 @@ def _argv(c, value="x"):
 def test_every_inert_flag_accepted_and_listed_in_one_startup_line():
     argv = [a for c in INERT for a in _argv(c)]
     args = parse(argv + ["--context-parallel-size", "1"])
-    lines = [n for n in args.startup_notes if n.startswith("accepted without effect here")]
+    lines = [n for n in args.run_config.notes if n.startswith("accepted without effect here")]
     assert len(lines) == 1
     listed = lines[0].split(": ", 1)[1].split(", ")
     assert listed == [c.flag + (" x" if c.takes_value else "") for c in INERT] + \
         ["--context-parallel-size 1"]
-    assert not any(n.startswith("accepted without effect") for n in parse([]).startup_notes)
+    assert not any(n.startswith("accepted without effect") for n in parse([]).run_config.notes)
 
 
 @pytest.mark.parametrize("flag", [c.flag for c in REFUSED])
@@ -184,7 +184,7 @@ def test_save_interval_without_save_warns_as_megatron_lm():
     args = parse(["--save-interval", "5"])
     assert args.save_interval == 5 and args.save is None
     assert "warning: --save-interval 5 without --save: no checkpoints will be saved" in \
-        args.startup_notes
+        args.run_config.notes
 
 
 # ==================================================================== DeepSpeed JSON vs flags
@@ -245,7 +245,7 @@ def test_json_values_without_flags_are_taken_and_stated(ds_json, fp16_device):
     assert (args.global_batch_size, args.gradient_accumulation_steps) == (8, 4)
     assert (args.clip_grad, args.zero_stage, args.fp16, args.initial_loss_scale, args.hysteresis,
             args.loss_scale_window) == (0.3, 1, True, 4096.0, 4, None)
-    notes = "\n".join(args.startup_notes)
+    notes = "\n".join(args.run_config.notes)
     assert f"--global-batch-size 8 from --deepspeed_config {path}" in notes
     for taken in ("gradient_clipping=0.3 (--clip-grad)", "zero_optimization.stage=1 (--zero-stage)",
                   "fp16.initial_scale_power=12 (--initial-loss-scale)",
@@ -308,7 +308,7 @@ def test_bad_loss_scale_values(argv, fragment):
 
 def test_loss_scale_flags_without_fp16_are_noted():
     assert "--loss-scale, --hysteresis: no effect without --fp16 (loss scaling is for float16 " \
-           "only)" in parse(["--loss-scale", "8", "--hysteresis", "3"]).startup_notes
+           "only)" in parse(["--loss-scale", "8", "--hysteresis", "3"]).run_config.notes
 
 
 def test_fp16_on_a_device_without_it_fails_in_one_line(capsys):

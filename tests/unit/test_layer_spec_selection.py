@@ -132,7 +132,7 @@ def test_transformer_engine_that_does_not_import_is_not_chosen_and_says_why(monk
     args = _args()
     assert args.transformer_impl == "local"
     assert ("warning: Transformer Engine is installed but does not import (ImportError: undefined "
-            "symbol: _ZN3c104cuda9SetDevice); using --transformer-impl local") in args.startup_notes
+            "symbol: _ZN3c104cuda9SetDevice); using --transformer-impl local") in args.run_config.notes
     for extra in (["--transformer-impl", "transformer_engine"], ["--attention-backend", "te"]):
         with pytest.raises(SystemExit):
             _args(extra)

@@ -100,9 +100,9 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     normalizer = loss_normalizer_from_args(args, data)
     steps = step_functions(engine, gpt_forward_step, normalizer)
     before = [p.detach().clone() for p in engine.module.parameters()]
-    evaluation = evaluate(engine, args, EvalGroup("train", data.train), steps, 0)
+    evaluation = evaluate(engine, args.run_config.loop, EvalGroup("train", data.train), steps, 0)
     stats = _IntervalStats(len(data.dataset_names))
-    steps.train_step(engine, _loader(data.train, 0, args), 8 // micro_batch_size, stats, False)
+    steps.train_step(engine, _loader(data.train, 0, args.run_config.loop), 8 // micro_batch_size, stats, False)
     loss, dataset_loss, dataset_count, dataset_tokens = stats.reduced()
     names = data.dataset_names
     per_dataset = {n: float(dataset_loss[i] / dataset_count[i]) for i, n in enumerate(names)

@@ -166,7 +166,7 @@ def test_microsoft_spellings_mean_megatron_lms():
     assert ms.moe_router_pre_softmax  # DeepSpeed's top-1 gate is the softmax probability
     assert ms.expert_model_parallel_size == 2
     assert ms.moe_expert_capacity_factor is None  # dropping disabled: the factor is unused
-    assert any("--moe-min-capacity 4" in n for n in ms.startup_notes)
+    assert any("--moe-min-capacity 4" in n for n in ms.run_config.notes)
     dropping = parse(MOE + ["--moe-token-dropping"])
     assert dropping.moe_expert_capacity_factor == 1.0  # Microsoft's default factor
 
@@ -180,7 +180,7 @@ def test_a_microsoft_moe_script_gets_microsofts_defaults():
     assert (ms.moe_router_topk, ms.moe_router_pre_softmax, ms.moe_aux_loss_coeff) == (1, True, 0.1)
     assert ms.moe_layer_freq == [0, 1, 0, 1]
     assert ms.moe_expert_capacity_factor == 1.0
-    assert any("Microsoft Megatron-DeepSpeed's spelling" in n for n in ms.startup_notes)
+    assert any("Microsoft Megatron-DeepSpeed's spelling" in n for n in ms.run_config.notes)
     mlm = parse(["--num-experts", "4", "--num-layers", "4"])  # Megatron-LM's defaults
     assert (mlm.moe_router_topk, mlm.moe_aux_loss_coeff, mlm.moe_layer_freq) == (2, 0.0, 1)
     assert mlm.moe_expert_capacity_factor is None

@@ -73,7 +73,7 @@ def test_zero_stage_0_under_bf16_runs_stage_1_and_says_so(source, tmp_path):
     assert args.zero_stage == 1
     config = deepspeed_config_from_args(args, args.global_batch_size)
     assert config["zero_optimization"]["stage"] == 1
-    note, = [n for n in args.startup_notes if n.startswith(where)]
+    note, = [n for n in args.run_config.notes if n.startswith(where)]
     assert "with --bf16: runs at ZeRO stage 1 (DeepSpeed's BF16_Optimizer" in note
 
 
@@ -83,7 +83,7 @@ def test_json_accumulation_dtype_is_taken_or_must_agree(tmp_path):
     args = parse(["--bf16", "--deepspeed_config", str(path)])
     assert args.grad_reduce_in_bf16 and not args.accumulate_allreduce_grads_in_fp32
     assert any("--grad-reduce-in-bf16 (gradients accumulated and reduced in bf16)" in n
-               for n in args.startup_notes)
+               for n in args.run_config.notes)
     with pytest.raises(ArgumentError, match=r"data_types.grad_accum_dtype=bf16 disagrees with "
                                             r"--accumulate-allreduce-grads-in-fp32"):
         parse(["--bf16", "--accumulate-allreduce-grads-in-fp32", "--deepspeed_config", str(path)])

@@ -1,4 +1,4 @@
-"""Run-control flags in-process (megatron/train/run_control.py): where ``--train-tokens`` stops training
+"""Run-control flags in-process (megatron/config/run_control_flags.py, megatron/train/run_control.py): where ``--train-tokens`` stops training
 (against Microsoft Megatron-DeepSpeed's loop, also under batch-size rampup) and what it does to the
 LR schedule, the kill-switch check (ExitRequest and start-up), the ``--eval-only`` /
 ``--kill-switch-file`` / ``--reset-iteration`` spellings, ``--pad-vocab-size-to``, and the errors

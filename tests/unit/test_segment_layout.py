@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.flags import parse
+
 
 def random_batch(seed, b=3, s=53):
     """Random segments (padding 0 at the end of some samples) with random prefixes."""
@@ -74,7 +76,6 @@ def test_collate_adds_the_layout_and_the_structure_takes_it():
 
 def test_loader_batches_carry_the_layout(dist_group):
     """megatron.train.loader._loader's collate adds the layout to every micro batch."""
-    import types
     from megatron.core import parallel_state
     from megatron.model.masks import collate_with_segment_layout
     from megatron.train.loader import _loader
@@ -82,8 +83,8 @@ def test_loader_batches_carry_the_layout(dist_group):
         parallel_state.initialize_model_parallel(1)
     seg, pre = random_batch(3, b=4)
     data = [{"tokens": torch.arange(53), "segment_ids": seg[n], "is_prefix": pre[n]} for n in range(4)]
-    args = types.SimpleNamespace(micro_batch_size=2, num_workers=0, seed=1)
-    first = next(_loader(data, 0, args))
+    loop = parse(["--seed", "1"]).run_config.loop  # micro batches of 2, no workers
+    first = next(_loader(data, 0, loop))
     assert first["segment_layout"].batch_size == 2
     assert torch.equal(first["cu_seqlens"], collate_with_segment_layout(data[:2])["cu_seqlens"])
 

@@ -103,7 +103,7 @@ def test_flags_default_off_and_parse():
     assert (args.grad_norm_skip_threshold, args.skip_step_zscore_threshold,
             args.skip_step_zscore_window) == (10.0, 6.0, 32)
     assert any("--skip-step-zscore-window 16: no effect without --skip-step-zscore-threshold"
-               in note for note in parse(["--skip-step-zscore-window", "16"]).startup_notes)
+               in note for note in parse(["--skip-step-zscore-window", "16"]).run_config.notes)
 
 
 @pytest.mark.parametrize("flags, message", [

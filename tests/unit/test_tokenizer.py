@@ -1,7 +1,6 @@
 """Tokenizers: byte-level round trips, GPT-2 BPE files, megatron-core's Hugging Face and
 sentencepiece tokenizers against their libraries, preprocessing with them, clear errors."""
 
-import argparse
 import json
 
 import pytest
@@ -9,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.flags import tiny_run_flags
-from megatron.config.tokenizer_flags import TOKENIZER_TYPES
 from megatron.core.tokenizers import MegatronTokenizerBase as BASE
 from megatron.errors import ConfigError
 from megatron.tokenizer import (
@@ -20,6 +18,7 @@ from megatron.tokenizer import (
     padded_vocab_size,
     tokenizer_setup,
 )
+from megatron.tokenizer.types import TOKENIZER_TYPES, tokenizer_config
 
 # a tiny model's flags naming a data prefix no tokenizer flag touches
 RUN_FLAGS = tiny_run_flags(seq_length=64, micro_batch_size=1, train_iters=3,
@@ -33,12 +32,18 @@ SENTENCES = [
 SAMPLE = "Hello wörld, 日本語 — def f(x):\n\treturn x  # ok\n"
 
 
-def ns(**kw):
-    """Tokenizer arguments with every attribute build_tokenizer reads."""
-    base = dict(tokenizer_type="ByteLevelTokenizer", vocab_file=None, merge_file=None,
-                tokenizer_model=None, tokenizer_name_or_path=None)
-    base.update(kw)
-    return argparse.Namespace(**base)
+def choice(**flags):
+    """The TokenizerConfig of these tokenizer flag values (the byte-level type unless named)."""
+    flags.setdefault("tokenizer_type", "ByteLevelTokenizer")
+    return tokenizer_config(**flags)
+
+
+def run_args(*flags, world_size=1):
+    """The validated flags of a tiny run with these (tokenizer) flags, as the entry points parse
+    them."""
+    from megatron.config.parser import parse_args
+
+    return parse_args(RUN_FLAGS + list(flags), world_size=world_size)
 
 
 def train_bpe(vocab_size=320, special_tokens=("<|endoftext|>",)):
@@ -68,7 +73,7 @@ def bpe_files(tmp_path_factory):
 # --------------------------------------------------------------------------- byte level
 
 def test_byte_level_round_trip_and_specials():
-    tok = build_tokenizer(ns())
+    tok = build_tokenizer(choice())
     assert isinstance(tok, ByteLevelTokenizer) and isinstance(tok, BASE)
     ids = tok.tokenize(SAMPLE)
     assert isinstance(ids, list) and all(0 <= i < 256 for i in ids)
@@ -83,9 +88,7 @@ def test_byte_level_round_trip_and_specials():
 
 
 def test_default_type_and_padded_vocab_size_attribute():
-    args = argparse.Namespace(tokenizer_type=None, vocab_file=None, merge_file=None,
-                              tokenizer_model=None, make_vocab_size_divisible_by=128,
-                              tensor_model_parallel_size=2)
+    args = run_args("--tensor-model-parallel-size", "2", world_size=2)
     setup = tokenizer_setup(args)
     setup.apply(args)
     tok = setup.tokenizer
@@ -120,8 +123,8 @@ def test_padded_vocab_size_rejects_bad_values():
 # --------------------------------------------------------------------------- GPT-2 BPE
 
 def test_gpt2_bpe_from_vocab_and_merges(bpe_files):
-    args = ns(tokenizer_type="GPT2BPETokenizer", vocab_file=str(bpe_files / "vocab.json"),
-              merge_file=str(bpe_files / "merges.txt"))
+    args = run_args("--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+                    str(bpe_files / "vocab.json"), "--merge-file", str(bpe_files / "merges.txt"))
     setup = tokenizer_setup(args)
     setup.apply(args)
     tok = setup.tokenizer
@@ -135,7 +138,7 @@ def test_gpt2_bpe_from_vocab_and_merges(bpe_files):
     assert len(tok.tokenize(SENTENCES[0])) < len(SENTENCES[0].encode())
     assert tok.vocab_size == len(vocab)
     assert args.padded_vocab_size == padded_vocab_size(len(vocab), 128, 1)
-    assert not hasattr(args, "startup_notes")  # the notes are the caller's (setup.notes)
+    assert not any(n.startswith("tokenizer:") for n in args.run_config.notes)  # setup.notes
     assert tok.inv_vocab[tok.eod] == "<|endoftext|>"
 
 
@@ -143,7 +146,7 @@ def test_gpt2_bpe_without_endoftext_is_an_error(tmp_path):
     tok = train_bpe(special_tokens=())
     tok.model.save(str(tmp_path))
     with pytest.raises(ValueError, match="<\\|endoftext\\|>"):
-        build_tokenizer(ns(tokenizer_type="GPT2BPETokenizer",
+        build_tokenizer(choice(tokenizer_type="GPT2BPETokenizer",
                            vocab_file=str(tmp_path / "vocab.json"),
                            merge_file=str(tmp_path / "merges.txt")))
 
@@ -151,7 +154,7 @@ def test_gpt2_bpe_without_endoftext_is_an_error(tmp_path):
 # --------------------------------------------------------------------------- Hugging Face
 
 def test_hf_tokenizer_json(bpe_files):
-    tok = build_tokenizer(ns(tokenizer_type="HuggingFaceTokenizer",
+    tok = build_tokenizer(choice(tokenizer_type="HuggingFaceTokenizer",
                              tokenizer_model=str(bpe_files / "tokenizer.json")))
     assert isinstance(tok, HuggingFaceTokenizer) and isinstance(tok, BASE)
     assert tok.eod == tok.pad == tok.bos == tok._tokenizer.tokenizer.convert_tokens_to_ids(
@@ -168,9 +171,9 @@ def test_hf_tokenizer_eos_from_config_and_directory(tmp_path):
         "pad_token": "<pad>",
     }))
     vocab = tok.get_vocab()
-    from_file = build_tokenizer(ns(tokenizer_type="HuggingFaceTokenizer",
+    from_file = build_tokenizer(choice(tokenizer_type="HuggingFaceTokenizer",
                                    tokenizer_model=str(tmp_path / "tokenizer.json")))
-    from_dir = build_tokenizer(ns(tokenizer_type="HuggingFaceTokenizer",
+    from_dir = build_tokenizer(choice(tokenizer_type="HuggingFaceTokenizer",
                                   tokenizer_model=str(tmp_path)))
     for t in (from_file, from_dir):
         assert (t.eod, t.bos, t.pad) == (vocab["</s>"], vocab["<s>"], vocab["<pad>"])
@@ -184,7 +187,7 @@ def test_hf_tokenizer_without_eod_is_an_error(tmp_path):
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
     with pytest.raises(ValueError, match="end-of-document"):
-        build_tokenizer(ns(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(path)))
+        build_tokenizer(choice(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(path)))
 
 
 # --------------------------------------------------------------------------- errors
@@ -201,7 +204,7 @@ def test_missing_files_name_the_flag(tmp_path, kw, flag):
     kw = {k: (str(tmp_path / v) if isinstance(v, str) and v.isupper() else v)
           for k, v in kw.items()}
     with pytest.raises(ValueError) as err:
-        build_tokenizer(ns(**kw))
+        build_tokenizer(choice(**kw))
     msg = str(err.value)
     assert flag in msg
     path = kw.get("vocab_file") if flag == "--vocab-file" else kw.get("tokenizer_model")
@@ -212,14 +215,14 @@ def test_missing_files_name_the_flag(tmp_path, kw, flag):
 def test_missing_merge_file_names_the_flag(bpe_files, tmp_path):
     missing = str(tmp_path / "nope.txt")
     with pytest.raises(ValueError) as err:
-        build_tokenizer(ns(tokenizer_type="GPT2BPETokenizer",
+        build_tokenizer(choice(tokenizer_type="GPT2BPETokenizer",
                            vocab_file=str(bpe_files / "vocab.json"), merge_file=missing))
     assert "--merge-file" in str(err.value) and missing in str(err.value)
 
 
 def test_unknown_type_lists_allowed():
     with pytest.raises(ValueError) as err:
-        build_tokenizer(ns(tokenizer_type="SentencePiece"))
+        build_tokenizer(choice(tokenizer_type="SentencePiece"))
     assert "unknown --tokenizer-type 'SentencePiece'" in str(err.value)
     for name in TOKENIZER_TYPES:
         assert name in str(err.value)
@@ -274,7 +277,7 @@ def test_hf_types_match_transformers_and_tokenizers(hf_tokenizer_dir, ttype, fla
     from transformers import AutoTokenizer
 
     path = f"{hf_tokenizer_dir}/tokenizer.json" if as_file else hf_tokenizer_dir
-    args = ns(tokenizer_type=ttype, **{flag: path})
+    args = run_args("--tokenizer-type", ttype, "--" + flag.replace("_", "-"), path)
     setup = tokenizer_setup(args)
     setup.apply(args)
     tok = setup.tokenizer
@@ -301,7 +304,7 @@ def test_hf_without_pad_token_pads_with_eod(hf_tokenizer_dir, tmp_path):
 
     shutil.copy(f"{hf_tokenizer_dir}/tokenizer.json", tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
-    tok = build_tokenizer(ns(tokenizer_type="PretrainedFromHF",
+    tok = build_tokenizer(choice(tokenizer_type="PretrainedFromHF",
                              tokenizer_name_or_path=str(tmp_path)))
     assert (tok.eod, tok.pad, tok.bos) == (2, 2, 2)
 
@@ -314,7 +317,7 @@ def test_sentencepiece_types_match_sentencepiece(sentencepiece_model, ttype):
     import sentencepiece as spm
     from megatron.core.tokenizers.text.models import GPTTokenizer
 
-    args = ns(tokenizer_type=ttype, tokenizer_model=sentencepiece_model)
+    args = run_args("--tokenizer-type", ttype, "--tokenizer-model", sentencepiece_model)
     setup = tokenizer_setup(args)
     setup.apply(args)
     tok = setup.tokenizer
@@ -348,7 +351,7 @@ def test_sentencepiece_pad_piece_is_the_pad(tmp_path):
         byte_fallback=True, pad_id=3, num_threads=1, minloglevel=2)
     path = tmp_path / "pad.model"
     path.write_bytes(model.getvalue())
-    tok = build_tokenizer(ns(tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=str(path)))
+    tok = build_tokenizer(choice(tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=str(path)))
     assert (tok.eod, tok.pad) == (2, 3)
 
 
@@ -399,7 +402,7 @@ def test_preprocess_data_writes_the_library_ids(demo_data, tiny_tokenizers, tmp_
 def test_hub_name_is_refused(value):
     """A name that is not a local path is refused naming the flag and value: no Hub download."""
     with pytest.raises(ConfigError) as err:
-        build_tokenizer(ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=value))
+        build_tokenizer(choice(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=value))
     msg = str(err.value)
     assert f"--tokenizer-name-or-path {value!r}: no such file or directory" in msg
     assert "never downloaded from the Hugging Face Hub" in msg
@@ -420,7 +423,7 @@ def test_missing_tokenizer_paths(tmp_path, kw, fragment):
     missing = str(tmp_path / "missing" / "tokenizer.model")
     kw = {k: (missing if v == "MISSING" else v) for k, v in kw.items()}
     with pytest.raises(ConfigError) as err:
-        build_tokenizer(ns(**kw))
+        build_tokenizer(choice(**kw))
     assert fragment.replace("{MISSING!r}", repr(missing)) in str(err.value)
 
 
@@ -433,18 +436,18 @@ def test_bad_tokenizer_files(hf_tokenizer_dir, tmp_path):
     not_spm.write_text("not a model")
     with pytest.raises(ConfigError, match=r"--tokenizer-model '.*tokenizer\.model' is not a "
                                           r"sentencepiece model"):
-        build_tokenizer(ns(tokenizer_type="GPTSentencePieceTokenizer",
+        build_tokenizer(choice(tokenizer_type="GPTSentencePieceTokenizer",
                            tokenizer_model=str(not_spm)))
     renamed = tmp_path / "bloom.json"
     shutil.copy(f"{hf_tokenizer_dir}/tokenizer.json", renamed)
     with pytest.raises(ConfigError, match=r"--tokenizer-name-or-path '.*bloom\.json': a tokenizer "
                                           r"file must be named tokenizer\.json"):
-        build_tokenizer(ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=str(renamed)))
+        build_tokenizer(choice(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=str(renamed)))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ConfigError, match=r"--tokenizer-name-or-path '.*empty': could not load a "
                                           r"tokenizer from it"):
-        build_tokenizer(ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=str(empty)))
+        build_tokenizer(choice(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=str(empty)))
 
 
 @pytest.mark.parametrize("extra,named", [
@@ -473,7 +476,7 @@ def test_tokenizer_files_without_type_are_an_error(extra, named, capsys):
     kw = {"--vocab-file": "vocab_file", "--merge-file": "merge_file",
           "--tokenizer-model": "tokenizer_model"}
     with pytest.raises(ConfigError, match=named):
-        build_tokenizer(ns(tokenizer_type=None,
+        build_tokenizer(choice(tokenizer_type=None,
                            **{kw[f]: v for f, v in zip(extra[::2], extra[1::2])}))
 
 
@@ -512,19 +515,19 @@ def test_no_tokenizer_flags_mean_byte_level():
 
     args = parse_args(RUN_FLAGS, world_size=1)
     assert args.tokenizer_type == "ByteLevelTokenizer"
-    assert isinstance(build_tokenizer(ns(tokenizer_type=None)), ByteLevelTokenizer)
+    assert isinstance(build_tokenizer(choice(tokenizer_type=None)), ByteLevelTokenizer)
 
 
 def test_file_flags_another_type_ignores_are_noted(hf_tokenizer_dir):
     """Tokenizer file flags the chosen type does not read (a script written for another
     tokenizer): accepted as Megatron-LM does, with one start-up warning naming them."""
-    args = ns(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=hf_tokenizer_dir,
-              vocab_file="gpt2-vocab.json")
+    args = run_args("--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path",
+                    hf_tokenizer_dir, "--vocab-file", "gpt2-vocab.json")
     assert tokenizer_setup(args).notes[1] == ("warning: --vocab-file 'gpt2-vocab.json' not used by "
                                      "--tokenizer-type PretrainedFromHF (it reads "
                                      "--tokenizer-name-or-path)")
-    args = ns(tokenizer_type="ByteLevelTokenizer", tokenizer_model="tok.model")
+    args = run_args("--tokenizer-type", "ByteLevelTokenizer", "--tokenizer-model", "tok.model")
     assert tokenizer_setup(args).notes[1] == ("warning: --tokenizer-model 'tok.model' not used by "
                                      "--tokenizer-type ByteLevelTokenizer (it reads no files)")
-    args = ns(tokenizer_type="ByteLevelTokenizer")
+    args = run_args("--tokenizer-type", "ByteLevelTokenizer")
     assert len(tokenizer_setup(args).notes) == 1

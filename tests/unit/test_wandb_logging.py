@@ -26,7 +26,7 @@ def test_flags_and_llm_jp_alias():
     assert (args.wandb_project, args.wandb_exp_name, args.wandb_save_dir) == ("p", "exp", "d")
     assert vars(args) == vars(parse(["--wandb-project", "p", "--wandb-exp-name", "exp",
                                      "--wandb-save-dir", "d"])) | {"given_flags": args.given_flags}
-    assert not any("accepted without effect" in note for note in args.startup_notes)
+    assert not any("accepted without effect" in note for note in args.run_config.notes)
     # the config of the run is the validated arguments (derived values included), JSON-clean
     config = run_config(vars(args))
     assert config["wandb_project"] == "p" and config["data_parallel_size"] == 1
@@ -36,7 +36,7 @@ def test_flags_and_llm_jp_alias():
 def test_without_project_nothing_is_imported_and_other_flags_are_noted(no_wandb):
     args = parse(["--wandb-exp-name", "exp"])
     assert "--wandb-exp-name without --wandb-project: no W&B run (as in Megatron-LM)" in \
-        args.startup_notes
+        args.run_config.notes
     assert args.run_config.metrics.metrics_jsonl is None
     assert metrics_writer(args.run_config.metrics, enabled=True, run_flags=vars(args)).writers == []
 

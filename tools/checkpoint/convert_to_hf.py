@@ -174,11 +174,12 @@ def special_token_ids(tokenizer_flags: dict) -> dict:
     """``{"bos_token_id", "eos_token_id"}`` of the run's tokenizer (``model_args.json``
     ``tokenizer`` flags, paths resolved) for ``config.json``: generation in transformers stops
     at the eos id."""
-    import argparse
-
     from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer.types import tokenizer_config
 
-    tokenizer = build_tokenizer(argparse.Namespace(**tokenizer_flags))
+    names = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model",
+             "tokenizer_name_or_path")  # the record's other keys (vocab_extra_ids) build nothing
+    tokenizer = build_tokenizer(tokenizer_config(**{n: tokenizer_flags.get(n) for n in names}))
     return {"bos_token_id": getattr(tokenizer, "bos", None),
             "eos_token_id": getattr(tokenizer, "eos", None)}
 

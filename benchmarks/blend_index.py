@@ -20,7 +20,9 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 from megatron.core.datasets import helpers  # noqa: E402
 from megatron.data.blend_config import parse_blend_config  # noqa: E402
-from megatron.data.curriculum import Constituent, CurriculumIndex, _load_kernel  # noqa: E402
+from megatron.data.curriculum.constituents import Constituent  # noqa: E402
+from megatron.data.curriculum.index import CurriculumIndex  # noqa: E402
+from megatron.data.curriculum.kernel import _load_kernel  # noqa: E402
 from megatron.schedules.units import BatchSchedule  # noqa: E402
 
 D = 10
@@ -118,7 +120,7 @@ def bench_fetch(num: int, repeat: int):
     import torch
     from megatron.core.datasets.blended_dataset import BlendedDataset
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
-    from megatron.data.curriculum import build_curriculum_dataset
+    from megatron.data.curriculum.dataset import build_curriculum_dataset
     from megatron.tokenizer import ByteLevelTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -112,7 +112,8 @@ def mixture_arrays(args, train_iters: int) -> Optional[dict]:
     if blend is None:
         return None
     from megatron.data.builder import train_valid_test_num_samples
-    from megatron.data.curriculum import CurriculumIndex, resolve_constituents
+    from megatron.data.curriculum.constituents import resolve_constituents
+    from megatron.data.curriculum.index import CurriculumIndex
     from megatron.schedules.units import batch_schedule_from_args
 
     index = CurriculumIndex(blend, resolve_constituents(blend, args.seq_length),

@@ -26,7 +26,7 @@ WeightSchedule, linear|step: {x: w}}``) is read into the same typed config
 
 Errors are ``BlendConfigError`` (a ``ValueError``) naming the file, the key and the offending value.
 Checks that need the run length (all weights zero at some point, schedule values negative) happen
-when the curriculum index is built (``megatron.data.curriculum``).
+when the curriculum index is built (``megatron.data.curriculum.index``).
 """
 import json
 import math

@@ -100,7 +100,8 @@ def gpt_mix_sources(args, kind: str, gpt_config, low_level: Optional[dict] = Non
     megatron-core ``GPTDataset`` reshuffled per epoch, with a phase's seed."""
     from dataclasses import replace
 
-    from megatron.data.curriculum import gpt_epoch_source, resolve_constituents
+    from megatron.data.curriculum.constituents import resolve_constituents
+    from megatron.data.curriculum.dataset import gpt_epoch_source
     from megatron.data.mix_resume import MixSources
 
     low_level = {} if low_level is None else low_level
@@ -184,7 +185,7 @@ def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
 
 def _blend_config_data(args, tokenizer, resume=None) -> TrainData:
     """``--data-blend-config``: a curriculum training set and the file's named eval groups."""
-    from megatron.data.curriculum import build_blend_config_datasets
+    from megatron.data.curriculum.dataset import build_blend_config_datasets
 
     config = gpt_dataset_config(args, tokenizer)
     low_level: dict = {}
@@ -216,7 +217,7 @@ def data_path_blends(args) -> Dict[str, Optional[SplitBlend]]:
     from megatron.core.datasets.blended_megatron_dataset_config import (
         convert_split_vector_to_split_matrix, parse_and_normalize_split)
     from megatron.data.blend_config import BlendEntry, BlendStage
-    from megatron.data.curriculum import resolve_constituents
+    from megatron.data.curriculum.constituents import resolve_constituents
 
     if args.data_path:
         bounds = convert_split_vector_to_split_matrix(parse_and_normalize_split(args.split))
@@ -254,7 +255,7 @@ def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
     """``--data-path``/``--split`` or ``--{train,valid,test}-data-path``: Megatron-LM's static
     blends (each split's documents, megatron-core's blending rule and one-epoch GPTDatasets; see
     :func:`data_path_blends`), the training blend with the data ledger."""
-    from megatron.data.curriculum import build_curriculum_dataset
+    from megatron.data.curriculum.dataset import build_curriculum_dataset
 
     for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
         check_prefixes_exist("--" + flag.replace("_", "-"), getattr(args, flag))

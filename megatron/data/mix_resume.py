@@ -26,8 +26,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from megatron.data.blend_config import SplitBlend, short_dataset_name
-from megatron.data.curriculum import (Constituent, Continuation, CurriculumDataset,
-                                      CurriculumIndex, build_mix_dataset)
+from megatron.data.curriculum.constituents import Constituent
+from megatron.data.curriculum.dataset import Continuation, CurriculumDataset, build_mix_dataset
+from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.mix_ledger import (EvalGroupCounter, LedgerEntry, LedgerKey, MixPhase,
                                       MixRecord, blend_from_json, blend_to_json)
 from megatron.errors import ConfigError
@@ -58,7 +59,7 @@ class DataResume:
 @dataclass(frozen=True)
 class MixSources:
     """How one kind of training data is built: ``resolve(blend)`` gives the blend's datasets
-    (:class:`~megatron.data.curriculum.Constituent`, with fingerprints), ``make_source(c, n,
+    (:class:`~megatron.data.curriculum.constituents.Constituent`, with fingerprints), ``make_source(c, n,
     seed)`` serves dataset ``c``'s samples ``0..n - 1`` shuffled with ``seed``."""
 
     kind: str

@@ -4,7 +4,7 @@ is one weighted blend of packed MTF datasets (megatron/data/mtf_dataset.py), one
 resumed run continues every dataset where it stood, ``--override-data-mix`` takes edited weights
 or items); each ``--valid-``/``--test-weighted-split-paths`` group is one named evaluation group,
 blended the same way. Blends follow megatron-core's blending rule
-(megatron/data/curriculum.py, static weights). The groups are parsed by ``validate_args``
+(megatron/data/curriculum/, static weights). The groups are parsed by ``validate_args``
 (megatron/data/weighted_splits.py); the sample counts are the pretraining builder's
 (megatron/data/builder.py ``train_valid_test_num_samples``).
 """
@@ -15,7 +15,8 @@ import numpy as np
 
 from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend, short_dataset_name
 from megatron.data.builder import train_valid_test_num_samples
-from megatron.data.curriculum import Constituent, build_mix_dataset
+from megatron.data.curriculum.constituents import Constituent
+from megatron.data.curriculum.dataset import build_mix_dataset
 from megatron.data.mix_ledger import gpt_files_fingerprint
 from megatron.data.mtf_dataset import (MTFDataset, MTFDocumentPair, PackedSamplesOnly,
                                        document_range, truncated_lengths)

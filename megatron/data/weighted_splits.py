@@ -13,7 +13,7 @@ a path may hold a ``'``); blank lines and ``#`` comment lines are skipped. NAME 
 the first ``:``, as in BigScience's parser (``VALID A: ...`` and ``train:0.3 0:0.95 A`` work).
 
 Each group becomes a :class:`~megatron.data.blend_config.SplitBlend` with one static ``blend``
-stage, so it is built by :mod:`megatron.data.curriculum` (megatron-core's blending rule).
+stage, so it is built by :mod:`megatron.data.curriculum.dataset` (megatron-core's blending rule).
 """
 import os
 import shlex
@@ -190,9 +190,9 @@ def weighted_split_groups_from_args(args, check_files: bool = True) -> Dict[str,
 def build_weighted_split_datasets(groups: Sequence[WeightedSplitGroup], num_samples: int, gpt_config,
                                   batch_schedule, split: str = "valid",
                                   cache_dir: Optional[str] = None):
-    """One :class:`~megatron.data.curriculum.CurriculumDataset` (static weights: megatron-core's
+    """One :class:`~megatron.data.curriculum.dataset.CurriculumDataset` (static weights: megatron-core's
     blending) per group, each sized for ``num_samples``; returns ``[(name, dataset), ...]``."""
-    from megatron.data.curriculum import build_curriculum_dataset
+    from megatron.data.curriculum.dataset import build_curriculum_dataset
 
     low_level: dict = {}
     return [(g.name, build_curriculum_dataset(g.to_split_blend(f"--{split}-weighted-split-paths"),

@@ -364,7 +364,7 @@ def test_blend_file_stages_too_short_for_the_run():
 
 
 def test_blend_file_split_selects_no_document(data):
-    from megatron.data.curriculum import resolve_constituents
+    from megatron.data.curriculum.constituents import resolve_constituents
 
     cfg = parse_blend_config({"train": {"blend": [_entry(data, split="0:0.01")]}}, "b.yaml")
     _raises(ConfigError, lambda: resolve_constituents(cfg.train, 16),

@@ -5,7 +5,8 @@ from typing import Sequence, Tuple
 import numpy as np
 
 from megatron.data.blend_config import parse_blend_config
-from megatron.data.curriculum import Constituent, CurriculumIndex
+from megatron.data.curriculum.constituents import Constituent
+from megatron.data.curriculum.index import CurriculumIndex
 from megatron.schedules.units import BatchSchedule
 
 

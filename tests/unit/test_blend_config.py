@@ -227,8 +227,9 @@ def _without_where(obj):
 
 
 def _index(split_blend, train_iters, global_batch=4, seq_length=16):
-    """The curriculum index training builds for ``split_blend`` (megatron/data/curriculum.py)."""
-    from megatron.data.curriculum import CurriculumIndex, resolve_constituents
+    """The curriculum index training builds for ``split_blend`` (megatron/data/curriculum/index.py)."""
+    from megatron.data.curriculum.constituents import resolve_constituents
+    from megatron.data.curriculum.index import CurriculumIndex
     from megatron.schedules.units import BatchSchedule
     return CurriculumIndex(split_blend, resolve_constituents(split_blend, seq_length),
                            train_iters * global_batch, BatchSchedule(global_batch, None, seq_length),
@@ -383,7 +384,7 @@ def test_our_spelling_errors_unchanged(data, tmp_path):
 def test_loss_weight_entries(data, tmp_path):
     """``loss_weight`` per entry (default 1) weighs a dataset's tokens in the loss; it must be
     positive, and one dataset has one loss weight (megatron/data/loss_weights.py)."""
-    from megatron.data.curriculum import resolve_constituents
+    from megatron.data.curriculum.constituents import resolve_constituents
     from megatron.data.loss_weights import dataset_loss_weights
 
     cfg = parse_blend_config({"train": {"sequential": [

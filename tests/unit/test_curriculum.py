@@ -1,4 +1,4 @@
-"""megatron/data/curriculum.py: curriculum index bounds, megatron-core equivalence for static
+"""megatron/data/curriculum/: curriculum index bounds, megatron-core equivalence for static
 weights, epochized/sequential blends, resume, data-parallel independence, caching."""
 import os
 
@@ -13,9 +13,12 @@ from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 from megatron.core.datasets.utils import Split
-from megatron.data import curriculum
 from megatron.data.blend_config import BlendConfigError, parse_blend_config
-from megatron.data.curriculum import CurriculumIndex, build_curriculum_dataset, resolve_constituents
+from megatron.data.curriculum import index as curriculum_index
+from megatron.data.curriculum import kernel as curriculum_kernel
+from megatron.data.curriculum.constituents import resolve_constituents
+from megatron.data.curriculum.dataset import build_curriculum_dataset
+from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import gpt_sample_documents
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.schedules.units import BatchSchedule
@@ -121,7 +124,7 @@ def test_python_fallback_matches_compiled(monkeypatch):
                                                 "points": {0: 2, 50: 0, 120: 1}}},
                        {"path": "c", "weight": 0.3}]}
     fast = _fake_index(blend, 300)
-    monkeypatch.setitem(curriculum._KERNEL, "fn", None)
+    monkeypatch.setitem(curriculum_kernel._KERNEL, "fn", None)
     slow = _fake_index(blend, 300)
     np.testing.assert_array_equal(np.asarray(fast.dataset_index), np.asarray(slow.dataset_index))
     np.testing.assert_array_equal(np.asarray(fast.dataset_sample_index),
@@ -153,8 +156,8 @@ def test_all_weights_zero_is_an_error_naming_the_file():
 @pytest.mark.parametrize("kernel,chunk", [("compiled", 1 << 20), ("python", 1 << 20), ("compiled", 3)])
 def test_epochized_all_weights_zero_is_the_same_error(monkeypatch, kernel, chunk):
     if kernel == "python":
-        monkeypatch.setitem(curriculum._KERNEL, "fn", None)
-    monkeypatch.setattr(curriculum, "CHUNK", chunk)
+        monkeypatch.setitem(curriculum_kernel._KERNEL, "fn", None)
+    monkeypatch.setattr(curriculum_index, "CHUNK", chunk)
     # every weight zero from iteration 5 on while repetitions are left (per-iteration segments)
     with pytest.raises(BlendConfigError, match=r"t.yaml: train.epochized_blend: all weights are zero "
                                                r"at sample 20 \(iteration 5\) of a run of 100 samples"):
@@ -380,9 +383,9 @@ def test_negative_schedule_value_is_an_error(data, tmp_path, monkeypatch):
         def __call__(self, p):
             return 1.0 - np.asarray(p, dtype=np.float64) / 5.0
 
-    monkeypatch.setattr(curriculum, "weight_schedule",
+    monkeypatch.setattr(curriculum_index, "weight_schedule",
                         lambda config, context: Negative() if isinstance(config, dict) else
-                        curriculum._standin_schedule(config))
+                        curriculum_index._standin_schedule(config))
     with pytest.raises(BlendConfigError, match=r"n.yaml: train.blend\[1\].weight: .*negative"):
         build_curriculum_dataset(cfg.train, 100, _gpt_config(tmp_path / "c"), BatchSchedule(4, None, SEQ))
 
@@ -399,7 +402,7 @@ def test_target_weights_preview(data, tmp_path):
 def test_blend_file_end_to_end_epochized_and_groups(data, tmp_path):
     import yaml
     from megatron.data.blend_config import load_blend_config
-    from megatron.data.curriculum import build_blend_config_datasets
+    from megatron.data.curriculum.dataset import build_blend_config_datasets
 
     path = tmp_path / "blend.yaml"
     path.write_text(yaml.safe_dump({
@@ -412,7 +415,7 @@ def test_blend_file_end_to_end_epochized_and_groups(data, tmp_path):
     cfg = load_blend_config(str(path))
     gc = _gpt_config(tmp_path / "cache")
     bs = BatchSchedule(4, None, SEQ)
-    probe = CurriculumIndex(cfg.train, curriculum.resolve_constituents(cfg.train, SEQ), 1, bs)
+    probe = CurriculumIndex(cfg.train, resolve_constituents(cfg.train, SEQ), 1, bs)
     n_train = int(sum(c.samples_per_epoch * r for c, r in zip(probe.constituents, (2, 1))))
     train, valid, test = build_blend_config_datasets(cfg, (n_train, 12, 8), gc, bs)
     # one epoch as GPTDataset counts it
@@ -470,15 +473,15 @@ _fast_sched = st.tuples(
 
 
 def _run_both_paths(entries, N, gbs, rampup, chunk):
-    old_chunk = curriculum.CHUNK
-    curriculum.CHUNK = chunk
+    old_chunk = curriculum_index.CHUNK
+    curriculum_index.CHUNK = chunk
     try:
         out = {}
         for fast in (True, False):
             CurriculumIndex.linear_fast_path = fast
             out[fast] = _fake_index({"blend": entries}, N, gbs, rampup=rampup)
     finally:
-        curriculum.CHUNK = old_chunk
+        curriculum_index.CHUNK = old_chunk
         CurriculumIndex.linear_fast_path = True
     return out[True], out[False]
 
@@ -565,9 +568,9 @@ def test_python_fallback_matches_compiled_linear_fast_path(monkeypatch, chunk):
                                  "warmup_from": 2.0}},
         {"path": "d", "weight": {"type": "staged", "unit": "samples", "stages": [
             {"start": 0, "schedule": 0.3}, {"start": 200, "schedule": {"type": "linear", "from": 3, "to": 0}}]}}]}
-    monkeypatch.setattr(curriculum, "CHUNK", chunk)
+    monkeypatch.setattr(curriculum_index, "CHUNK", chunk)
     fast = _fake_index(blend, 400, rampup=(1, 1, 12))
-    monkeypatch.setitem(curriculum._KERNEL, "fn", None)
+    monkeypatch.setitem(curriculum_kernel._KERNEL, "fn", None)
     slow = _fake_index(blend, 400, rampup=(1, 1, 12))
     np.testing.assert_array_equal(np.asarray(fast.dataset_index), np.asarray(slow.dataset_index))
     np.testing.assert_array_equal(np.asarray(fast.dataset_sample_index),

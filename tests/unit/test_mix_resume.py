@@ -1,5 +1,5 @@
 """The data ledger and resumes under an edited mix (megatron/data/mix_ledger.py, mix_resume.py,
-curriculum.py continuations), on fake datasets: a continuation equals a pure reference that
+curriculum/index.py continuations), on fake datasets: a continuation equals a pure reference that
 continues every dataset at its ledger position (time-varying weights, datasets added and removed,
 a stage appended; static blends against megatron-core's blending rule), epochized stages finish
 their repetitions across a resume, and the resume's decisions (same mix, longer run, edit with and
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from megatron.data.blend_config import parse_blend_config
-from megatron.data.curriculum import CurriculumIndex
+from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.mix_ledger import (EvalGroupCounter, LedgerEntry, MixPhase, MixRecord,
                                       blend_from_json, blend_to_json)
 from megatron.data.mix_resume import (DataResume, MixSources, continue_training_mix,

@@ -43,368 +43,38 @@ Algorithm (one pass, compiled):
     consecutive sample ranges, so stages never mix; a dataset listed in two stages continues
     where it stopped.
 
-The kernel (``csrc/curriculum_index.cpp``) is built at first use with torch.utils.cpp_extension
-(once per environment, in ``$TORCH_EXTENSIONS_DIR``); without a compiler a (slow) Python version
-of the same loops gives the same index. The index takes 5 bytes per
-sample (uint8 id for < 256 datasets, int32 dataset-sample id for < 2**31 samples).
+The kernel (``curriculum_index.cpp``, loaded by kernel.py) is built at first use with
+torch.utils.cpp_extension (once per environment, in ``$TORCH_EXTENSIONS_DIR``); without a compiler
+a (slow) Python version of the same loops gives the same index. The index takes 5 bytes per
+sample (uint8 id for < 256 datasets, int32 dataset-sample id for < 2**31 samples); it is cached
+on disk (cache.py).
 """
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
-from megatron.data.blend_config import (BlendConfigError, BlendEntry, BlendStage, SplitBlend,
-                                        check_dataset_prefix)
-from megatron.data.mix_ledger import gpt_files_fingerprint, ledger_key
-from megatron.schedules.registry import ScheduleContext, build_schedule
+from megatron.data.blend_config import BlendConfigError, BlendEntry, BlendStage, SplitBlend
+from megatron.data.curriculum.cache import (_strip_where, cache_directory, save_index,
+                                            try_load_index)
+from megatron.data.curriculum.constituents import Constituent
+from megatron.data.curriculum.kernel import _kernel_source_digest, _KernelState
+from megatron.data.curriculum.weights import (WeightContext, _linear_breakpoints, _Progress,
+                                              weight_schedule)
 from megatron.schedules.units import BatchSchedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "WeightContext", "weight_schedule", "Constituent", "resolve_constituents", "CurriculumIndex",
-    "CurriculumDataset", "Continuation", "build_mix_dataset", "build_curriculum_dataset",
-    "build_blend_config_datasets", "gpt_epoch_source",
-]
+__all__ = ["CurriculumIndex"]
 
 INDEX_VERSION = "curriculum-index-v2"  # v2: piecewise-linear samples/tokens fast path
 CHUNK = 1 << 20
 
 
-# ---------------------------------------------------------------------------------------------
-# Weight schedules: the one place that talks to megatron.schedules.registry
-@dataclass(frozen=True)
-class WeightContext:
-    """What a weight schedule may need about the run."""
-
-    batch_schedule: BatchSchedule
-    num_samples: int
-
-    @property
-    def num_iterations(self) -> int:
-        return self.batch_schedule.iterations_for_samples(self.num_samples)
-
-
-def weight_schedule(config: Any, context: WeightContext):
-    """Schedule object for a weight ``config`` (a number or a schedule dict of
-    :mod:`megatron.schedules.registry`): has ``.unit`` and maps a progress ndarray to weights."""
-    samples = float(context.num_samples)
-    schedule_context = ScheduleContext(
-        batch_schedule=context.batch_schedule,
-        total={"iterations": float(context.num_iterations), "samples": samples,
-               "tokens": samples * context.batch_schedule.seq_length})
-    return build_schedule(config, schedule_context)
-
-
-def _linear_breakpoints(schedule) -> Optional[np.ndarray]:
-    """Progress positions (in the schedule's unit) between which ``schedule`` is linear (affine),
-    or None when it is not known to be piecewise linear. Only exact built-in classes qualify (a
-    subclass may change ``values``)."""
-    from megatron.schedules import builtin
-    from megatron.schedules.staged import Staged
-
-    kind = type(schedule)
-    if kind is builtin.Constant:
-        return np.asarray([schedule.warmup] if schedule.warmup > 0 else [], dtype=np.float64)
-    if kind in (builtin.PiecewiseLinear, builtin.Step):
-        return np.asarray(schedule._x, dtype=np.float64)
-    if kind is builtin.Linear:  # warmup ramp, linear decay, then constant
-        return np.asarray([schedule.warmup, schedule.span], dtype=np.float64)
-    if kind is Staged:
-        out = [np.asarray(schedule.starts, dtype=np.float64)]
-        for start, sub in zip(schedule.starts, schedule.schedules):
-            inner = _linear_breakpoints(sub)
-            if inner is None:
-                return None
-            out.append(inner + (start if schedule.relative else 0.0))
-        return np.concatenate(out)
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Progress conversion
-class _Progress:
-    """Global sample index -> iteration / samples / tokens (rampup aware), through the run's
-    :class:`BatchSchedule` (the one place that converts units)."""
-
-    def __init__(self, batch_schedule: BatchSchedule, num_samples: int):
-        self.bs = batch_schedule
-        self.num_samples = int(num_samples)
-        self.num_iterations = batch_schedule.iterations_for_samples(max(self.num_samples, 1))
-
-    def iteration_of(self, samples: np.ndarray) -> np.ndarray:
-        """The (0-based) iteration that global sample index ``samples`` belongs to."""
-        return self.bs.iterations_at_samples(np.asarray(samples, dtype=np.int64))
-
-    def iteration_starts(self, lo: int, hi: int) -> np.ndarray:
-        """Global sample indices in [lo, hi) where an iteration starts."""
-        if hi <= lo:
-            return np.zeros(0, dtype=np.int64)
-        first = self.bs.iterations_for_samples(lo)
-        last = int(self.bs.iterations_at_samples(hi - 1))
-        starts = self.bs.samples_at_iterations(np.arange(first, last + 1, dtype=np.int64))
-        return starts[(starts >= lo) & (starts < hi)].astype(np.int64)
-
-    def of(self, samples: np.ndarray, unit: str) -> np.ndarray:
-        """Progress in ``unit`` at global sample indices ``samples`` (float64)."""
-        return self.bs.convert(samples, "samples", unit)
-
-    def samples_for(self, unit: str, n: int) -> int:
-        """Global sample index where progress ``unit`` reaches ``n``."""
-        if unit == "samples":
-            return int(n)
-        if unit == "tokens":
-            return -(-int(n) // int(self.bs.seq_length))
-        return self.bs.samples_at_iteration(int(n))
-
-
-# ---------------------------------------------------------------------------------------------
-# Constituent datasets
-@dataclass(frozen=True)
-class Constituent:
-    """One dataset of the curriculum: a prefix and a document range [doc_begin, doc_end).
-    ``samples_per_epoch`` is None for datasets whose epochs differ in length (packed T0 data);
-    ``fingerprint`` tells its files apart from others at the same path (the data ledger,
-    megatron/data/mix_ledger.py)."""
-
-    path: str
-    split: Tuple[float, float]
-    name: str
-    doc_begin: int
-    doc_end: int
-    num_documents: int
-    tokens: int
-    samples_per_epoch: Optional[int]
-    fingerprint: str = ""
-
-    @property
-    def ledger_key(self) -> Tuple[str, float, float, str]:
-        """Its identity in the data ledger (megatron/data/mix_ledger.py ``ledger_key``)."""
-        return ledger_key(self.path, self.split, self.fingerprint)
-
-
-def _samples_per_epoch(tokens: int, seq_length: int, add_extra_token: bool = True) -> int:
-    return max(0, (int(tokens) - int(add_extra_token)) // int(seq_length))
-
-
-def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bool = True,
-                         low_level: Optional[Dict[str, Any]] = None) -> List[Constituent]:
-    """The distinct (path, split range) datasets of ``blend`` in order of first appearance, with
-    their document range (megatron-core's rounding) and samples per epoch."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    low_level = {} if low_level is None else low_level
-    out: Dict[Tuple[str, float, float], Constituent] = {}
-    names = set()
-    for stage in blend.stages:
-        for entry in stage.entries:
-            if entry.key in out:
-                continue
-            check_dataset_prefix(entry.path, entry.where + ".path")
-            if entry.path not in low_level:
-                low_level[entry.path] = IndexedDataset(entry.path, multimodal=False, mmap=True)
-            lengths = low_level[entry.path].sequence_lengths
-            n = int(lengths.shape[0])
-            beg = int(round(entry.split[0] * float(n)))
-            end = int(round(entry.split[1] * float(n)))
-            if end <= beg:
-                raise BlendConfigError(f"{entry.where}.split: range {entry.split[0]:g}:"
-                                       f"{entry.split[1]:g} of {entry.path!r} ({n} documents) "
-                                       "selects no document: a stage with nothing to draw")
-            tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
-            spe = _samples_per_epoch(tokens, seq_length, add_extra_token)
-            if spe <= 0:
-                raise BlendConfigError(f"{entry.where}: {entry.path!r} (documents {beg}:{end}) has "
-                                       f"{tokens} tokens, less than one sample of seq_length "
-                                       f"{seq_length}: nothing to draw")
-            name = entry.name if entry.name not in names else entry.qualified_name
-            base, k = name, 2
-            while name in names:
-                name, k = f"{base}#{k}", k + 1
-            names.add(name)
-            out[entry.key] = Constituent(entry.path, entry.split, name, beg, end, n, tokens, spe,
-                                         gpt_files_fingerprint(entry.path))
-    return list(out.values())
-
-
-# ---------------------------------------------------------------------------------------------
-# The compiled kernel: csrc/curriculum_index.cpp, built by torch.utils.cpp_extension (which caches
-# the build in $TORCH_EXTENSIONS_DIR and locks it against concurrent builds by other ranks)
-KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc",
-                                  "curriculum_index.cpp")
-KERNEL_NAME = "megatron_curriculum_index"
-# no FMA contraction: the Python fallback reproduces the kernel's arithmetic bit for bit
-_CXXFLAGS = ("-O3", "-ffp-contract=off")
-# {"fn": the built extension module, or None for the Python fallback}; loaded once per process
-_KERNEL: Dict[str, Any] = {}
-
-
-def _kernel_source_digest() -> str:
-    with open(KERNEL_SOURCE_PATH, "rb") as f:
-        return hashlib.sha1(f.read()).hexdigest()
-
-
-def _load_kernel():
-    """The compiled kernel module (``build``, ``build_pl``), or None when it cannot be built (no
-    compiler): then the Python loops below give the same index, slowly. Built once per
-    environment; a line is printed before a build."""
-    if "fn" not in _KERNEL:
-        from megatron.runtime import jit_ops
-
-        try:
-            _KERNEL["fn"] = jit_ops.load_op(
-                KERNEL_NAME, [KERNEL_SOURCE_PATH], extra_cflags=list(_CXXFLAGS),
-                what="the curriculum index kernel (megatron/data/csrc/curriculum_index.cpp)",
-                duration="about 30 s")
-        except Exception as exc:  # no compiler or ninja, or a failed build
-            logger.warning("curriculum kernel: cannot build %s (%s); using the slow Python "
-                           "fallback", KERNEL_SOURCE_PATH, exc)
-            _KERNEL["fn"] = None
-    return _KERNEL["fn"]
-
-
-def _python_kernel(i0, i1, D, seg_starts, seg_w, prenorm, lead, caps, base, counts, sd, si, out_id,
-                   out_sample) -> int:
-    """Same loop as the C++ kernel (fallback without a compiler)."""
-    B, w, raw = sd[:D], sd[D:2 * D], sd[2 * D:]
-    seg = int(np.searchsorted(seg_starts, i0, side="left"))
-    S = len(seg_starts)
-    for i in range(i0, i1):
-        renorm = si[1] != 0
-        if seg < S and seg_starts[seg] <= i:
-            while seg < S and seg_starts[seg] <= i:
-                seg += 1
-            raw[:] = seg_w[:, seg - 1]
-            renorm = True
-        if renorm:
-            B += w * float(i - si[0])
-            active = (caps < 0) | (counts < caps)
-            exhausted = not active.all()
-            r = np.where(active, raw, 0.0)
-            rem = False
-            if not r.sum() > 0:
-                if not (caps >= 0).any():
-                    return -(i + 1)
-                rem = True
-                r = np.where(active & (caps >= 0), (caps - counts).astype(np.float64), 0.0)
-                if not r.sum() > 0:
-                    return -(i + 1)
-            w[:] = r if (prenorm and not exhausted and not rem) else r / r.sum()
-            si[0], si[1] = i, 0
-        x = 1.0 if i == 0 else float(i - si[0] + lead)
-        best, best_err = -1, 0.0
-        for d in range(D):
-            err = B[d] + w[d] * x - float(counts[d])
-            if (best < 0 or err > best_err) and (w[d] > 0 or err > 0) and (caps[d] < 0 or counts[d] < caps[d]):
-                best, best_err = d, err
-        if best < 0:
-            return -(i + 1)
-        out_id[i - i0] = best
-        out_sample[i - i0] = counts[best] + base[best]
-        counts[best] += 1
-        if caps[best] >= 0 and counts[best] == caps[best]:
-            si[1] = 1
-    return 0
-
-
-def _python_pl_kernel(i0, i1, D, starts, a, b, base, counts, E, out_id, out_sample) -> int:
-    """Same loop as the C++ ``run_pl`` (same double arithmetic, so the same index)."""
-    S = len(starts)
-    A, Bs = a.tolist(), b.tolist()
-    El, C, base_l = [float(x) for x in E], [int(x) for x in counts], [int(x) for x in base]
-    rc = 0
-    try:
-        for k in range(S):
-            s = int(starts[k])
-            e = int(starts[k + 1]) if k + 1 < S else i1
-            ak = [A[d][k] for d in range(D)]
-            bk = [Bs[d][k] for d in range(D)]
-            for i in range(s, e):
-                t = float(i - s)
-                r, R = [], 0.0
-                for d in range(D):
-                    v = ak[d] + bk[d] * t
-                    v = v if v > 0.0 else 0.0
-                    r.append(v)
-                    R += v
-                if not R > 0.0:
-                    rc = -(i + 1)
-                    return rc
-                inv = 1.0 / R
-                best, best_err = 0, 0.0
-                for d in range(D):
-                    err = El[d] + r[d] * inv
-                    El[d] = err
-                    if d == 0 or err > best_err:
-                        best, best_err = d, err
-                El[best] = best_err - 1.0
-                out_id[i - i0] = best
-                out_sample[i - i0] = C[best] + base_l[best]
-                C[best] += 1
-    finally:
-        E[:] = El
-        counts[:] = C
-    return rc
-
-
-class _KernelState:
-    """Resumable state of the kernel over one stage (chunks are fed in order)."""
-
-    def __init__(self, D: int, caps: np.ndarray, base: np.ndarray, prenorm: bool,
-                 lead: bool = True, all_positive: bool = False):
-        self.D = D
-        self.caps = np.ascontiguousarray(caps, dtype=np.int64)
-        self.base = np.ascontiguousarray(base, dtype=np.int64)
-        self.counts = np.zeros(D, dtype=np.int64)
-        self.sd = np.zeros(3 * D, dtype=np.float64)
-        self.si = np.zeros(2, dtype=np.int64)
-        self.scratch = np.zeros(3 * D, dtype=np.float64)
-        self.prenorm = int(bool(prenorm))
-        self.lead = int(bool(lead))
-        self.all_positive = int(bool(all_positive))  # static weights all > 0 (megatron's case)
-        self.kernel = _load_kernel()
-
-    def run(self, i0: int, i1: int, seg_starts: np.ndarray, seg_w: np.ndarray,
-            out_id: np.ndarray, out_sample: np.ndarray) -> int:
-        """Fill samples [i0, i1) (stage-local); ``seg_w`` is [D, len(seg_starts)]."""
-        seg_starts = np.ascontiguousarray(seg_starts, dtype=np.int64)
-        seg_w = np.ascontiguousarray(seg_w, dtype=np.float64).reshape(self.D, len(seg_starts))
-        if self.kernel is None:
-            return _python_kernel(i0, i1, self.D, seg_starts, seg_w, self.prenorm, self.lead, self.caps,
-                                  self.base, self.counts, self.sd, self.si, out_id, out_sample)
-        assert out_id.flags.c_contiguous and out_sample.flags.c_contiguous
-        return int(self.kernel.build(i0, i1, self.D, seg_starts, len(seg_starts), seg_w,
-                                     self.prenorm, self.lead, self.all_positive, self.caps,
-                                     self.base, self.counts, self.sd, self.si, out_id, out_sample))
-
-    def run_pl(self, i0: int, i1: int, starts: np.ndarray, a: np.ndarray, b: np.ndarray,
-               out_id: np.ndarray, out_sample: np.ndarray) -> int:
-        """Fill samples [i0, i1) (stage-local) from piecewise-linear raw weights: segment k starts
-        at ``starts[k]`` (``starts[0] == i0``), raw weight ``a[:, k] + b[:, k] * (i - starts[k])``
-        normalised per sample (no caps). ``sd[:D]`` carries the lag (target integral - count)."""
-        starts = np.ascontiguousarray(starts, dtype=np.int64)
-        S = len(starts)
-        a = np.ascontiguousarray(a, dtype=np.float64).reshape(self.D, S)
-        b = np.ascontiguousarray(b, dtype=np.float64).reshape(self.D, S)
-        E = self.sd[:self.D]  # a view: updated in place
-        if self.kernel is None:
-            return _python_pl_kernel(i0, i1, self.D, starts, a, b, self.base, self.counts, E,
-                                     out_id, out_sample)
-        assert out_id.flags.c_contiguous and out_sample.flags.c_contiguous and E.flags.c_contiguous
-        return int(self.kernel.build_pl(i0, i1, self.D, starts, S, a, b, self.base, self.counts, E,
-                                        self.scratch, out_id, out_sample))
-
-
-# ---------------------------------------------------------------------------------------------
-# The index
 @dataclass(frozen=True)
 class _StagePlan:
     stage: BlendStage
@@ -840,65 +510,26 @@ class CurriculumIndex:
         self.description = json.dumps(desc, sort_keys=True, default=str)
         return hashlib.sha256(self.description.encode()).hexdigest()[:32]
 
-    def _try_load(self, path: str):
-        try:
-            with open(os.path.join(path, "meta.json")) as f:
-                meta = json.load(f)
-            ids = np.load(os.path.join(path, "dataset_index.npy"), mmap_mode="r")
-            samples = np.load(os.path.join(path, "dataset_sample_index.npy"), mmap_mode="r")
-            if (meta.get("num_samples") != self.num_samples or ids.shape != (self.length,)
-                    or samples.shape != (self.length,) or ids.dtype != self.id_dtype
-                    or samples.dtype != self.sample_dtype):
-                return None
-            return ids, samples
-        except (OSError, ValueError, json.JSONDecodeError, KeyError):
-            return None
-
-    def _save(self, path: str, ids: np.ndarray, samples: np.ndarray) -> None:
-        parent = os.path.dirname(path)
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=os.path.basename(path) + ".tmp-", dir=parent)
-        try:
-            np.save(os.path.join(tmp, "dataset_index.npy"), ids)
-            np.save(os.path.join(tmp, "dataset_sample_index.npy"), samples)
-            with open(os.path.join(tmp, "description.json"), "w") as f:
-                f.write(self.description)
-            # meta.json last: its presence marks a complete directory
-            with open(os.path.join(tmp, "meta.json"), "w") as f:
-                json.dump({"num_samples": self.num_samples, "names": self.names}, f)
-            if os.path.exists(path):  # a broken/partial one: move it aside first
-                aside = tempfile.mkdtemp(prefix=os.path.basename(path) + ".old-", dir=parent)
-                try:
-                    os.replace(path, os.path.join(aside, "x"))
-                except OSError:
-                    pass
-                shutil.rmtree(aside, ignore_errors=True)
-            try:
-                os.rename(tmp, path)
-            except OSError:  # another rank published it first
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-
     def _load_or_build(self, cache_dir: Optional[str]):
         key = self.cache_key()
         if not cache_dir:
             return self._build()
-        path = os.path.join(cache_dir, f"curriculum-{key}")
+        path = cache_directory(cache_dir, key)
         self.cache_path = path
-        loaded = self._try_load(path)
+        loaded = try_load_index(path, self.num_samples, self.length, self.id_dtype,
+                                self.sample_dtype)
         if loaded is not None:
             self.cache_hit = True
             return loaded
         ids, samples = self._build()
         if self.write_cache:
             try:
-                self._save(path, ids, samples)
+                save_index(path, ids, samples, self.description, self.num_samples, self.names)
             except OSError as exc:  # read-only cache dir: keep the in-memory index
                 logger.warning("curriculum index: cannot write the cache %s (%s)", path, exc)
                 return ids, samples
-            return self._try_load(path) or (ids, samples)
+            return try_load_index(path, self.num_samples, self.length, self.id_dtype,
+                                  self.sample_dtype) or (ids, samples)
         return ids, samples
 
     # -- previews ------------------------------------------------------------------------------
@@ -982,186 +613,3 @@ class _CappedWeightsCheck:
             return int(points[zero[0]])
         self.counts_before = self.counts_before + counts
         return None
-
-
-def _strip_where(obj):
-    """``obj`` without what does not shape the index: error locations and loss weights."""
-    if isinstance(obj, dict):
-        return {str(k): _strip_where(v) for k, v in obj.items() if k not in ("where", "loss_weight")}
-    if isinstance(obj, (list, tuple)):
-        return [_strip_where(v) for v in obj]
-    return obj
-
-
-# ---------------------------------------------------------------------------------------------
-# The dataset
-@dataclass(frozen=True)
-class Continuation:
-    """Where a mix starts when it continues a run (megatron/data/mix_resume.py): at global sample
-    ``begin``, each dataset at its ledger position ``base[ledger key]`` (absent: 0, a new dataset);
-    ``drawn_before(s)`` gives the ledger at an earlier global sample ``s`` (the run's history, for
-    an epochized stage running at ``begin``), or None."""
-
-    begin: int
-    base: Dict[Tuple[str, float, float, str], int]
-    drawn_before: Optional[Callable[[int], Dict[Tuple[str, float, float, str], int]]] = None
-
-
-class CurriculumDataset(torch.utils.data.Dataset):
-    """Samples ``{"dataset_id": id, **constituent[sample]}`` following a :class:`CurriculumIndex`
-    (same shape as megatron-core's ``BlendedDataset``), for global samples ``index.begin`` to
-    ``len() - 1``; ``sources[d]`` serves dataset ``d``'s samples by their ledger number (None for
-    a dataset this index never draws)."""
-
-    def __init__(self, index: CurriculumIndex, sources: Sequence[Optional[torch.utils.data.Dataset]],
-                 constituents: Optional[Sequence[Constituent]] = None):
-        self.index = index
-        self.datasets = list(sources)
-        self.constituents = list(constituents if constituents is not None else index.constituents)
-        self.begin = index.begin
-        # plain ndarray views of the (possibly memory-mapped) index: fast scalar indexing
-        self.dataset_index = np.asarray(index.dataset_index)
-        self.dataset_sample_index = np.asarray(index.dataset_sample_index)
-        self.names = index.names
-        self.epochs = index.epochs
-        self.counts = index.counts
-        self._ledger_cache: Tuple[int, np.ndarray] = (index.begin, index.base.copy())
-
-    def __len__(self) -> int:
-        return self.index.num_samples
-
-    def locate(self, idx: int) -> Tuple[int, int]:
-        """(dataset id, that dataset's sample number) of global sample ``idx``."""
-        j = int(idx) - self.begin
-        if not 0 <= j < len(self.dataset_index):
-            raise IndexError(f"global sample {idx} is outside this mix's samples [{self.begin}, "
-                             f"{self.index.num_samples})")
-        return int(self.dataset_index[j]), int(self.dataset_sample_index[j])
-
-    def __getitem__(self, idx: int) -> Dict[str, Any]:
-        dataset_id, sample = self.locate(idx)
-        return {"dataset_id": dataset_id, **self.datasets[dataset_id][sample]}
-
-    def drawn_before(self, sample: int) -> np.ndarray:
-        """Samples drawn per dataset before global sample ``sample`` (the ledger there); cheap
-        when called with growing ``sample`` (counts only the samples since the last call)."""
-        last, counts = self._ledger_cache
-        if sample < last:
-            last, counts = self.begin, self.index.base.copy()
-        lo, hi = last - self.begin, int(sample) - self.begin
-        if hi > lo:
-            counts = counts + np.bincount(self.dataset_index[lo:hi], minlength=len(self.names))
-        self._ledger_cache = (int(sample), counts)
-        return counts.copy()
-
-    def target_weights(self, sample_indices) -> np.ndarray:
-        return self.index.target_weights(sample_indices)
-
-    def __getstate__(self):  # DataLoader workers: the index arrays are shared, not the cache
-        state = dict(self.__dict__)
-        state["_ledger_cache"] = (self.index.begin, self.index.base.copy())
-        return state
-
-
-def _split_enum(split: str):
-    from megatron.core.datasets.utils import Split
-
-    return {"train": Split.train, "valid": Split.valid, "test": Split.test}[split]
-
-
-def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
-                     low_level: Dict[str, Any]):
-    """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
-    :class:`~megatron.data.epoch_order.EpochShuffledSamples` over a megatron-core ``GPTDataset``
-    of its documents built for exactly one epoch."""
-    from megatron.core.datasets.gpt_dataset import GPTDataset
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-    from megatron.data.epoch_order import EpochShuffledSamples
-
-    c = constituent
-    if c.path not in low_level:
-        low_level[c.path] = IndexedDataset(c.path, multimodal=False, mmap=True)
-    label = c.path if c.split == (0.0, 1.0) else f"{c.path}[{c.split[0]:g}:{c.split[1]:g}]"
-    indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
-    one_epoch = GPTDataset(low_level[c.path], label, indices, int(c.samples_per_epoch),
-                           _split_enum(split), gpt_config)
-    return EpochShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
-
-
-def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], num_samples: int,
-                      batch_schedule: BatchSchedule, seed: int, make_source: Callable,
-                      cache_dir: Optional[str] = None,
-                      continuation: Optional[Continuation] = None) -> CurriculumDataset:
-    """The :class:`CurriculumDataset` of ``blend`` over ``constituents`` for a run of
-    ``num_samples`` global samples (from ``continuation.begin`` on when given);
-    ``make_source(constituent, n)`` serves a dataset's samples ``0..n - 1``. Rank 0 builds (and
-    caches) first, the other ranks then load (megatron-core's pattern)."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    rank = torch.distributed.get_rank() if distributed else 0
-    if distributed and rank != 0:
-        torch.distributed.barrier()
-    try:
-        begin, base, drawn_before = 0, None, None
-        if continuation is not None:
-            keys = [c.ledger_key for c in constituents]
-            begin = continuation.begin
-            base = [int(continuation.base.get(k, 0)) for k in keys]
-            if continuation.drawn_before is not None:
-                history = continuation.drawn_before
-                drawn_before = (lambda s: np.asarray([int(history(s).get(k, 0)) for k in keys],
-                                                     dtype=np.int64))
-        index = CurriculumIndex(blend, constituents, num_samples, batch_schedule, seed=seed,
-                                cache_dir=cache_dir, write_cache=rank == 0, begin=begin, base=base,
-                                drawn_before=drawn_before)
-        sources = [make_source(c, int(total)) if count > 0 else None
-                   for c, count, total in zip(constituents, index.counts, index.totals)]
-    finally:
-        if distributed and rank == 0:
-            torch.distributed.barrier()
-    return CurriculumDataset(index, sources, constituents)
-
-
-def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
-                             batch_schedule: BatchSchedule, split: str = "train",
-                             cache_dir: Optional[str] = None,
-                             low_level: Optional[Dict[str, Any]] = None,
-                             continuation: Optional[Continuation] = None) -> CurriculumDataset:
-    """The :class:`CurriculumDataset` of ``blend`` for ``num_samples`` samples (from
-    ``continuation.begin`` on, each dataset at its ledger position, when given).
-
-    Each constituent is a megatron-core ``GPTDataset`` over the documents of its split range,
-    built for one epoch, repeated with a fresh order per epoch
-    (megatron/data/epoch_order.py). ``gpt_config`` is a ``GPTDatasetConfig`` (seed, seq_length,
-    tokenizer, masks); ``cache_dir`` defaults to ``gpt_config.path_to_cache``.
-    """
-    if int(gpt_config.sequence_length) != int(batch_schedule.seq_length):
-        raise ValueError(f"seq_length differs: GPTDatasetConfig {gpt_config.sequence_length} vs "
-                         f"BatchSchedule {batch_schedule.seq_length}")
-    cache_dir = cache_dir or gpt_config.path_to_cache
-    low_level = {} if low_level is None else low_level
-    constituents = resolve_constituents(blend, gpt_config.sequence_length,
-                                        gpt_config.add_extra_token_to_sequence, low_level)
-    return build_mix_dataset(
-        blend, constituents, num_samples, batch_schedule, gpt_config.random_seed,
-        lambda c, n: gpt_epoch_source(c, n, gpt_config, split, low_level), cache_dir, continuation)
-
-
-def build_blend_config_datasets(config, num_samples: Tuple[int, int, int], gpt_config,
-                                batch_schedule: BatchSchedule, cache_dir: Optional[str] = None,
-                                continuation: Optional[Continuation] = None):
-    """All datasets of a :class:`~megatron.data.blend_config.BlendConfig`:
-    ``(train or None, [(name, valid dataset)], [(name, test dataset)])``; ``num_samples`` is
-    (train, per valid group, per test group), e.g. from ``train_valid_test_num_samples(args)``;
-    ``continuation``: where the training mix starts (a resumed run's ledger)."""
-    low_level: Dict[str, Any] = {}
-    train = None
-    if config.train is not None and num_samples[0] > 0:
-        train = build_curriculum_dataset(config.train, num_samples[0], gpt_config, batch_schedule,
-                                         "train", cache_dir, low_level, continuation)
-    valid = [(g.name, build_curriculum_dataset(g, num_samples[1], gpt_config, batch_schedule,
-                                               "valid", cache_dir, low_level))
-             for g in config.valid] if num_samples[1] > 0 else []
-    test = [(g.name, build_curriculum_dataset(g, num_samples[2], gpt_config, batch_schedule,
-                                              "test", cache_dir, low_level))
-            for g in config.test] if num_samples[2] > 0 else []
-    return train, valid, test

@@ -1,0 +1,190 @@
+"""The curriculum dataset: :class:`CurriculumDataset` (global sample -> a constituent's sample,
+following a :class:`~megatron.data.curriculum.index.CurriculumIndex`), :class:`Continuation`
+(where a mix continues a resumed run), the constituents' epoch-shuffled GPT sources
+(:func:`gpt_epoch_source`) and the builders from a blend (:func:`build_mix_dataset`,
+:func:`build_curriculum_dataset`, :func:`build_blend_config_datasets`)."""
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from megatron.data.blend_config import SplitBlend
+from megatron.data.curriculum.constituents import Constituent, resolve_constituents
+from megatron.data.curriculum.index import CurriculumIndex
+from megatron.schedules.units import BatchSchedule
+
+__all__ = ["Continuation", "CurriculumDataset", "gpt_epoch_source", "build_mix_dataset",
+           "build_curriculum_dataset", "build_blend_config_datasets"]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """Where a mix starts when it continues a run (megatron/data/mix_resume.py): at global sample
+    ``begin``, each dataset at its ledger position ``base[ledger key]`` (absent: 0, a new dataset);
+    ``drawn_before(s)`` gives the ledger at an earlier global sample ``s`` (the run's history, for
+    an epochized stage running at ``begin``), or None."""
+
+    begin: int
+    base: Dict[Tuple[str, float, float, str], int]
+    drawn_before: Optional[Callable[[int], Dict[Tuple[str, float, float, str], int]]] = None
+
+
+class CurriculumDataset(torch.utils.data.Dataset):
+    """Samples ``{"dataset_id": id, **constituent[sample]}`` following a :class:`CurriculumIndex`
+    (same shape as megatron-core's ``BlendedDataset``), for global samples ``index.begin`` to
+    ``len() - 1``; ``sources[d]`` serves dataset ``d``'s samples by their ledger number (None for
+    a dataset this index never draws)."""
+
+    def __init__(self, index: CurriculumIndex, sources: Sequence[Optional[torch.utils.data.Dataset]],
+                 constituents: Optional[Sequence[Constituent]] = None):
+        self.index = index
+        self.datasets = list(sources)
+        self.constituents = list(constituents if constituents is not None else index.constituents)
+        self.begin = index.begin
+        # plain ndarray views of the (possibly memory-mapped) index: fast scalar indexing
+        self.dataset_index = np.asarray(index.dataset_index)
+        self.dataset_sample_index = np.asarray(index.dataset_sample_index)
+        self.names = index.names
+        self.epochs = index.epochs
+        self.counts = index.counts
+        self._ledger_cache: Tuple[int, np.ndarray] = (index.begin, index.base.copy())
+
+    def __len__(self) -> int:
+        return self.index.num_samples
+
+    def locate(self, idx: int) -> Tuple[int, int]:
+        """(dataset id, that dataset's sample number) of global sample ``idx``."""
+        j = int(idx) - self.begin
+        if not 0 <= j < len(self.dataset_index):
+            raise IndexError(f"global sample {idx} is outside this mix's samples [{self.begin}, "
+                             f"{self.index.num_samples})")
+        return int(self.dataset_index[j]), int(self.dataset_sample_index[j])
+
+    def __getitem__(self, idx: int) -> Dict[str, Any]:
+        dataset_id, sample = self.locate(idx)
+        return {"dataset_id": dataset_id, **self.datasets[dataset_id][sample]}
+
+    def drawn_before(self, sample: int) -> np.ndarray:
+        """Samples drawn per dataset before global sample ``sample`` (the ledger there); cheap
+        when called with growing ``sample`` (counts only the samples since the last call)."""
+        last, counts = self._ledger_cache
+        if sample < last:
+            last, counts = self.begin, self.index.base.copy()
+        lo, hi = last - self.begin, int(sample) - self.begin
+        if hi > lo:
+            counts = counts + np.bincount(self.dataset_index[lo:hi], minlength=len(self.names))
+        self._ledger_cache = (int(sample), counts)
+        return counts.copy()
+
+    def target_weights(self, sample_indices) -> np.ndarray:
+        return self.index.target_weights(sample_indices)
+
+    def __getstate__(self):  # DataLoader workers: the index arrays are shared, not the cache
+        state = dict(self.__dict__)
+        state["_ledger_cache"] = (self.index.begin, self.index.base.copy())
+        return state
+
+
+def _split_enum(split: str):
+    from megatron.core.datasets.utils import Split
+
+    return {"train": Split.train, "valid": Split.valid, "test": Split.test}[split]
+
+
+def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
+                     low_level: Dict[str, Any]):
+    """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
+    :class:`~megatron.data.epoch_order.EpochShuffledSamples` over a megatron-core ``GPTDataset``
+    of its documents built for exactly one epoch."""
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.data.epoch_order import EpochShuffledSamples
+
+    c = constituent
+    if c.path not in low_level:
+        low_level[c.path] = IndexedDataset(c.path, multimodal=False, mmap=True)
+    label = c.path if c.split == (0.0, 1.0) else f"{c.path}[{c.split[0]:g}:{c.split[1]:g}]"
+    indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
+    one_epoch = GPTDataset(low_level[c.path], label, indices, int(c.samples_per_epoch),
+                           _split_enum(split), gpt_config)
+    return EpochShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
+
+
+def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], num_samples: int,
+                      batch_schedule: BatchSchedule, seed: int, make_source: Callable,
+                      cache_dir: Optional[str] = None,
+                      continuation: Optional[Continuation] = None) -> CurriculumDataset:
+    """The :class:`CurriculumDataset` of ``blend`` over ``constituents`` for a run of
+    ``num_samples`` global samples (from ``continuation.begin`` on when given);
+    ``make_source(constituent, n)`` serves a dataset's samples ``0..n - 1``. Rank 0 builds (and
+    caches) first, the other ranks then load (megatron-core's pattern)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = torch.distributed.get_rank() if distributed else 0
+    if distributed and rank != 0:
+        torch.distributed.barrier()
+    try:
+        begin, base, drawn_before = 0, None, None
+        if continuation is not None:
+            keys = [c.ledger_key for c in constituents]
+            begin = continuation.begin
+            base = [int(continuation.base.get(k, 0)) for k in keys]
+            if continuation.drawn_before is not None:
+                history = continuation.drawn_before
+                drawn_before = (lambda s: np.asarray([int(history(s).get(k, 0)) for k in keys],
+                                                     dtype=np.int64))
+        index = CurriculumIndex(blend, constituents, num_samples, batch_schedule, seed=seed,
+                                cache_dir=cache_dir, write_cache=rank == 0, begin=begin, base=base,
+                                drawn_before=drawn_before)
+        sources = [make_source(c, int(total)) if count > 0 else None
+                   for c, count, total in zip(constituents, index.counts, index.totals)]
+    finally:
+        if distributed and rank == 0:
+            torch.distributed.barrier()
+    return CurriculumDataset(index, sources, constituents)
+
+
+def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
+                             batch_schedule: BatchSchedule, split: str = "train",
+                             cache_dir: Optional[str] = None,
+                             low_level: Optional[Dict[str, Any]] = None,
+                             continuation: Optional[Continuation] = None) -> CurriculumDataset:
+    """The :class:`CurriculumDataset` of ``blend`` for ``num_samples`` samples (from
+    ``continuation.begin`` on, each dataset at its ledger position, when given).
+
+    Each constituent is a megatron-core ``GPTDataset`` over the documents of its split range,
+    built for one epoch, repeated with a fresh order per epoch
+    (megatron/data/epoch_order.py). ``gpt_config`` is a ``GPTDatasetConfig`` (seed, seq_length,
+    tokenizer, masks); ``cache_dir`` defaults to ``gpt_config.path_to_cache``.
+    """
+    if int(gpt_config.sequence_length) != int(batch_schedule.seq_length):
+        raise ValueError(f"seq_length differs: GPTDatasetConfig {gpt_config.sequence_length} vs "
+                         f"BatchSchedule {batch_schedule.seq_length}")
+    cache_dir = cache_dir or gpt_config.path_to_cache
+    low_level = {} if low_level is None else low_level
+    constituents = resolve_constituents(blend, gpt_config.sequence_length,
+                                        gpt_config.add_extra_token_to_sequence, low_level)
+    return build_mix_dataset(
+        blend, constituents, num_samples, batch_schedule, gpt_config.random_seed,
+        lambda c, n: gpt_epoch_source(c, n, gpt_config, split, low_level), cache_dir, continuation)
+
+
+def build_blend_config_datasets(config, num_samples: Tuple[int, int, int], gpt_config,
+                                batch_schedule: BatchSchedule, cache_dir: Optional[str] = None,
+                                continuation: Optional[Continuation] = None):
+    """All datasets of a :class:`~megatron.data.blend_config.BlendConfig`:
+    ``(train or None, [(name, valid dataset)], [(name, test dataset)])``; ``num_samples`` is
+    (train, per valid group, per test group), e.g. from ``train_valid_test_num_samples(args)``;
+    ``continuation``: where the training mix starts (a resumed run's ledger)."""
+    low_level: Dict[str, Any] = {}
+    train = None
+    if config.train is not None and num_samples[0] > 0:
+        train = build_curriculum_dataset(config.train, num_samples[0], gpt_config, batch_schedule,
+                                         "train", cache_dir, low_level, continuation)
+    valid = [(g.name, build_curriculum_dataset(g, num_samples[1], gpt_config, batch_schedule,
+                                               "valid", cache_dir, low_level))
+             for g in config.valid] if num_samples[1] > 0 else []
+    test = [(g.name, build_curriculum_dataset(g, num_samples[2], gpt_config, batch_schedule,
+                                              "test", cache_dir, low_level))
+            for g in config.test] if num_samples[2] > 0 else []
+    return train, valid, test

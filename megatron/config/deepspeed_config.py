@@ -131,7 +131,7 @@ def reconcile_with_flags(args, config: Dict[str, Any]) -> List[str]:
                 f"{args.micro_batch_size}, --global-batch-size {args.global_batch_size}, "
                 f"data-parallel size {args.data_parallel_size} give {value})")
     found = json_value(config, "sequence_parallel_size")
-    sp = getattr(args, "ds_sequence_parallel_size", 1)
+    sp = args.ds_sequence_parallel_size
     if found is not None and not _same(found, sp):
         problems.append(f"sequence_parallel_size={found} disagrees with --ds-sequence-parallel-size "
                         f"{sp} (the flag sets the DeepSpeed-Ulysses layout: give "

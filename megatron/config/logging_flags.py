@@ -30,7 +30,7 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
 def validate_logging(args, notes: List[str]) -> None:
     """``--wandb-project`` needs an importable ``wandb`` (imported here, only with the flag, so a
     missing one stops the run before any work); the other W&B flags without it log nothing."""
-    project = getattr(args, "wandb_project", None)
+    project = args.wandb_project
     if not project:  # Megatron-LM's default '' too: no W&B
         others = [args.given_flags[d] for d in ("wandb_exp_name", "wandb_save_dir")
                   if d in args.given_flags]

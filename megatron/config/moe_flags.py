@@ -155,7 +155,7 @@ def _eval_list_expression(node):
 def describe_layer_freq(args) -> str:
     """The flag that chose the MoE layers, as given: ``--expert-interval N`` (Microsoft's) or
     ``--moe-layer-freq`` with its value."""
-    if getattr(args, "expert_interval", None) is not None:
+    if args.expert_interval is not None:
         return f"--expert-interval {args.expert_interval}"
     freq = args.moe_layer_freq
     shown = freq if isinstance(freq, int) else "[" + ",".join(str(x) for x in freq) + "]"

@@ -287,8 +287,8 @@ def build_pretraining_data(args, tokenizer, resume=None) -> TrainData:
     from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
 
     require_shared_cache_dirs(index_cache_dirs(args), flag_given=bool(args.data_cache_path))
-    if getattr(args, "data_blend", None) is not None:
+    if args.data_blend is not None:
         return _blend_config_data(args, tokenizer, resume)
-    if any(getattr(args, "weighted_split_groups", {}).values()):
+    if any(args.weighted_split_groups.values()):
         return _weighted_split_data(args, tokenizer, resume)
     return _static_blend_data(args, tokenizer, resume)

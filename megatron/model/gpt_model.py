@@ -39,9 +39,9 @@ def _device_type() -> str:
 
 def params_dtype(args) -> torch.dtype:
     """The dtype that parameters are created in: bf16, fp16 or fp32 from ``--bf16/--fp16``."""
-    if getattr(args, "bf16", False):
+    if args.bf16:
         return torch.bfloat16
-    if getattr(args, "fp16", False):
+    if args.fp16:
         return torch.float16
     return torch.float32
 
@@ -105,7 +105,7 @@ def model_transformer_config(args) -> TransformerConfig:
     ``validate_args`` built (``args.transformer_config``; each model gets its own object, as
     megatron-core modules keep a reference), or, for a namespace that never went through
     validation (built by hand), :func:`transformer_config_from_args` now."""
-    config = getattr(args, "transformer_config", None)
+    config = args.transformer_config
     return copy.copy(config) if config is not None else transformer_config_from_args(args)
 
 
@@ -138,7 +138,7 @@ def layer_spec_from_args(args) -> Union[ModuleSpec, TransformerBlockSubmodules]:
     print_rank_0(backend.describe())
     print_rank_0(describe_fusions(vars(model_transformer_config(args))))
     apply_te_kernel_environment(backend)
-    ulysses = getattr(args, "ds_sequence_parallel_size", 1)
+    ulysses = args.ds_sequence_parallel_size
     core_attention = core_attention_spec(
         backend, alibi=args.position_embedding_type == ALIBI,
         **({"sequence_parallel_size": ulysses} if ulysses > 1 else {}))
@@ -151,7 +151,7 @@ def layer_spec_from_args(args) -> Union[ModuleSpec, TransformerBlockSubmodules]:
         return spec
 
     dense = with_core_attention(_implementation_layer_spec(args))
-    num_experts = getattr(args, "num_experts", None)
+    num_experts = args.num_experts
     if num_experts is None:
         return dense
     moe = use_moe_router(with_core_attention(_implementation_layer_spec(args, num_experts)))
@@ -187,12 +187,12 @@ def build_gpt_model(args) -> GPTModel:
     mask_output_layer_padding(model.output_layer, getattr(args, "vocab_size", None),
                               args.padded_vocab_size)
     # --position-embedding-type rope without a GPU too, at each Ulysses rank's global positions
-    use_device_rotary_embedding(model, sequence_parallel=getattr(args, "ds_sequence_parallel_size", 1) > 1)
+    use_device_rotary_embedding(model, sequence_parallel=args.ds_sequence_parallel_size > 1)
     if args.embed_layernorm:  # BLOOM: LayerNorm on the word embeddings
         add_embedding_layernorm(model.embedding, config)
     # experts by their global ids (megatron/model/param_names.py), so every expert-parallel
     # layout draws the same experts
-    model.first_local_expert = first_local_expert(getattr(args, "num_experts", None))
+    model.first_local_expert = first_local_expert(args.num_experts)
     initialize_parameters(model.named_parameters(), config, args.seed,
                           canonical_name=lambda n: global_expert_name(n, model.first_local_expert))
     return model

@@ -492,7 +492,7 @@ def activation_checkpoint_interval_from_args(args) -> int:
     """Transformer layers per recomputed chunk in the pipe: ``--recompute-num-layers`` with
     ``--recompute-granularity full --recompute-method uniform`` (or ``--checkpoint-activations``),
     else 0 (selective recompute stays inside each layer through the ``TransformerConfig``)."""
-    if getattr(args, "recompute_granularity", None) == "full":
+    if args.recompute_granularity == "full":
         return int(args.recompute_num_layers)
     return 0
 
@@ -526,7 +526,7 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
         real_vocab_size=getattr(args, "vocab_size", None))  # from tokenizer_setup
     # experts by their global ids, as build_gpt_model: every expert-parallel layout draws the same
     # experts (the checkpoint's namer reads the attribute too, megatron/checkpoint/engine_index.py)
-    model.first_local_expert = first_local_expert(getattr(args, "num_experts", None))
+    model.first_local_expert = first_local_expert(args.num_experts)
     initialize_parameters(model.named_parameters(), config, args.seed, canonical_name=lambda n:
                           global_expert_name(model.canonical_name(n), model.first_local_expert))
     return model

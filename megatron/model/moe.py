@@ -36,7 +36,7 @@ def moe_layer_pattern(freq: Union[int, List[int]], num_layers: int) -> List[int]
 
 def moe_config_from_args(args) -> dict:
     """The ``TransformerConfig`` fields of the MoE flags (empty for a dense model)."""
-    if getattr(args, "num_experts", None) is None:
+    if args.num_experts is None:
         return {}
     return dict(
         num_moe_experts=args.num_experts,

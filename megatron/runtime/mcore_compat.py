@@ -1,0 +1,65 @@
+"""Where megatron-core 0.16 and 0.17-0.19 differ for this project, in one place, by feature
+detection (what the installed megatron-core has), never by its version number.
+docs/megatron_core_versions.md lists each difference and why it matters here.
+
+- Layer specs: 0.16 describes a submodule as a ``ModuleSpec`` (``.submodules``); from 0.17 the
+  MoE layer and its experts are ``functools.partial(Module, submodules=...)`` builders
+  (:func:`spec_submodules` reads either).
+- MoE logging: 0.16 keeps the routers' auxiliary losses in a dict tracker whose entries say
+  ``reduce_group_has_dp``; 0.17+ has ``get_moe_metrics_tracker()`` whose entries say the inverse,
+  ``needs_dp_avg`` (the old functions are deprecated for removal) (:func:`moe_metric_entries`,
+  :func:`clear_moe_metrics`).
+
+Every function imports megatron-core when called, so importing this module costs nothing.
+"""
+import functools
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+
+def spec_submodules(spec: Any) -> Any:
+    """The submodules a layer-spec entry builds its module with: a ``ModuleSpec``'s
+    ``submodules`` (megatron-core 0.16), or the ``submodules=`` argument of a
+    ``functools.partial`` builder (0.17+ builds the MoE layer and its experts so); None when it
+    has none."""
+    if isinstance(spec, functools.partial):
+        return spec.keywords.get("submodules")
+    return getattr(spec, "submodules", None)
+
+
+@dataclass(frozen=True)
+class MoEMetric:
+    """One auxiliary loss the routers recorded: per-layer ``values`` (a ``[num_layers]`` tensor),
+    the ``reduce_group`` whose ranks split a micro batch's tokens (summed over, or None), and
+    whether the values still need averaging over the data-parallel replicas."""
+
+    values: Any
+    reduce_group: Optional[Any]
+    needs_dp_avg: bool
+
+
+def moe_metric_entries() -> Dict[str, MoEMetric]:
+    """The routers' recorded auxiliary losses by name (``load_balancing_loss``, ``z_loss``, ...),
+    from megatron-core's MoE metrics tracker (0.17+) or its dict tracker (0.16)."""
+    try:
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker  # lazy: megatron-core
+    except ImportError:  # megatron-core 0.16
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker  # lazy: megatron-core
+
+        return {name: MoEMetric(entry.get("values"), entry.get("reduce_group"),
+                                not entry.get("reduce_group_has_dp", False))
+                for name, entry in get_moe_layer_wise_logging_tracker().items()}
+    return {name: MoEMetric(entry.values, entry.reduce_group, entry.needs_dp_avg)
+            for name, entry in get_moe_metrics_tracker().metrics.items()}
+
+
+def clear_moe_metrics() -> None:
+    """Zero what the routers recorded (the start of the next log interval)."""
+    try:
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker  # lazy: megatron-core
+    except ImportError:  # megatron-core 0.16
+        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker  # lazy: megatron-core
+
+        clear_aux_losses_tracker()
+        return
+    get_moe_metrics_tracker().clear()

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Callable, NoReturn
 
+from megatron.utils.process_exit import skip_shutdown_collection
+
 # Exit statuses of the entry points (docs/robustness.md lists them).
 EXIT_CONFIG_ERROR = 1  # bad file, blend config, checkpoint, busy port ... (ConfigError)
 EXIT_FLAG_ERROR = 2  # bad or unknown flag (argparse's status)
@@ -75,8 +77,6 @@ def run_entry_point(main: Callable[[], object]) -> None:
     """Run ``main()``; a :class:`ConfigError` prints ``error: MESSAGE`` once per launch (see
     :func:`exit_with_error`) and exits with status 1. However it ends, the interpreter then exits
     without its slow shutdown collection (:mod:`megatron.utils.process_exit`)."""
-    from megatron.utils.process_exit import skip_shutdown_collection
-
     try:
         main()
     except ConfigError as e:

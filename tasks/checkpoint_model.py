@@ -124,9 +124,9 @@ def build_model(args) -> torch.nn.Module:
     without ``--load``); sets ``args.tokenizer``, ``args.padded_vocab_size`` (the checkpoint's
     embedding rows) and ``args.vocab_size`` (the rows that take probability); the tokenizer's
     (``tokenizer_setup``) unless the caller set them already."""
-    from megatron.model.gpt_model import build_gpt_model
-    from megatron.tokenizer import tokenizer_setup
-    from megatron.tokenizer.tokenizer import model_vocab_size
+    from megatron.model.gpt_model import build_gpt_model  # lazy: megatron-core + deepspeed (seconds)
+    from megatron.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds)
+    from megatron.tokenizer.tokenizer import model_vocab_size  # lazy: megatron-core (seconds)
 
     init_single_process()
     check_moe_evaluable(args)

@@ -40,7 +40,9 @@ from megatron.data.mtf_dataset import pack_sample, truncated_lengths  # noqa: E4
 from megatron.model.masks import (attention_structure_from_batch,  # noqa: E402
                                   collate_with_segment_layout)
 # the model and its checkpoint (any layout); re-exported as this script's Python API
-from tasks.checkpoint_model import build_model  # noqa: E402
+from tasks.checkpoint_model import build_model, one_process_argv  # noqa: E402
+from megatron.config.parser import parse_args  # noqa: E402
+from megatron.tokenizer import tokenizer_setup  # noqa: E402
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -68,11 +70,6 @@ _DEFAULTS = ["--micro-batch-size", "1", "--train-iters", "1", "--lr", "0"]
 
 
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    from megatron.config.parser import parse_args
-
-    from megatron.tokenizer import tokenizer_setup
-    from tasks.checkpoint_model import one_process_argv
-
     # one process: a training command line's expert-parallel size becomes 1
     argv = one_process_argv(sys.argv[1:] if argv is None else argv)
     args = parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,

@@ -76,7 +76,7 @@ def _digest(tensor) -> str:
 
 def checkpoint_hashes(load_dir: str) -> Dict[str, str]:
     """sha256 (16 hex digits) and shape of every full tensor of the latest checkpoint."""
-    from megatron.checkpoint.reader import CheckpointReader
+    from megatron.checkpoint.reader import CheckpointReader  # lazy: torch (~1 s); --help needs none
 
     with CheckpointReader(load_dir) as reader:
         return {name: _digest(tensor) for name, tensor in reader.items()}
@@ -95,8 +95,8 @@ def hf_hashes(directory: str) -> Dict[str, str]:
 
 
 def fingerprint(work: str) -> dict:
-    from tools.make_demo_data import make_demo_data
-    from tools.make_toy_multitask import make_toy_multitask
+    from tools.make_demo_data import make_demo_data  # lazy: numpy + the data package; not --help
+    from tools.make_toy_multitask import make_toy_multitask  # lazy: its import calls quiet_known_warnings()
 
     demo = make_demo_data(os.path.join(work, "demo"), size_mb=0.2, verbose=False)
     toy = make_toy_multitask(os.path.join(work, "toy"), examples_per_task=60, preprocess=True,

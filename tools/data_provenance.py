@@ -30,12 +30,13 @@ quiet_known_warnings()  # before megatron.core is imported
 import json  # noqa: E402
 
 from megatron.errors import ArgumentError, ConfigError, run_entry_point  # noqa: E402
+from megatron.utils.atomic_io import atomic_path  # noqa: E402
 
 
 def add_provenance_args(parser):
     """The tool's own flags, and the T0 flags of finetune_t0.py (so either entry point's command
     line is accepted)."""
-    import finetune_t0
+    import finetune_t0  # lazy: torch, megatron-core, deepspeed
 
     finetune_t0.extra_args_provider(parser)
     g = parser.add_argument_group("data provenance")
@@ -63,8 +64,8 @@ def parse_iterations(text: str) -> Tuple[int, int]:
 
 
 def parse_provenance_args(argv: Optional[List[str]] = None):
-    from megatron.config.arguments import validate_args
-    from megatron.config.parser import get_parser
+    from megatron.config.arguments import validate_args  # lazy: numpy + the flag modules, only to parse
+    from megatron.config.parser import get_parser  # lazy: numpy + the flag modules, only to parse
 
     parser = get_parser(add_provenance_args, deepspeed_args=False)
     args = parser.parse_args(argv)
@@ -78,8 +79,8 @@ def parse_provenance_args(argv: Optional[List[str]] = None):
 def training_mix_of(args):
     """The run's training mix with its data ledger, built as a resume with these flags would
     build it (megatron/data/mix_resume.py)."""
-    from megatron.tokenizer import tokenizer_setup
-    from megatron.train.resume import data_resume_from_args
+    from megatron.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds)
+    from megatron.train.resume import data_resume_from_args  # lazy: megatron-core (seconds)
 
     tokenizer_setup(args).apply(args)
     resume = data_resume_from_args(args)
@@ -90,11 +91,11 @@ def training_mix_of(args):
         raise ConfigError(f"--load {args.load}: checkpoint of iteration {resume.iteration} has no "
                           "data_mix.json (written before checkpoints carried the data ledger)")
     if args.weighted_split_groups["train"] and resume.record.kind == "t0":
-        from megatron.data.mtf_builder import build_mtf_data
+        from megatron.data.mtf_builder import build_mtf_data  # lazy: megatron-core, only for a T0 mix
 
         data = build_mtf_data(args, args.tokenizer, resume)
     else:
-        from megatron.data.builder import build_pretraining_data
+        from megatron.data.builder import build_pretraining_data  # lazy: megatron-core, only for a GPT mix
 
         data = build_pretraining_data(args, args.tokenizer, resume)
     if data.mix is None:
@@ -103,8 +104,7 @@ def training_mix_of(args):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from megatron.utils.atomic_io import atomic_path
-    from megatron.data.provenance import provenance_records
+    from megatron.data.provenance import provenance_records  # lazy: numpy (megatron.data), only in main
 
     start = time.perf_counter()
     args = parse_provenance_args(argv)

@@ -37,6 +37,7 @@ from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 quiet_known_warnings()  # before megatron.core is imported
 
 from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
+from tools.make_toy_multitask import HELDOUT_TASKS, TRAIN_TASKS, make_toy_multitask  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = os.path.join("data", "compat")
 DEFAULT_SIZE_MB = 0.15          # demo text per domain (600 to 1200 paragraphs)
@@ -75,7 +76,7 @@ def make_gpt2_bpe_files(output_dir: str, docs: List[str], vocab_size: int = 384)
 
 
 def _preprocess(jsonl: str, prefix: str, keys: List[str], tokenizer_flags: List[str]) -> None:
-    from tools.preprocess_data import main as preprocess_main
+    from tools.preprocess_data import main as preprocess_main  # lazy: numpy + the tokenizer flags; not --help
 
     status = preprocess_main(["--input", jsonl, "--output-prefix", prefix, "--json-keys", *keys,
                               "--append-eod", "--log-interval", "0", *tokenizer_flags])
@@ -87,7 +88,7 @@ def _preprocess(jsonl: str, prefix: str, keys: List[str], tokenizer_flags: List[
 def _write_paragraphs(output_dir: str, size_mb: float) -> Dict[str, str]:
     """Write ``DOMAIN.jsonl`` ({"text"} per paragraph of the demo text) for each of
     :data:`TEXT_DOMAINS`; returns {domain: path}."""
-    from tools.make_demo_data import generate_domain
+    from tools.make_demo_data import generate_domain  # lazy: numpy + the data package; not --help
 
     os.makedirs(output_dir, exist_ok=True)
     paths = {}
@@ -102,8 +103,6 @@ def _write_paragraphs(output_dir: str, size_mb: float) -> Dict[str, str]:
 
 def _split_files(output_dir: str, text: Dict[str, str], mtf: Dict[str, str]) -> Dict[str, str]:
     """Write the BigScience split files; returns {name: path}."""
-    from tools.make_toy_multitask import HELDOUT_TASKS, TRAIN_TASKS
-
     split_dir = os.path.join(output_dir, "splits")
     os.makedirs(split_dir, exist_ok=True)
     files = {}
@@ -140,8 +139,7 @@ def make_compat_data(output_dir: str = DEFAULT_OUTPUT_DIR, size_mb: float = DEFA
                 print(f"compat data in {output_dir} is up to date")
             return old["paths"]
 
-    from tools.make_tiny_tokenizers import make_tiny_tokenizers, training_texts
-    from tools.make_toy_multitask import make_toy_multitask
+    from tools.make_tiny_tokenizers import make_tiny_tokenizers, training_texts  # lazy: numpy; --help needs none
 
     paths: Dict[str, str] = {}
     tokenizers = make_tiny_tokenizers(os.path.join(output_dir, "tokenizers"))

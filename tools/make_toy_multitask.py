@@ -218,7 +218,7 @@ def make_toy_multitask(output_dir: str, examples_per_task: int = 1500, seed: int
     with open(os.path.join(output_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     if preprocess:
-        from megatron.data.preprocess import preprocess_jsonl
+        from megatron.data.preprocess import preprocess_jsonl  # lazy: numpy, only with --preprocess
         for name, path in list(written.items()):
             if name == "rank_eval":
                 continue

@@ -39,6 +39,12 @@ from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args  # noqa: E402
+from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
+from megatron.config.arguments import validate_args  # noqa: E402
+from megatron.config.parser import get_parser  # noqa: E402
+from megatron.errors import ArgumentError  # noqa: E402
+
 
 def add_preview_args(parser):
     g = parser.add_argument_group("schedule preview")
@@ -57,9 +63,6 @@ def add_preview_args(parser):
 
 
 def parse_preview_args(argv: Optional[List[str]] = None):
-    from megatron.config.arguments import validate_args
-    from megatron.config.parser import get_parser
-    from megatron.errors import ArgumentError
     parser = get_parser(add_preview_args, deepspeed_args=False)
     args = parser.parse_args(argv)
     try:
@@ -75,8 +78,7 @@ class _NoOptimizer:
 def schedule_arrays(args) -> Dict[str, np.ndarray]:
     """``iteration``, ``consumed_samples``, ``lr``, ``weight_decay`` arrays for the run in ``args``
     (the values :class:`OptimizerParamScheduler` gives, computed vectorised)."""
-    from megatron.optim import learning_rates as lrs
-    from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
+    from megatron.optim import learning_rates as lrs  # lazy: it imports logging (~10 ms); not --help
     bs = batch_schedule_from_args(args)
     train_iters = train_iterations_from_args(args, bs)
     iterations = np.arange(train_iters + 1, dtype=np.int64)
@@ -97,7 +99,7 @@ def training_blend(args):
     if groups:
         return groups[0].to_split_blend("--train-weighted-split-paths")
     if args.data_path or args.train_data_path:
-        from megatron.data.builder import data_path_blends
+        from megatron.data.builder import data_path_blends  # lazy: megatron-core, only for --data-path
 
         return data_path_blends(args)["train"]
     return None
@@ -111,10 +113,9 @@ def mixture_arrays(args, train_iters: int) -> Optional[dict]:
     blend = training_blend(args)
     if blend is None:
         return None
-    from megatron.data.builder import train_valid_test_num_samples
-    from megatron.data.curriculum.constituents import resolve_constituents
-    from megatron.data.curriculum.index import CurriculumIndex
-    from megatron.schedules.units import batch_schedule_from_args
+    from megatron.data.builder import train_valid_test_num_samples  # lazy: megatron-core, only for a mixture
+    from megatron.data.curriculum.constituents import resolve_constituents  # lazy: PyYAML, only for a mixture
+    from megatron.data.curriculum.index import CurriculumIndex  # lazy: hashlib & co, only for a mixture
 
     index = CurriculumIndex(blend, resolve_constituents(blend, args.seq_length),
                             train_valid_test_num_samples(args)[0], batch_schedule_from_args(args),
@@ -159,7 +160,7 @@ def resumed_mixture_arrays(args, train_iters: int) -> dict:
 
 
 def _checkpoint_iteration(args) -> int:
-    from megatron.checkpoint.format import read_tracker
+    from megatron.checkpoint.format import read_tracker  # lazy: torch (~1 s), only with --load
 
     return int(read_tracker(args.load) or 0)
 
@@ -290,7 +291,6 @@ def _json_value(value, key: str = "") -> str:
 def _write_json(data: dict, path: str) -> None:
     """Like ``json.dump(data)`` but about twice as fast for long numeric arrays; written to a
     temporary name and renamed, so a reader never sees half a file."""
-    from megatron.utils.atomic_io import atomic_write_text
     atomic_write_text(path, _json_value(data) + "\n")
 
 

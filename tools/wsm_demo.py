@@ -92,7 +92,7 @@ def heldout_loss(load: str, texts: list, iteration=None) -> float:
     perplexity request, through tasks/eval_harness/lm.py)."""
     from lm_eval.api.instance import Instance
 
-    from tasks.eval_harness.evaluate import build_lm, load_model, parse_eval_args
+    from tasks.eval_harness.evaluate import build_lm, load_model, parse_eval_args  # lazy: its import sets HF_*_OFFLINE
 
     argv = ["--load", load, "--use-checkpoint-args", "--tasks", "unused", "--eval-batch-size", "32"]
     if iteration is not None:
@@ -161,8 +161,8 @@ def main(argv=None):
     p.add_argument("--lm-eval", action="store_true",
                    help="Also run tasks/eval_harness/evaluate.py on the last merge and checkpoint.")
     args = p.parse_args(argv)
-    from megatron.checkpoint.merge import merge_checkpoints, weights_from_schedule
-    from tools.make_demo_data import make_demo_data
+    from megatron.checkpoint.merge import merge_checkpoints, weights_from_schedule  # lazy: torch (~1 s); not --help
+    from tools.make_demo_data import make_demo_data  # lazy: numpy + the data package; not --help
 
     out = os.path.abspath(args.output_dir)
     run, merged_root = os.path.join(out, "run"), os.path.join(out, "merged")

@@ -31,6 +31,8 @@ from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, che
 from megatron.errors import CheckpointError, ReshardError
 from megatron.parallel.topology import ParallelLayout, current_layout
 from megatron.utils.rank_utils import all_reduce_small, print_rank_0
+from megatron.checkpoint.reader import CheckpointReader
+from megatron.checkpoint.reshard import load_resharded
 
 CHECKPOINT_VERSION = 1
 CLIENT_STATE_KEY = "megatron_training_state"  # our state inside DeepSpeed's client state
@@ -245,9 +247,6 @@ def _load_resharded(engine, load_dir: str, directory: str, index: Dict[str, Any]
     """:func:`load_checkpoint` through megatron/checkpoint/reshard.py: weights, optimizer state
     and training state. On another layout the RNG states (per rank of the old layout) are not
     restored: the generators keep this run's --seed streams."""
-    from megatron.checkpoint.reader import CheckpointReader
-    from megatron.checkpoint.reshard import load_resharded
-
     saved = CheckpointReader(load_dir, directory=directory, weights=False, index=index)
     error, ours = None, None
     try:

@@ -50,7 +50,12 @@ import torch
 from megatron.checkpoint.format import (checkpoint_tag, read_tracker, resolve_checkpoint,
                                         write_merge_record)
 from megatron.errors import CheckpointError, ConfigError
-from megatron.model.param_names import VOCAB_PARAMETERS, tensor_parallel_partition
+from megatron.model.param_names import VOCAB_PARAMETERS, tensor_parallel_partition, gpt_order
+from megatron.schedules.registry import (ScheduleContext, ScheduleError, build_schedule,
+                                         get_schedule_class, known_kinds)
+from megatron.checkpoint.engine import CLIENT_STATE_KEY
+from megatron.checkpoint.reader import CheckpointReader
+from megatron.checkpoint.writer import write_checkpoint
 
 # Recorded model flags that may differ between checkpoints of one model: they only choose the
 # padding of the vocabulary rows, which the shapes compare.
@@ -164,9 +169,6 @@ def decay_schedule(spec: str, span: int):
     or a YAML/JSON file holding a schedule (or ``merge_schedule: SCHEDULE``) in the language of
     docs/schedules.md, in iterations since the first checkpoint; ``span`` (iterations from the first
     to the last checkpoint) is the default span. Returns ``(schedule, its config)``."""
-    from megatron.schedules.registry import (ScheduleContext, ScheduleError, build_schedule,
-                                             get_schedule_class, known_kinds)
-
     if os.path.isfile(spec):
         config = _read_schedule_file(spec)
     elif spec in known_kinds():
@@ -249,8 +251,6 @@ def check_same_model(readers: Sequence[Any]) -> None:
     """Raise :class:`CheckpointError` when the checkpoints (CheckpointReaders) are not of one
     model: names the first tensor (in ``GPTModel`` order) whose presence or shape differs (the
     padded vocabulary as such), or the recorded model flag that differs, and both checkpoints."""
-    from megatron.model.param_names import gpt_order
-
     ref = readers[-1]
     for other in readers[:-1]:
         a, b = set(other.names), set(ref.names)
@@ -393,10 +393,6 @@ def merge_checkpoints(load_dir: str, iterations: Sequence[int], weights: Sequenc
     tensor-parallel size ``tp`` and pipeline-parallel size ``pp`` (see the module docstring).
     ``weights_from`` is recorded in ``merge.json``. Returns a summary (``directory``,
     ``iteration``, ``parameters``, ``seconds``, ``peak_rss_bytes``, ``sources``)."""
-    from megatron.checkpoint.engine import CLIENT_STATE_KEY
-    from megatron.checkpoint.reader import CheckpointReader
-    from megatron.checkpoint.writer import write_checkpoint
-
     start = time.perf_counter()
     if len(weights) != len(iterations):
         raise ConfigError(f"{len(weights)} weights for {len(iterations)} checkpoints")

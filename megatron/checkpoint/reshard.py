@@ -26,6 +26,7 @@ from megatron.checkpoint.reader import WEIGHT, CheckpointReader
 from megatron.checkpoint.shards import full_shape, resize_vocab_rows, tp_shard
 from megatron.errors import ReshardError
 from megatron.model.param_names import VOCAB_PARAMETERS
+from megatron.parallel.topology import ParallelLayout, current_layout
 
 
 # ------------------------------------------------------------------ writing into this run's engine
@@ -146,7 +147,6 @@ def load_resharded(engine, saved: CheckpointReader, load_dir: str, load_optimize
                 engine.optimizer.state[p]["step"] = torch.tensor(step, dtype=torch.float32)
     if fmt not in (TORCH_OPTIMIZER, ZERO_OPTIMIZER):  # older fp16 wrappers, weights only:
         engine.optimizer.refresh_fp32_params()  # their fp32 masters from the loaded weights
-    from megatron.parallel.topology import ParallelLayout, current_layout
 
     index = saved.index
     was = ParallelLayout(tp=saved.tp_size, pp=index["pipeline_model_parallel_size"],

@@ -43,6 +43,8 @@ from megatron.checkpoint.shards import split_full
 from megatron.errors import CheckpointError, ConfigError
 from megatron.model.param_names import canonical_to_pipe_key, tensor_parallel_partition
 from megatron.parallel.topology import ParallelLayout
+from megatron.checkpoint.reader import release_file_pages
+from megatron.checkpoint.engine import CLIENT_STATE_KEY
 
 # Linear modules of megatron-core's local spec that carry an (empty) _extra_state entry.
 _EXTRA_STATE_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
@@ -73,8 +75,6 @@ def _engine_fields(module, dp_world_size: int, mp_world_size: int,
               "global_samples": 0, "dp_world_size": dp_world_size, "mp_world_size": mp_world_size,
               "ds_config": {}, "ds_version": deepspeed.__version__}
     if training_state is not None:
-        from megatron.checkpoint.engine import CLIENT_STATE_KEY
-
         fields["global_steps"] = int(training_state["iteration"])
         fields["global_samples"] = int(training_state["consumed_samples"])
         fields[CLIENT_STATE_KEY] = training_state
@@ -235,8 +235,6 @@ def _write_streamed(directory: str, tensors: Iterable[Tuple[str, torch.Tensor]],
     ``torch.serialization.skip_data``), then fill each tensor in place through a shared memory map
     as ``tensors`` yields it, releasing its pages once written; returns the shards' shapes (meta
     tensors) for the index."""
-    from megatron.checkpoint.reader import release_file_pages
-
     plan = {name: (tuple(int(s) for s in shape), dtype) for name, (shape, dtype) in shapes.items()}
     meta = [{} for _ in range(tp)]
     for name, (shape, dtype) in plan.items():

@@ -86,8 +86,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
     if inert:
         notes.append(f"accepted without effect here (docs/compatibility.md): "
                      f"{', '.join(inert)}")
-    # lazy: megatron-core's configs load torch and megatron-core (seconds); --help needs neither
-    from megatron.config.run_config import run_config_from_args
+    from megatron.config.run_config import run_config_from_args  # lazy: torch + megatron-core (seconds); not --help
 
     args.run_config = run_config_from_args(args, notes)
     return args

@@ -6,6 +6,7 @@ import argparse
 from typing import List
 
 from megatron.errors import ArgumentError, ConfigError
+from megatron.data.loss_weights import parse_dataset_loss_weights
 
 
 def add_data_args(parser: argparse.ArgumentParser) -> None:
@@ -109,14 +110,13 @@ def validate_data(args, require_data: bool) -> None:
                             "data source")
     args.data_blend = None
     if args.data_blend_config:
-        from megatron.data.blend_config import load_blend_config
+        from megatron.data.blend_config import load_blend_config  # lazy: PyYAML (~9 ms); not --help
 
         args.data_blend = load_blend_config(args.data_blend_config)
-    from megatron.data.weighted_splits import weighted_split_groups_from_args
+    from megatron.data.weighted_splits import weighted_split_groups_from_args  # lazy: PyYAML (~9 ms); not --help
 
     # Files are checked when datasets are built (T0 prefixes name inputs/targets pairs).
     args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
-    from megatron.data.loss_weights import parse_dataset_loss_weights
 
     try:  # the names are checked against the training datasets when they are built
         parse_dataset_loss_weights(args.dataset_loss_weights)

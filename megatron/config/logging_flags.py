@@ -4,6 +4,7 @@ from typing import List
 import argparse
 
 from megatron.errors import ArgumentError
+from megatron.metrics.wandb_writer import INSTALL_HINT, wandb_import_problem
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +39,6 @@ def validate_logging(args, notes: List[str]) -> None:
             notes.append(f"{', '.join(others)} without --wandb-project: no W&B run "
                                       "(as in Megatron-LM)")
         return
-    from megatron.metrics.wandb_writer import INSTALL_HINT, wandb_import_problem
 
     problem = wandb_import_problem()
     if problem is not None:

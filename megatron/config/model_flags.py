@@ -79,7 +79,7 @@ def _resolve_transformer_impl(args, notes: List[str]) -> None:
     """``--transformer-impl``: the default is Transformer Engine when it imports, else local (with
     a start-up warning when TE is installed but does not import); an explicit
     transformer_engine that cannot be met is an error naming why."""
-    from megatron.model import transformer_engine_support
+    from megatron.model import transformer_engine_support  # lazy: importlib.metadata (~20 ms), only to look for TE
 
     # the run's one look for Transformer Engine: the attention backend and the layer spec use it
     te = args.transformer_engine_status = transformer_engine_support.transformer_engine_status()
@@ -103,7 +103,7 @@ def resolve_attention_backend(args) -> None:
     (``check_backend_trains``, before distributed start-up), not by parsing: resolved for
     forward use, FlexAttention may evaluate on a CPU; one that cannot run at all is left
     unresolved (None) for the run to refuse."""
-    from megatron.model.attention_backends import TE_BACKENDS, resolve_attention_backend_from_args
+    from megatron.model.attention_backends import TE_BACKENDS, resolve_attention_backend_from_args  # lazy: ~2 ms import; --help needs none
 
     try:
         args.resolved_attention_backend = resolve_attention_backend_from_args(
@@ -119,7 +119,7 @@ def build_transformer_config(args) -> None:
     layout (TP, sequence parallelism), recompute and precision flags
     (megatron/model/gpt_model.py ``transformer_config_from_args``); the model is built from it.
     Its own checks (``ValueError`` from ``__post_init__``) are an ArgumentError here."""
-    from megatron.model.gpt_model import transformer_config_from_args
+    from megatron.model.gpt_model import transformer_config_from_args  # lazy: megatron-core + deepspeed (seconds)
 
     try:
         args.transformer_config = transformer_config_from_args(args)
@@ -173,7 +173,7 @@ def validate_model(args, notes: List[str]) -> None:
             and args.seq_length > args.max_position_embeddings):
         raise ArgumentError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
                             f"{args.max_position_embeddings}")
-    from megatron.model.attention_backends import ATTENTION_BACKEND_CHOICES
+    from megatron.model.attention_backends import ATTENTION_BACKEND_CHOICES  # lazy: ~2 ms import; --help needs none
 
     if args.attention_backend not in ATTENTION_BACKEND_CHOICES:
         raise ArgumentError(f"--attention-backend {args.attention_backend}: unknown; choose one of "

@@ -4,6 +4,7 @@ DeepSpeed cannot run, the recompute flags, and the pipe engine's gradient accumu
 import argparse
 
 from megatron.errors import ArgumentError
+from megatron.parallel.recompute import resolve_recompute_flags
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
@@ -76,8 +77,6 @@ def validate_layout_sizes(args, world_size: int) -> None:
 def validate_layout(args) -> None:
     """Layouts megatron-core or DeepSpeed cannot run, refused with the values named; recompute
     flags resolved to Megatron-LM's three."""
-    from megatron.parallel.recompute import resolve_recompute_flags
-
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if args.num_attention_heads % tp:
         raise ArgumentError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
@@ -96,12 +95,12 @@ def validate_layout(args) -> None:
                             f"--tensor-model-parallel-size {tp} (needed by --sequence-parallel)")
     if args.no_pipeline_parallel and pp > 1:
         raise ArgumentError(f"--no-pipeline-parallel contradicts --pipeline-model-parallel-size {pp}")
-    from megatron.parallel.ulysses import ulysses_layout_problem
+    from megatron.parallel.ulysses import ulysses_layout_problem  # lazy: torch (~1 s); --help needs none
 
     problem = ulysses_layout_problem(args)
     if problem:
         raise ArgumentError(problem)
-    from megatron.model.gpt_model_pipe import partition_method_from_args
+    from megatron.model.gpt_model_pipe import partition_method_from_args  # lazy: megatron-core + deepspeed (seconds)
 
     method = args.pp_partition_method
     partition_method_from_args(args)  # the one check of --pp-partition-method (ArgumentError)
@@ -130,7 +129,7 @@ def validate_pipe_accumulation(args) -> None:
     accumulation bug (megatron/parallel/pipe.py ``pipe_accumulation_problem``) is refused."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from megatron.parallel.pipe import pipe_accumulation_problem
+    from megatron.parallel.pipe import pipe_accumulation_problem  # lazy: torch (~1 s); --help needs none
 
     try:
         installed = version("deepspeed")

@@ -20,7 +20,7 @@ from megatron.config.run_control_flags import add_run_control_args
 from megatron.config.skip_step_flags import add_skip_step_args
 from megatron.config.tokenizer_flags import add_tokenizer_args
 from megatron.config.train_flags import add_training_args
-from megatron.errors import ArgumentError
+from megatron.errors import ArgumentError, EXIT_FLAG_ERROR, exit_with_error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,8 +84,6 @@ class _Parser(argparse.ArgumentParser):
         self._fail(self._bad_values + [message])
 
     def _fail(self, problems: List[str]):
-        from megatron.errors import EXIT_FLAG_ERROR, exit_with_error
-
         exit_with_error(f"{'; '.join(problems)} (see {self.prog} --help)", EXIT_FLAG_ERROR)
 
 
@@ -118,7 +116,7 @@ def parse_args(argv: Optional[List[str]] = None, extra_args_provider: Optional[C
     them (megatron.errors.exit_with_error)."""
     import sys
 
-    from megatron.checkpoint.model_args import apply_checkpoint_args
+    from megatron.checkpoint.model_args import apply_checkpoint_args  # lazy: torch (~1 s); --help needs none
 
     parser = get_parser(extra_args_provider)
     args, problems, values_ok = parser.parse_collecting(argv)

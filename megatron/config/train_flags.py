@@ -8,6 +8,9 @@ import argparse
 from megatron.config.data_flags import validate_phase_transitions
 from megatron.config.parallel_flags import validate_layout_sizes
 from megatron.errors import ArgumentError
+from megatron.config.deepspeed_config import global_batch_from_json
+from megatron.schedules.units import (batch_schedule_from_args, train_iterations_from_args,
+                                      parse_step_batch_size_schedule)
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
@@ -85,8 +88,6 @@ def _validate_step_batch_size_schedule(args, per_step: int) -> None:
     """``--step-batch-size-schedule`` into ``args.batch_size_steps`` ``[[samples, batch], ...]``;
     its last batch is the global batch size (megatron-core's calculator ignores
     ``--global-batch-size`` here; a different one given is refused, not ignored)."""
-    from megatron.schedules.units import parse_step_batch_size_schedule
-
     text = args.step_batch_size_schedule
     if args.rampup_batch_size is not None:
         raise ArgumentError(f"--step-batch-size-schedule '{text}' and --rampup-batch-size "
@@ -114,8 +115,6 @@ def validate_batch(args, world_size: int, notes: List[str]) -> None:
     """The data-parallel size of ``world_size`` ranks, the global batch (from the flags, the
     batch schedule or ``--deepspeed_config``) and its rampup, and
     ``args.gradient_accumulation_steps``."""
-    from megatron.config.deepspeed_config import global_batch_from_json
-
     validate_layout_sizes(args, world_size)
     per_step = args.micro_batch_size * args.data_parallel_size
     args.batch_size_steps = None
@@ -163,8 +162,6 @@ def derive_train_iters(args) -> None:
     (megatron/schedules/units.py ``train_iterations_from_args``, rampup aware), after the
     ``--train-tokens`` budget; ``--train-iters`` runs keep theirs. Derived last, so the checks
     above still tell an iteration-based run (``--train-iters`` given) from a sample-based one."""
-    from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
-
     args.train_iters = train_iterations_from_args(args, batch_schedule_from_args(args))
 
 

@@ -316,8 +316,8 @@ def _parse_schedule(spec: Dict[str, Any], where: str, points_key: str = "points"
                                                     f"{b:g} comes after {a:g} (points {points!r})")
         out["points"] = {x: y for x, y in zip(xs, ys)}
     try:  # unknown schedule types/keys: ask the schedule registry when it is there
-        from megatron.schedules import registry
-        from megatron.schedules.base import allowed_keys
+        from megatron.schedules import registry  # lazy: numpy, only for schedule-valued weights
+        from megatron.schedules.base import allowed_keys  # lazy: numpy, only for schedule-valued weights
     except ImportError:
         registry = None
     if registry is not None:

@@ -8,12 +8,19 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
 
-from megatron.data.blend_config import SplitBlend, indexed_dataset_problem
+from megatron.data.blend_config import SplitBlend, indexed_dataset_problem, BlendEntry, BlendStage
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.errors import ConfigError
 from megatron.utils.rank_utils import print_rank_0
 from megatron.schedules.units import (batch_schedule_from_args, train_iterations_from_args,
                                       train_samples_from_args)
+from megatron.data.curriculum.constituents import resolve_constituents
+from megatron.data.curriculum.dataset import (gpt_epoch_source, build_blend_config_datasets,
+                                              build_curriculum_dataset)
+from megatron.data.mix_resume import MixSources, continue_training_mix, eval_group_counters
+from megatron.data.loss_weights import dataset_loss_weights, parse_dataset_loss_weights
+from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
+from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
 
 
 def train_valid_test_num_samples(args) -> Tuple[int, int, int]:
@@ -100,10 +107,6 @@ def gpt_mix_sources(args, kind: str, gpt_config, low_level: Optional[dict] = Non
     megatron-core ``GPTDataset`` reshuffled per epoch, with a phase's seed."""
     from dataclasses import replace
 
-    from megatron.data.curriculum.constituents import resolve_constituents
-    from megatron.data.curriculum.dataset import gpt_epoch_source
-    from megatron.data.mix_resume import MixSources
-
     low_level = {} if low_level is None else low_level
 
     def resolve(blend):
@@ -123,8 +126,6 @@ def training_mix(args, sources, blend, resume=None, eval_groups: Sequence[EvalGr
     sample 0, or continuing the checkpoint of ``resume`` (``--override-data-mix`` takes an
     edited mix); ``eval_groups`` get their counters (a group new at a resume starts at its first
     window). Notes (the edit's table, groups added or removed) go to the rank-0 log."""
-    from megatron.data.mix_resume import continue_training_mix, eval_group_counters
-
     schedule = batch_schedule_from_args(args)
     mix = continue_training_mix(sources, blend, train_valid_test_num_samples(args)[0], schedule,
                                 args.seed, resume)
@@ -144,8 +145,6 @@ def training_data(args, mix, blend, eval_groups, train=None) -> TrainData:
     """The TrainData of a training mix: its dataset (``train``: it wrapped), names, ledger and
     each dataset's loss weight (``loss_weight`` entries of ``blend`` or
     ``--dataset-loss-weights``, megatron/data/loss_weights.py)."""
-    from megatron.data.loss_weights import dataset_loss_weights, parse_dataset_loss_weights
-
     weights = dataset_loss_weights(mix.dataset.constituents, blend,
                                    parse_dataset_loss_weights(args.dataset_loss_weights))
     if weights is not None:
@@ -157,8 +156,6 @@ def training_data(args, mix, blend, eval_groups, train=None) -> TrainData:
 
 def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
     """``--{train,valid,test}-weighted-split-paths``: one training blend, one eval set per group."""
-    from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
-
     groups = args.weighted_split_groups
     if len(groups["train"]) > 1:
         names = ", ".join(g.name for g in groups["train"])
@@ -185,8 +182,6 @@ def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
 
 def _blend_config_data(args, tokenizer, resume=None) -> TrainData:
     """``--data-blend-config``: a curriculum training set and the file's named eval groups."""
-    from megatron.data.curriculum.dataset import build_blend_config_datasets
-
     config = gpt_dataset_config(args, tokenizer)
     low_level: dict = {}
     _, valid, test = build_blend_config_datasets(
@@ -216,8 +211,6 @@ def data_path_blends(args) -> Dict[str, Optional[SplitBlend]]:
     weighs each by its samples per epoch (megatron-core: "weights inferred from the lengths")."""
     from megatron.core.datasets.blended_megatron_dataset_config import (
         convert_split_vector_to_split_matrix, parse_and_normalize_split)
-    from megatron.data.blend_config import BlendEntry, BlendStage
-    from megatron.data.curriculum.constituents import resolve_constituents
 
     if args.data_path:
         bounds = convert_split_vector_to_split_matrix(parse_and_normalize_split(args.split))
@@ -255,8 +248,6 @@ def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
     """``--data-path``/``--split`` or ``--{train,valid,test}-data-path``: Megatron-LM's static
     blends (each split's documents, megatron-core's blending rule and one-epoch GPTDatasets; see
     :func:`data_path_blends`), the training blend with the data ledger."""
-    from megatron.data.curriculum.dataset import build_curriculum_dataset
-
     for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
         check_prefixes_exist("--" + flag.replace("_", "-"), getattr(args, flag))
     if args.data_path:
@@ -284,8 +275,6 @@ def build_pretraining_data(args, tokenizer, resume=None) -> TrainData:
     (megatron/data/mix_resume.py ``DataResume``): the checkpoint a resumed run continues, whose
     data ledger the training mix continues. With ranks on several hosts the index cache
     directories must be shared first (megatron/data/shared_cache.py)."""
-    from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
-
     require_shared_cache_dirs(index_cache_dirs(args), flag_given=bool(args.data_cache_path))
     if args.data_blend is not None:
         return _blend_config_data(args, tokenizer, resume)

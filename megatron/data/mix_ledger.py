@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.errors import ConfigError
+from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend
 
 __all__ = ["RECORD_VERSION", "LedgerKey", "LedgerEntry", "MixPhase", "EvalGroupCounter",
            "MixRecord", "gpt_files_fingerprint", "ledger_key"]
@@ -204,8 +205,6 @@ def blend_to_json(blend) -> Dict[str, Any]:
 def blend_from_json(obj: Dict[str, Any], where: str = "data_mix.json"):
     """The :class:`~megatron.data.blend_config.SplitBlend` of :func:`blend_to_json`'s JSON;
     ``where`` prefixes the entries' error locations."""
-    from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend
-
     stages = []
     for k, s in enumerate(obj["stages"]):
         w = f"{where} stage {k}"

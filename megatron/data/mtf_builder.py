@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend, short_dataset_name
-from megatron.data.builder import train_valid_test_num_samples
+from megatron.data.builder import train_valid_test_num_samples, training_data, training_mix
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.dataset import build_mix_dataset
 from megatron.data.mix_ledger import gpt_files_fingerprint
@@ -22,6 +22,7 @@ from megatron.data.mtf_dataset import (MTFDataset, MTFDocumentPair, PackedSample
                                        document_range, truncated_lengths)
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.schedules.units import batch_schedule_from_args
+from megatron.data.mix_resume import MixSources
 
 # (weight, start, end, prefix)
 SplitItem = Tuple[float, float, float, str]
@@ -79,8 +80,6 @@ def mtf_mix_sources(args, tokenizer, kind: str = "t0"):
     """How T0 datasets are built (megatron/data/mix_resume.py ``MixSources``): packed
     :class:`MTFDataset` samples (every epoch its own shuffle and packing, so sample ``k`` is the
     same whatever a run draws), padded with the tokenizer's pad id (its eod when it has none)."""
-    from megatron.data.mix_resume import MixSources
-
     pad_id = tokenizer.pad if hasattr(tokenizer, "pad") else tokenizer.eod
     pairs: Dict[str, MTFDocumentPair] = {}
 
@@ -113,8 +112,6 @@ def build_mtf_data(args, tokenizer, resume=None) -> TrainData:
     continues, megatron/data/mix_resume.py ``DataResume``); one named EvalGroup per
     ``--valid-weighted-split-paths`` (and ``--test-...``) group. Reads the T0 flags
     ``--prefix-lm``, ``--loss-on-targets-only`` and ``--norm-target-loss`` (finetune_t0.py)."""
-    from megatron.data.builder import training_data, training_mix
-
     train_samples, valid_samples, test_samples = train_valid_test_num_samples(args)
     eval_groups = []
     for split, count in (("valid", valid_samples), ("test", test_samples)):

@@ -77,7 +77,7 @@ _WORKER: dict = {}
 
 def _init_worker(tokenizer: TokenizerConfig, json_keys, append_eod, input_path) -> None:
     """Pool initializer: build this process's tokenizer once."""
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import build_tokenizer  # lazy: megatron-core, in the pool workers only
 
     _WORKER["tokenizer"] = build_tokenizer(tokenizer)
     _WORKER["json_keys"] = tuple(json_keys)

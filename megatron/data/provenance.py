@@ -33,7 +33,7 @@ def iteration_samples(phases: Sequence[MixPhase], first: int, last: int) -> List
     """``[(iteration, first global sample, end global sample), ...]`` of iterations ``first`` to
     ``last`` (1-based, inclusive): each phase's iterations follow its batch schedule from the
     global sample and iteration it began at (batch sizes are functions of consumed samples)."""
-    from megatron.data.mix_resume import _batch_schedule
+    from megatron.data.mix_resume import _batch_schedule  # lazy: torch (~1 s), only for iteration_samples
 
     out = []
     t = first

@@ -192,7 +192,7 @@ def build_weighted_split_datasets(groups: Sequence[WeightedSplitGroup], num_samp
                                   cache_dir: Optional[str] = None):
     """One :class:`~megatron.data.curriculum.dataset.CurriculumDataset` (static weights: megatron-core's
     blending) per group, each sized for ``num_samples``; returns ``[(name, dataset), ...]``."""
-    from megatron.data.curriculum.dataset import build_curriculum_dataset
+    from megatron.data.curriculum.dataset import build_curriculum_dataset  # lazy: torch (~1 s); validation needs none
 
     low_level: dict = {}
     return [(g.name, build_curriculum_dataset(g.to_split_blend(f"--{split}-weighted-split-paths"),

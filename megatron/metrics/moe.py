@@ -25,6 +25,7 @@ import torch
 
 from megatron.model.moe import moe_routers
 from megatron.model.moe import moe_layer_pattern
+from megatron.utils.rank_utils import all_reduce_small
 
 
 class MoETraining:
@@ -78,7 +79,6 @@ class MoETraining:
         from megatron.core import parallel_state
         from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
                                                              get_moe_layer_wise_logging_tracker)
-        from megatron.utils.rank_utils import all_reduce_small
 
         record: Dict[str, float] = {}
         dp_group = parallel_state.get_data_parallel_group()
@@ -113,7 +113,6 @@ class MoETraining:
         ``[layers]`` training micro-batches each layer's router ran on one rank), every stage's
         layers."""
         from megatron.core import parallel_state
-        from megatron.utils.rank_utils import all_reduce_small
 
         table = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64)
         forwards = torch.zeros(self.num_layers, dtype=torch.float64)

@@ -16,6 +16,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from megatron.errors import ConfigError
 from megatron.metrics.records import eval_scalars, train_scalars
+from megatron.utils.atomic_io import atomic_write_text
 
 RUN_ID_FILE = "wandb_run_id.txt"
 INSTALL_HINT = "pip install '.[wandb]' (or pip install wandb)"
@@ -50,8 +51,6 @@ def read_run_id(save_dir: Optional[str]) -> Optional[Tuple[str, Optional[str]]]:
 def write_run_id(save_dir: str, run_id: str, name: Optional[str]) -> None:
     """Store ``run_id`` and the experiment ``name`` it was started under (line 1 and 2 of
     ``save_dir``/:data:`RUN_ID_FILE`), atomically."""
-    from megatron.utils.atomic_io import atomic_write_text
-
     os.makedirs(save_dir, exist_ok=True)
     atomic_write_text(os.path.join(save_dir, RUN_ID_FILE), f"{run_id}\n{name or ''}\n")
 

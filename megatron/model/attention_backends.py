@@ -37,6 +37,8 @@ import dataclasses
 import importlib.util
 from typing import Optional, Tuple
 
+from megatron.errors import ArgumentError
+
 MEGATRON_LM_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 OWN_BACKENDS = ("sdpa", "flex", "te")
 ATTENTION_BACKEND_CHOICES = MEGATRON_LM_BACKENDS + OWN_BACKENDS
@@ -71,8 +73,6 @@ def flex_attention_available() -> bool:
 
 
 def _error(requested: str, why: str):
-    from megatron.errors import ArgumentError
-
     return ArgumentError(f"--attention-backend {requested}: {why}")
 
 
@@ -81,7 +81,7 @@ def _te_kernel_problem(requested: str, *, structured_batches: bool, prefix_batch
                        flash_attn: Tuple[str, ...]) -> Optional[str]:
     """Why TE's ``requested`` kernel family (flash, fused or unfused) has no kernel for this
     run's batches (module docstring), or None when it has one."""
-    from megatron.model.transformer_engine_support import (FLASH_ATTN_WITH_DROPOUT,
+    from megatron.model.transformer_engine_support import (FLASH_ATTN_WITH_DROPOUT,  # lazy: importlib.metadata (~20 ms), for TE only
                                                            UNFUSED_THD_MIN_VERSION)
 
     flex = "flex" if attention_dropout == 0 else "flex (with --attention-dropout 0)"
@@ -230,7 +230,7 @@ def resolve_attention_backend_from_args(args, te=None, device_type: Optional[str
     for when None). ``validate_args`` calls it once (what runs here, forward at least:
     ``training=False``) and keeps the result in ``args.resolved_attention_backend``; whether it
     also trains here is :func:`check_backend_trains`, asked by the training loop before start-up."""
-    from megatron.model import transformer_engine_support
+    from megatron.model import transformer_engine_support  # lazy: importlib.metadata (~20 ms), for TE only
 
     if device_type is None:
         device_type = _this_device_type()
@@ -274,22 +274,22 @@ def core_attention_spec(backend: AttentionBackend, alibi: bool, sequence_paralle
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     if backend.name == "sdpa":
-        from megatron.model.sdpa_attention import SDPAttention as cls
+        from megatron.model.sdpa_attention import SDPAttention as cls  # lazy: megatron-core (seconds)
     elif backend.name == "flex":
-        from megatron.model.flex_attention import FlexCoreAttention as cls
+        from megatron.model.flex_attention import FlexCoreAttention as cls  # lazy: megatron-core (seconds)
     elif backend.name == "te":
-        from megatron.model.te_attention import te_structured_attention_class
+        from megatron.model.te_attention import te_structured_attention_class  # lazy: megatron-core (seconds)
 
         cls = te_structured_attention_class()
     else:
         raise ValueError(f"unknown attention backend {backend.name!r}")
     params = {"alibi": alibi}
     if backend.name in ("sdpa", "flex"):  # one cache of shape-only forms for all the layers
-        from megatron.model.core_attention import SharedAttentionForms
+        from megatron.model.core_attention import SharedAttentionForms  # lazy: megatron-core (seconds)
 
         params["shared_forms"] = SharedAttentionForms()
     if sequence_parallel_size > 1:
-        from megatron.parallel.ulysses import UlyssesAttention
+        from megatron.parallel.ulysses import UlyssesAttention  # lazy: torch, only to build a model
 
         return ModuleSpec(module=UlyssesAttention,
                           params={"local_attention": cls, "local_params": params})
@@ -301,7 +301,7 @@ def apply_te_kernel_environment(backend: AttentionBackend, environ=None) -> None
     attention call); nothing for other backends."""
     import os
 
-    from megatron.model.te_attention import te_kernel_environment
+    from megatron.model.te_attention import te_kernel_environment  # lazy: megatron-core, only for a TE backend
 
     if backend.name == "te":
         (environ if environ is not None else os.environ).update(te_kernel_environment(backend.te_kernel))

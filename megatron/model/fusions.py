@@ -30,6 +30,9 @@ from typing import Any, Dict, Optional
 
 import torch.nn.functional as F
 
+from megatron.model.activations import activation_from_args
+from megatron.model.gelu import TANH, gelu_form
+
 
 @dataclasses.dataclass(frozen=True)
 class FusionSupport:
@@ -58,9 +61,6 @@ def fusion_config_from_args(args, device_type: str,
     ``device_type`` (``cuda`` or ``cpu``); ``support`` (default :func:`fusion_support`, asked only
     for ``cuda``) says which TE/Apex kernels exist. The MLP computes the same function on every
     device (module docstring)."""
-    from megatron.model.activations import activation_from_args
-    from megatron.model.gelu import TANH, gelu_form
-
     gpu = device_type == "cuda"
     if gpu and support is None:
         support = fusion_support()

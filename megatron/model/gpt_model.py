@@ -31,6 +31,7 @@ from megatron.model.vocab_padding import mask_output_layer_padding
 from megatron.model.moe import (describe_moe, layer_specs_for_pattern, moe_config_from_args,
                                 moe_layer_pattern, use_moe_router)
 from megatron.parallel.recompute import recompute_config_from_args
+from megatron.utils.rank_utils import print_rank_0
 
 
 def _device_type() -> str:
@@ -133,7 +134,6 @@ def layer_spec_from_args(args) -> Union[ModuleSpec, TransformerBlockSubmodules]:
     names; when some layers stay dense, the block of per-layer specs. Logs the backend and why it
     was chosen, and the fused kernels of the model's config."""
     backend = attention_backend_from_args(args)
-    from megatron.utils.rank_utils import print_rank_0
 
     print_rank_0(backend.describe())
     print_rank_0(describe_fusions(vars(model_transformer_config(args))))

@@ -46,7 +46,17 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
 from megatron.model.vocab_padding import local_padding_start, mask_padding_logits_, tp_coordinates
-from megatron.model.param_names import pipe_key_to_gpt_name
+from megatron.model.param_names import pipe_key_to_gpt_name, global_expert_name
+from megatron.model.embedding_norm import add_embedding_layernorm
+from megatron.model.rotary import RotaryEmbedding
+from megatron.errors import ArgumentError
+from megatron.model.alibi import model_position_embedding_type
+from megatron.model.init import initialize_parameters
+from megatron.model.norms import sequence_parallel_capable
+from megatron.parallel.experts import first_local_expert
+from megatron.parallel.topology import ParallelLayout, deepspeed_topology
+from megatron.model.segment_layout import padded_cu_seqlens
+from megatron.model.masks import AttentionStructure
 
 TIED_EMBEDDING_KEY = "embed"
 # What GPTModel's transformer_layer_spec takes: one layer's spec or the block's submodules.
@@ -73,8 +83,6 @@ def attention_tensors(segment_ids: Optional[torch.Tensor], is_prefix: Optional[t
     """The pipe form of a batch's attention structure: ``segment_ids`` as int32 with its
     fixed-length ``cu_seqlens`` (int32; derived from ``segment_ids`` when not given), and
     ``is_prefix`` as uint8, each only when present."""
-    from megatron.model.segment_layout import padded_cu_seqlens
-
     out = []
     if segment_ids is not None:
         out.append(segment_ids.to(SEGMENT_IDS_PIPE_DTYPE))
@@ -89,8 +97,6 @@ def attention_tensors(segment_ids: Optional[torch.Tensor], is_prefix: Optional[t
 def attention_structure_from_pipe(attention: Sequence[torch.Tensor]):
     """The ``AttentionStructure`` (or None: plain causal) of :func:`attention_tensors`' output,
     without a host segment layout (nothing here reads the tensors back to the host)."""
-    from megatron.model.masks import AttentionStructure
-
     int32 = [t for t in attention if t.dtype == SEGMENT_IDS_PIPE_DTYPE]
     segment_ids = next((t for t in int32 if t.dim() == 2), None)
     cu_seqlens = next((t for t in int32 if t.dim() == 1), None)
@@ -158,8 +164,6 @@ class EmbeddingPipe(torch.nn.Module):
             config=config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
             position_embedding_type=position_embedding_type)
         if embed_layernorm:
-            from megatron.model.embedding_norm import add_embedding_layernorm
-
             add_embedding_layernorm(self.embedding, config)
         self.output_projection = tensor_parallel.ColumnParallelLinear(
             config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
@@ -204,8 +208,6 @@ class TransformerLayerPipe(torch.nn.Module):
         self.layer = build_module(layer_spec, config=config, layer_number=layer_number)
         self.rotary_pos_emb = None
         if position_embedding_type == "rope":
-            from megatron.model.rotary import RotaryEmbedding
-
             self.rotary_pos_emb = RotaryEmbedding(
                 kv_channels=config.kv_channels, rotary_percent=rotary_percent,
                 rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
@@ -463,8 +465,6 @@ def partition_method_from_args(args) -> str:
     are passed through; ArgumentError for any other value, an empty or bad pattern, or one that
     matches no layer class (DeepSpeed would fail on every rank at start-up). Patterns are
     compiled with the ``regex`` package, as DeepSpeed's partitioner does."""
-    from megatron.errors import ArgumentError
-
     method = args.pp_partition_method
     if method == "uniform":
         return f"type:{TransformerLayerPipe.__name__}"
@@ -501,13 +501,7 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
     """The ``GPTModelPipe`` for ``args`` on this rank's stage (``args.padded_vocab_size`` set and the
     parallel state initialised): same config and layer spec as ``build_gpt_model``, DeepSpeed's
     topology equal to megatron-core's, weights from the layout-independent initializer."""
-    from megatron.model.alibi import model_position_embedding_type
-    from megatron.model.gpt_model import layer_spec_from_args, model_transformer_config
-    from megatron.model.init import initialize_parameters
-    from megatron.model.norms import sequence_parallel_capable
-    from megatron.model.param_names import global_expert_name
-    from megatron.parallel.experts import first_local_expert
-    from megatron.parallel.topology import ParallelLayout, deepspeed_topology
+    from megatron.model.gpt_model import layer_spec_from_args, model_transformer_config  # lazy: TE/apex probes (megatron-core's GPT specs); not --help
 
     config = model_transformer_config(args)
     layer_spec = layer_spec_from_args(args)
@@ -537,6 +531,6 @@ def gpt_model_for_layout(args) -> torch.nn.Module:
     with or without ``--no-pipeline-parallel``), else this rank's ``GPTModelPipe`` stage."""
     if args.pipeline_model_parallel_size > 1:
         return build_gpt_model_pipe(args)
-    from megatron.model.gpt_model import build_gpt_model
+    from megatron.model.gpt_model import build_gpt_model  # lazy: TE/apex probes (megatron-core's GPT specs); not --help
 
     return build_gpt_model(args)

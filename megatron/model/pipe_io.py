@@ -5,6 +5,8 @@ from typing import Dict, Tuple
 
 import torch
 
+from megatron.data.device_transfer import batch_to_device
+
 
 def pipe_batch(batch: Dict[str, torch.Tensor], device=None) -> Tuple[tuple, tuple]:
     """``((tokens, position_ids, *attention), (labels, loss_mask[, dataset_id]))`` from a loader
@@ -12,9 +14,8 @@ def pipe_batch(batch: Dict[str, torch.Tensor], device=None) -> Tuple[tuple, tupl
     batch's compact attention structure (``segment_ids`` with ``cu_seqlens``, ``is_prefix``) in
     the pipe's form. With ``device`` the batch goes there in one non-blocking copy first
     (megatron/data/device_transfer.py), so the engine's own per-tensor move has nothing to do."""
-    from megatron.data.device_transfer import batch_to_device
-    from megatron.model.gpt_model_pipe import attention_tensors
-    from megatron.model.masks import CU_SEQLENS_KEY, IS_PREFIX_KEY, SEGMENT_IDS_KEY
+    from megatron.model.gpt_model_pipe import attention_tensors  # lazy: megatron-core + deepspeed (seconds)
+    from megatron.model.masks import CU_SEQLENS_KEY, IS_PREFIX_KEY, SEGMENT_IDS_KEY  # lazy: megatron-core (seconds)
 
     if device is not None:
         batch = batch_to_device(batch, device)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from megatron.core.models.common.embeddings import rotary_pos_embedding as mcore_rotary
+from megatron.parallel.ulysses import sequence_parallel_group, sequence_shard
 
 __all__ = ["RotaryEmbedding", "use_device_rotary_embedding"]
 
@@ -39,7 +40,6 @@ class RotaryEmbedding(mcore_rotary.RotaryEmbedding):
     def _ulysses_group(self):
         if not getattr(self, "sequence_sharded", False):
             return None
-        from megatron.parallel.ulysses import sequence_parallel_group
 
         return sequence_parallel_group()
 
@@ -61,7 +61,6 @@ class RotaryEmbedding(mcore_rotary.RotaryEmbedding):
         group = self._ulysses_group()
         if group is None:
             return super().forward(max_seq_len, offset, packed_seq, cp_group)
-        from megatron.parallel.ulysses import sequence_shard
 
         emb = self.get_emb(max_seq_len, offset)
         return emb[sequence_shard(max_seq_len, group.size(), group.rank())]

@@ -26,7 +26,7 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from megatron.model.alibi import alibi_bias
+from megatron.model.alibi import alibi_bias, alibi_slope_list
 from megatron.model.masks import AttentionStructure, dense_allowed_mask
 
 TE_KERNEL_ENV = {"flash": "NVTE_FLASH_ATTN", "fused": "NVTE_FUSED_ATTN", "unfused": "NVTE_UNFUSED_ATTN"}
@@ -88,8 +88,6 @@ def te_structured_attention_class():
     """The TE core-attention class (imports Transformer Engine; call only when it is installed)."""
     import transformer_engine.pytorch as te_pytorch
     from megatron.core.extensions.transformer_engine import TEDotProductAttention
-
-    from megatron.model.alibi import alibi_slope_list
 
     class TEStructuredAttention(TEDotProductAttention):
         """megatron-core's TE core attention driven by the batch's AttentionStructure."""

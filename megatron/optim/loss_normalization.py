@@ -33,6 +33,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from megatron.data.device_transfer import to_device_async
+
 NORMALIZATIONS = ("micro-batch", "token", "sample")
 
 __all__ = ["NORMALIZATIONS", "normalization_from_args", "normalization_line", "LossWeights",
@@ -167,8 +169,6 @@ def _all_reduced_sum(value: float, device, group) -> torch.Tensor:
     """``value`` summed over ``group``, as a float32 tensor on ``device`` (at least 1, so an
     iteration without loss tokens divides by 1). The host does not wait: the value goes to the
     device from pinned memory, non-blocking, and the all-reduce is queued there."""
-    from megatron.data.device_transfer import to_device_async
-
     total = to_device_async(torch.tensor([value], dtype=torch.float32), device)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(total, group=group)

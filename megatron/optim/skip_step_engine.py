@@ -30,6 +30,9 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from megatron.optim.skip_step import SkipDecision, SkipStepRule, rule_from_args
+from megatron.utils.rank_utils import print_rank_0, all_reduce_small
+from megatron.parallel.pipe import model_grad_norm, is_pipe_engine
+from megatron.optim.loss_normalization import normalization_from_args
 
 CHECKPOINT_KEY = "skip_step"  # in TrainingState.extra, so in every checkpoint's training state
 
@@ -58,8 +61,6 @@ class StepSkipper:
     the loop's hooks (megatron/train/hooks.py ``LoopHook``)."""
 
     def __init__(self, rule: SkipStepRule, engine, token_weighted: bool = False):
-        from megatron.parallel.pipe import is_pipe_engine
-
         self.rule = rule
         self.engine = engine
         # the iteration's loss as the run averages it: micro batches weighted by their loss tokens
@@ -133,8 +134,6 @@ class StepSkipper:
     def end_iteration(self, iteration: int) -> IterationOutcome:
         """The outcome of the iteration just run (``iteration``: its number, for the log line);
         updates the window and the counts."""
-        from megatron.utils.rank_utils import print_rank_0
-
         if self._pending is None:  # DeepSpeed skipped the step before calling the optimizer
             self.rule.count_skip()
             outcome = IterationOutcome(True, None)
@@ -192,8 +191,6 @@ class StepSkipper:
         engine.clip_fp32_gradients = clip_fp32_gradients
 
     def _stage0_grad_norm(self) -> float:
-        from megatron.parallel.pipe import model_grad_norm
-
         return model_grad_norm(self.engine.module)
 
     def _grad_norm(self) -> float:
@@ -211,7 +208,6 @@ class StepSkipper:
     def _iteration_loss(self) -> float:
         """This iteration's mean loss over the model replicas, the same on every rank."""
         from megatron.core import parallel_state
-        from megatron.utils.rank_utils import all_reduce_small
 
         local = torch.zeros(2, dtype=torch.float64)
         if self._loss_sum is not None:
@@ -224,8 +220,6 @@ class StepSkipper:
         return (total[0] / total[1]).item() if total[1] > 0 else math.nan
 
     def _decide(self):
-        from megatron.utils.rank_utils import all_reduce_small
-
         norm = self._grad_norm()
         loss = self._iteration_loss() if self.rule.uses_zscore else None
         decision = self.rule.decide(loss, norm)
@@ -256,8 +250,6 @@ def _describe(decision: SkipDecision, norm: float, loss: Optional[float],
 def step_skipper_from_args(args, engine) -> Optional[StepSkipper]:
     """A :class:`StepSkipper` on ``engine`` when a skip flag is given, else None (nothing is
     wrapped)."""
-    from megatron.optim.loss_normalization import normalization_from_args
-
     rule = rule_from_args(args)
     token_weighted = normalization_from_args(args) != "micro-batch"
     return StepSkipper(rule, engine, token_weighted) if rule.enabled else None

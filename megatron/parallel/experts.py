@@ -34,6 +34,8 @@ import torch
 
 from deepspeed.moe.layer import MoE
 
+from megatron.errors import ConfigError
+
 
 def expert_group_name(expert_parallel_size: int) -> str:
     """DeepSpeed's registry key of the expert groups of size ``expert_parallel_size``."""
@@ -102,8 +104,6 @@ def check_stages_hold_experts(model: torch.nn.Module, moe_pattern, expert_parall
     """ConfigError when ``model`` is a pipeline whose stages do not all hold an MoE layer (1s of
     ``moe_pattern``, one per transformer layer) at expert-parallel size > 1 (module doc); ``flags``
     names the MoE layer flag as given. Nothing for one stage or expert-parallel size 1."""
-    from megatron.errors import ConfigError
-
     per_stage = getattr(model, "transformer_layers_per_stage", None)
     if expert_parallel_size == 1 or per_stage is None:
         return

@@ -26,6 +26,8 @@ from typing import Iterable, List
 
 import torch
 
+from megatron.utils.rank_utils import all_reduce_small
+
 
 def sequence_parallel_parameters(model: torch.nn.Module) -> List[torch.nn.Parameter]:
     """Parameters megatron-core marks ``sequence_parallel`` (replicated over the tensor-parallel
@@ -189,7 +191,5 @@ def global_grad_norm(parameters: Iterable[torch.nn.Parameter], mpu) -> float:
         if p.grad is not None and (tp_rank == 0 or is_model_parallel_parameter(p)):
             square += p.grad.detach().double().pow(2).sum().cpu()
     if mpu.get_model_parallel_world_size() > 1:
-        from megatron.utils.rank_utils import all_reduce_small
-
         square = all_reduce_small(square, group=mpu.get_model_parallel_group())
     return float(square.sqrt().item())

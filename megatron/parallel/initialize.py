@@ -6,6 +6,13 @@ from typing import List
 import numpy as np
 import torch
 
+from megatron.parallel.topology import initialize_model_parallel
+from megatron.parallel.cuda_connections import apply_max_connections
+from megatron.runtime import cpu_comm
+from megatron.errors import ConfigError
+from megatron.runtime.jit_ops import build_done
+from megatron.parallel.cpu_rng import model_parallel_manual_seed
+
 
 def default_backend() -> str:
     """nccl when CUDA is usable, else gloo (DeepSpeed's CPU accelerator would pick oneCCL)."""
@@ -18,7 +25,6 @@ def initialize_distributed(args) -> List[str]:
     groups (megatron/parallel/topology.py). Returns the start-up notes it has (on a GPU: how
     ``CUDA_DEVICE_MAX_CONNECTIONS`` was set)."""
     import deepspeed
-    from megatron.parallel.topology import initialize_model_parallel
 
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -38,8 +44,6 @@ def initialize_distributed(args) -> List[str]:
 def _apply_cuda_max_connections(args) -> List[str]:
     """``CUDA_DEVICE_MAX_CONNECTIONS`` as Megatron-LM requires it (megatron/parallel/cuda_connections.py);
     the note saying so, if any."""
-    from megatron.parallel.cuda_connections import apply_max_connections
-
     note = apply_max_connections(
         args.tensor_model_parallel_size, "cuda", os.environ,
         lambda: torch.cuda.get_device_capability(int(os.environ["LOCAL_RANK"])))
@@ -52,10 +56,6 @@ def _init_deepspeed_distributed(args) -> None:
     megatron/runtime/cpu_comm.py)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
-
-    from megatron.runtime import cpu_comm
-    from megatron.errors import ConfigError
-    from megatron.runtime.jit_ops import build_done
 
     on_cpu = get_accelerator().device_name() == "cpu"
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -95,7 +95,6 @@ def set_seeds(seed: int) -> None:
     (megatron/model/init.py draws them from --seed and each parameter's name), so they stay the
     same for every layout."""
     from megatron.core import parallel_state
-    from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
     pipeline_rank = (parallel_state.get_pipeline_model_parallel_rank()
                      if parallel_state.model_parallel_is_initialized() else 0)

@@ -12,6 +12,9 @@ from typing import Optional
 
 import torch
 
+from megatron.parallel.grads import global_grad_norm
+from megatron.parallel.topology import MegatronCoreMPU
+
 
 # DeepSpeed's pipe engine divided the gradients of every stage but the last by the gradient
 # accumulation steps a second time from 0.18.3 to 0.19.2 (deepspeedai/DeepSpeed issue #8152, fixed by
@@ -76,9 +79,6 @@ def model_grad_norm(module) -> float:
     rank's pipe stage): each tensor-parallel shard once, the tied copy of a later stage not at all
     (:func:`unique_parameters`), squares summed over the model-parallel group
     (``megatron.parallel.grads.global_grad_norm``; a collective)."""
-    from megatron.parallel.grads import global_grad_norm
-    from megatron.parallel.topology import MegatronCoreMPU
-
     params = [p for p in module.parameters() if p.grad is not None]
     return global_grad_norm(unique_parameters(params), MegatronCoreMPU())
 

@@ -8,6 +8,8 @@ the recompute where DeepSpeed owns the layers (the pipe engine).
 """
 from typing import Any, Dict
 
+from megatron.errors import ArgumentError
+
 
 def recompute_config_from_args(args) -> Dict[str, Any]:
     """The ``TransformerConfig`` keyword arguments for activation recompute (and the
@@ -24,8 +26,6 @@ def resolve_recompute_flags(args) -> None:
     """Fold BigScience's ``--checkpoint-activations`` / ``--deepspeed-activation-checkpointing``
     into Megatron-LM's three recompute flags (in place) and check their combination; raises
     :class:`megatron.errors.ArgumentError` naming the flags and values."""
-    from megatron.errors import ArgumentError
-
     bigscience = [f for f, v in (("--checkpoint-activations", args.checkpoint_activations),
                                  ("--deepspeed-activation-checkpointing",
                                   args.deepspeed_activation_checkpointing)) if v]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron.parallel.cpu_buffers import allocate_megatron_core_buffers_on_cpu
+
 
 @dataclass(frozen=True)
 class ParallelLayout:
@@ -69,7 +71,6 @@ def initialize_model_parallel(args) -> None:
     for ``args``' layout (once; ``torch.distributed`` must be initialised) and check that
     DeepSpeed's topology puts every rank at the same coordinates."""
     from megatron.core import parallel_state
-    from megatron.parallel.cpu_buffers import allocate_megatron_core_buffers_on_cpu
 
     allocate_megatron_core_buffers_on_cpu()
     layout = ParallelLayout.from_args(args)

@@ -16,6 +16,8 @@ import os
 import time
 from typing import List, Optional, Set
 
+from megatron.runtime.jit_ops import announce_build, build_directory
+
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "deepspeed_allreduce_buffer"
 SHM_OP_NAME = "deepspeed_shm_comm"
@@ -85,8 +87,6 @@ def shm_op_build_directory() -> Optional[str]:
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 
-    from megatron.runtime.jit_ops import build_directory
-
     if get_accelerator().device_name() != "cpu":
         return None
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
@@ -100,8 +100,6 @@ def announce_shm_op_build() -> Optional[str]:
     """Print, once per launch, one line before DeepSpeed JIT-builds its CPU communication op
     (``deepspeed.init_distributed`` does it silently, once per environment). Returns the claim
     file to pass to ``jit_ops.build_done`` after ``init_distributed`` (None: nothing printed)."""
-    from megatron.runtime.jit_ops import announce_build
-
     directory = shm_op_build_directory()
     if directory is None:
         return None

@@ -62,7 +62,7 @@ def build_tokenizer(config: TokenizerConfig):
         return GPT2BPETokenizer(config.vocab_file, config.merge_file)
     # megatron-core's Hugging Face / sentencepiece tokenizers import transformers (about a second
     # of start-up per rank): imported only by the runs that use them.
-    from megatron.tokenizer.core_tokenizers import HuggingFaceTokenizer, SentencePieceTokenizer
+    from megatron.tokenizer.core_tokenizers import HuggingFaceTokenizer, SentencePieceTokenizer  # lazy: transformers
 
     if ttype == "HuggingFaceTokenizer":
         return HuggingFaceTokenizer(config.tokenizer_model, "--tokenizer-model", ttype)

@@ -6,6 +6,7 @@ import torch
 
 from megatron.config.run_config import LoopConfig
 from megatron.utils.rank_utils import all_reduce_small
+from megatron.train.run_control import kill_switch_found
 
 
 class ExitRequest:
@@ -34,8 +35,6 @@ class ExitRequest:
     def should_exit(self) -> bool:
         """True on every rank when any rank saw a signal, the time limit has passed or any rank
         sees the kill-switch file."""
-        from megatron.train.run_control import kill_switch_found
-
         if not self.enabled:
             return False
         flags = all_reduce_small(

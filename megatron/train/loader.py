@@ -6,6 +6,7 @@ import torch
 
 from megatron.config.run_config import LoopConfig
 from megatron.data.samplers import PretrainingBatchSampler
+from megatron.model.masks import collate_with_segment_layout
 
 
 def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = None) -> Iterator[Dict]:
@@ -13,7 +14,6 @@ def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = Non
     each) from global sample ``consumed`` up to ``total`` samples (default: all), loaded with
     ``loop.num_workers`` workers seeded by ``loop.seed``."""
     from megatron.core import parallel_state
-    from megatron.model.masks import collate_with_segment_layout
 
     sampler = PretrainingBatchSampler(
         total_samples=total if total is not None else len(dataset), consumed_samples=consumed,

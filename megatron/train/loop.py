@@ -27,6 +27,8 @@ from megatron.train.resume import _check_data_resume, _maybe_save, _restore, dat
 from megatron.train.stats import _IntervalStats, _log_iteration
 from megatron.train.steps import StepFunctions, _grad_norm, gpt_forward_step, step_functions
 from megatron.utils.rank_utils import all_reduce_small, print_rank_0
+from megatron.train.run_control import kill_switch_found
+from megatron.checkpoint.model_args import model_args_from_args
 
 
 def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: StepFunctions,
@@ -97,8 +99,6 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
 def _kill_switch_at_start(loop: LoopConfig) -> bool:
     """True on every rank when any rank finds the ``--kill-switch-path`` file before the run
     starts (BigScience: a queued job whose kill switch is set exits at once, building nothing)."""
-    from megatron.train.run_control import kill_switch_found
-
     if loop.kill_switch_path is None:
         return False
     found = all_reduce_small(torch.tensor([float(kill_switch_found(loop.kill_switch_path))]),
@@ -126,8 +126,6 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     checkpoint are written, before the tracker names it (a test's fault injection).
     ``notes``: the entry point's start-up lines (the tokenizer's), printed after validation's.
     """
-    from megatron.checkpoint.model_args import model_args_from_args
-
     run = args.run_config
     loop, checkpoint = run.loop, run.checkpoint
     check_backend_trains(args)  # before start-up: FlexAttention has no backward on a CPU

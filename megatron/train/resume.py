@@ -6,6 +6,10 @@ from megatron.checkpoint.engine import TrainingState, load_checkpoint, save_chec
 from megatron.config.run_config import CheckpointConfig
 from megatron.data.train_data import TrainData
 from megatron.utils.rank_utils import print_rank_0
+from megatron.checkpoint.format import checkpoint_tag, read_data_mix, read_tracker
+from megatron.data.mix_ledger import MixRecord
+from megatron.data.mix_resume import DataResume
+from megatron.errors import CheckpointError
 
 
 def _maybe_save(engine, checkpoint: CheckpointConfig, model_args: dict, state: TrainingState,
@@ -30,10 +34,6 @@ def data_resume(checkpoint: CheckpointConfig, evaluate_only: bool):
     None: no ``--load``, no checkpoint there yet, or ``--finetune``/``--reset-progress`` (whose
     data starts at sample 0). ``evaluate_only``: ``--skip-train``/``--eval-only``."""
     import os
-
-    from megatron.checkpoint.format import checkpoint_tag, read_data_mix, read_tracker
-    from megatron.data.mix_ledger import MixRecord
-    from megatron.data.mix_resume import DataResume
 
     if not checkpoint.load or checkpoint.finetune or checkpoint.reset_progress:
         return None
@@ -62,8 +62,6 @@ def _restore(engine, checkpoint: CheckpointConfig, scheduler) -> TrainingState:
     if checkpoint.finetune:
         import os
 
-        from megatron.checkpoint.format import checkpoint_tag, read_tracker
-
         loaded = read_tracker(checkpoint.load)  # the iteration load_checkpoint just loaded
         print_rank_0(f"--finetune: loaded the model weights of "
                      f"{os.path.join(checkpoint.load, checkpoint_tag(loaded))} (iteration {loaded} of "
@@ -90,8 +88,6 @@ def _restore(engine, checkpoint: CheckpointConfig, scheduler) -> TrainingState:
 
 def _check_data_resume(resume, state: TrainingState) -> None:
     """The data ledger read before the datasets were built must be the loaded checkpoint's."""
-    from megatron.errors import CheckpointError
-
     if resume is None or resume.record is None or state.iteration == 0:
         return
     record = resume.record

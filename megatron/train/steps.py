@@ -17,6 +17,10 @@ import torch
 from megatron.model.lm_loss import masked_lm_loss
 from megatron.model.pipe_io import pipe_batch
 from megatron.optim.loss_normalization import LossNormalizer
+from megatron.parallel.pipe import is_pipe_engine, model_grad_norm
+from megatron.data.device_transfer import batch_to_device
+from megatron.parallel.ulysses import (sequence_parallel_group, sequence_rank_and_size,
+                                       slice_batch_for_sequence_rank)
 
 
 def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -30,10 +34,7 @@ def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tens
     DeepSpeed-Ulysses each rank keeps its slice of the per-token fields (the attention structure
     stays whole) and the losses are those of the whole sequences (megatron/parallel/ulysses.py).
     """
-    from megatron.data.device_transfer import batch_to_device
-    from megatron.model.masks import attention_structure_from_batch, with_segment_layout
-    from megatron.parallel.ulysses import (sequence_parallel_group, sequence_rank_and_size,
-                                           slice_batch_for_sequence_rank)
+    from megatron.model.masks import attention_structure_from_batch, with_segment_layout  # lazy: megatron-core
 
     rank, size = sequence_rank_and_size()
     batch = slice_batch_for_sequence_rank(with_segment_layout(batch), size, rank)
@@ -167,8 +168,6 @@ def step_functions(engine, forward_step: Callable,
     :func:`pipe_eval_step`) for a ``PipelineModule``, else the per-micro-batch steps around
     ``forward_step``; both weigh the losses with ``normalizer`` (default: Megatron-LM's
     per-micro-batch mean)."""
-    from megatron.parallel.pipe import is_pipe_engine
-
     normalizer = normalizer or LossNormalizer("micro-batch")
     if is_pipe_engine(engine):
         return StepFunctions(functools.partial(pipe_train_step, normalizer=normalizer),
@@ -184,8 +183,6 @@ def _unclipped_grad_norm(engine) -> Optional[float]:
     megatron/optim/precision.py) DeepSpeed does not, so it is computed from the module's gradients,
     which hold the averaged values between the boundary backward and the optimizer step
     (``megatron.parallel.pipe.model_grad_norm``)."""
-    from megatron.parallel.pipe import model_grad_norm
-
     if engine.zero_optimization_stage() > 0:
         return None
     if not any(p.grad is not None for p in engine.module.parameters()):

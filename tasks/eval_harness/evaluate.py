@@ -41,6 +41,7 @@ from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 quiet_known_warnings()  # before megatron.core is imported
 
 from megatron.errors import ConfigError, run_entry_point  # noqa: E402
+from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
 TASK_FILE_SUFFIXES = (".yaml", ".yml")
 
@@ -111,11 +112,11 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The shared parser's flags (model, tokenizer, checkpoint) plus the evaluation flags."""
-    from megatron.config.parser import parse_args
-    from tasks.zero_shot_rank_classification import _DEFAULTS
+    from megatron.config.parser import parse_args  # lazy: numpy + the flag modules, only to parse
+    from tasks.zero_shot_rank_classification import _DEFAULTS  # lazy: megatron-core (seconds)
 
-    from megatron.tokenizer import tokenizer_setup
-    from tasks.checkpoint_model import one_process_argv
+    from megatron.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds)
+    from tasks.checkpoint_model import one_process_argv  # lazy: torch (~1 s), only to parse
 
     # one process: a training command line's expert-parallel size becomes 1
     argv = one_process_argv(sys.argv[1:] if argv is None else argv)
@@ -169,7 +170,7 @@ def load_model(args):
     """The model of the flags with the weights of the ``--load`` checkpoint (any layout), in
     eval mode (tasks/checkpoint_model.py). A missing or unfitting checkpoint is a ConfigError
     naming ``--load``."""
-    from tasks.checkpoint_model import build_model
+    from tasks.checkpoint_model import build_model  # lazy: torch, megatron-core, deepspeed
 
     if not args.load:
         raise ConfigError("--load is required: the checkpoint directory (or model-states file) "
@@ -179,7 +180,7 @@ def load_model(args):
 
 def build_lm(args, model):
     """:class:`MegatronLM` over ``model`` with the evaluation flags of ``args``."""
-    from tasks.eval_harness.lm import MegatronLM
+    from tasks.eval_harness.lm import MegatronLM  # lazy: lm_eval + megatron-core (seconds)
 
     info = {"load": args.load, "load_iteration": args.load_iteration,
             "tokenizer_type": args.tokenizer_type, "num_layers": args.num_layers,
@@ -210,7 +211,6 @@ def write_results(results: Dict, path: str) -> List[str]:
     ``samples``, each task's records as JSON lines (:func:`samples_path`), all atomically;
     returns the files written."""
     from lm_eval.utils import handle_non_serializable
-    from megatron.utils.atomic_io import atomic_write_text
 
     data = {k: v for k, v in results.items() if k != "samples"}
     directory = os.path.dirname(os.path.abspath(path))

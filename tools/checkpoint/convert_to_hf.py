@@ -40,6 +40,10 @@ quiet_known_warnings()
 import torch  # noqa: E402
 
 from megatron.errors import ConfigError, run_entry_point  # noqa: E402
+from megatron.tokenizer.types import tokenizer_config  # noqa: E402
+from megatron.checkpoint.reader import CheckpointReader  # noqa: E402
+from megatron.checkpoint.model_args import resolve_tokenizer_paths  # noqa: E402
+from megatron.model.param_names import VOCAB_PARAMETERS  # noqa: E402
 
 # Tokenizer files transformers' AutoTokenizer reads from a model directory.
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -174,8 +178,7 @@ def special_token_ids(tokenizer_flags: dict) -> dict:
     """``{"bos_token_id", "eos_token_id"}`` of the run's tokenizer (``model_args.json``
     ``tokenizer`` flags, paths resolved) for ``config.json``: generation in transformers stops
     at the eos id."""
-    from megatron.tokenizer import build_tokenizer
-    from megatron.tokenizer.types import tokenizer_config
+    from megatron.tokenizer import build_tokenizer  # lazy: megatron-core (seconds)
 
     names = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model",
              "tokenizer_name_or_path")  # the record's other keys (vocab_extra_ids) build nothing
@@ -208,11 +211,8 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
             max_shard_size: str = "2GB") -> dict:
     """Export the checkpoint (see the module docstring); returns a summary ``{"family",
     "iteration", "files", "tokenizer_files", "parameters", "bytes"}``."""
-    from megatron.checkpoint.reader import CheckpointReader
-    from megatron.checkpoint.model_args import resolve_tokenizer_paths
-    from megatron.checkpoint.hf.families import (canonical_names, canonical_shapes,
+    from megatron.checkpoint.hf.families import (canonical_names, canonical_shapes,  # lazy: megatron-core (seconds); not --help
                                                  check_exportable, hf_config, to_hf)
-    from megatron.model.param_names import VOCAB_PARAMETERS
 
     max_bytes = parse_size(max_shard_size)
     if os.path.isdir(output) and os.listdir(output):

@@ -73,7 +73,7 @@ def get_args(argv=None) -> argparse.Namespace:
 
 def merge(args: argparse.Namespace) -> dict:
     """Select the checkpoints, compute the weights, merge (megatron/checkpoint/merge.py)."""
-    from megatron.checkpoint.merge import (merge_checkpoints, normalized_weights,
+    from megatron.checkpoint.merge import (merge_checkpoints, normalized_weights,  # lazy: torch (~1 s); --help needs none
                                            select_iterations, weights_from_schedule)
 
     if (args.weights is None) == (args.weights_from_schedule is None):

@@ -13,6 +13,7 @@ from megatron.data.blend_config import SplitBlend
 from megatron.data.curriculum.constituents import Constituent, resolve_constituents
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.schedules.units import BatchSchedule
+from megatron.data.epoch_order import EpochShuffledSamples
 
 __all__ = ["Continuation", "CurriculumDataset", "gpt_epoch_source", "build_mix_dataset",
            "build_curriculum_dataset", "build_blend_config_datasets"]
@@ -99,7 +100,6 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     of its documents built for exactly one epoch."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
-    from megatron.data.epoch_order import EpochShuffledSamples
 
     c = constituent
     if c.path not in low_level:

@@ -10,6 +10,8 @@ from typing import Any, Dict
 
 import numpy as np
 
+from megatron.runtime import jit_ops
+
 logger = logging.getLogger(__name__)
 
 KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -31,8 +33,6 @@ def _load_kernel():
     compiler): then the Python loops below give the same index, slowly. Built once per
     environment; a line is printed before a build."""
     if "fn" not in _KERNEL:
-        from megatron.runtime import jit_ops
-
         try:
             _KERNEL["fn"] = jit_ops.load_op(
                 KERNEL_NAME, [KERNEL_SOURCE_PATH], extra_cflags=list(_CXXFLAGS),

@@ -10,6 +10,8 @@ import numpy as np
 
 from megatron.schedules.registry import ScheduleContext, build_schedule
 from megatron.schedules.units import BatchSchedule
+from megatron.schedules import builtin
+from megatron.schedules.staged import Staged
 
 __all__ = ["WeightContext", "weight_schedule"]
 
@@ -43,9 +45,6 @@ def _linear_breakpoints(schedule) -> Optional[np.ndarray]:
     """Progress positions (in the schedule's unit) between which ``schedule`` is linear (affine),
     or None when it is not known to be piecewise linear. Only exact built-in classes qualify (a
     subclass may change ``values``)."""
-    from megatron.schedules import builtin
-    from megatron.schedules.staged import Staged
-
     kind = type(schedule)
     if kind is builtin.Constant:
         return np.asarray([schedule.warmup] if schedule.warmup > 0 else [], dtype=np.float64)

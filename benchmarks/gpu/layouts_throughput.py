@@ -59,14 +59,18 @@ EXPERT_PARALLEL = {"moe-ep2": 2}  # expert-parallel ranks are data-parallel rank
 def grouped_gemm_kernels():
     """Where ``--moe-grouped-gemm`` has kernels in this environment, what provides them, else None:
     megatron-core builds Transformer Engine's grouped linear (TEGroupedMLP, TE >= 1.9) when TE is
-    the transformer implementation (the default where it imports), else its legacy GroupedMLP,
-    which needs the ``grouped_gemm`` package."""
+    the transformer implementation (the default where it imports), else (megatron-core 0.16
+    only: 0.17 removed it) its legacy GroupedMLP, which needs the ``grouped_gemm`` package."""
     try:
         from megatron.core.extensions.transformer_engine import TEColumnParallelGroupedLinear
     except Exception:  # a TE that is installed but does not import: the run falls back to local
         TEColumnParallelGroupedLinear = None
     if TEColumnParallelGroupedLinear is not None:
         return "Transformer Engine's grouped linear"
+    from megatron.runtime.mcore_compat import legacy_grouped_gemm_available
+
+    if not legacy_grouped_gemm_available():  # megatron-core 0.17+: no grouped GEMM without TE
+        return None
     try:
         importlib.import_module("grouped_gemm")
     except Exception:

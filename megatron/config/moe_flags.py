@@ -23,6 +23,7 @@ import ast
 from typing import List, Optional, Union
 
 from megatron.errors import ArgumentError
+from megatron.runtime.mcore_compat import legacy_grouped_gemm_available
 
 DISPATCHERS = ("allgather", "alltoall", "flex")
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
@@ -242,6 +243,10 @@ def validate_moe_args(args, notes: List[str]) -> None:
     _resolve_token_dropping(args, notes)
     _validate_expert_layout(args)
     _validate_moe_on_device(args)
+    if args.moe_grouped_gemm and args.transformer_impl == "local":
+        problem = grouped_gemm_without_te_problem(legacy_grouped_gemm_available())
+        if problem:
+            raise ArgumentError(problem)
 
 
 # Microsoft Megatron-DeepSpeed's MoE spellings: dest -> how its flag is written (an alias's dest
@@ -378,6 +383,19 @@ def _validate_expert_layout(args) -> None:
     if args.moe_ffn_hidden_size % args.tensor_model_parallel_size:
         raise ArgumentError(f"--moe-ffn-hidden-size {args.moe_ffn_hidden_size} is not divisible "
                             f"by --tensor-model-parallel-size {args.tensor_model_parallel_size}")
+
+
+def grouped_gemm_without_te_problem(legacy_available: bool) -> Optional[str]:
+    """Why ``--moe-grouped-gemm`` with ``--transformer-impl local`` cannot run grouped, or None:
+    only megatron-core's legacy ``GroupedMLP`` groups the experts' GEMMs without Transformer
+    Engine, and megatron-core 0.17+ removed it (its local experts then run one GEMM each,
+    silently)."""
+    if legacy_available:
+        return None
+    return ("--moe-grouped-gemm with --transformer-impl local: this megatron-core has no grouped "
+            "GEMM without Transformer Engine (its legacy GroupedMLP was removed in 0.17; the "
+            "experts would run one GEMM each); use --transformer-impl transformer_engine, or drop "
+            "--moe-grouped-gemm")
 
 
 def _validate_moe_on_device(args) -> None:

@@ -23,8 +23,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from megatron.model.moe import moe_routers
-from megatron.model.moe import moe_layer_pattern
+from megatron.model.moe import moe_layer_pattern, moe_routers
+from megatron.runtime.mcore_compat import MoEMetric, clear_moe_metrics, moe_metric_entries
 from megatron.utils.rank_utils import all_reduce_small
 
 
@@ -76,9 +76,7 @@ class MoETraining:
     def interval_record(self, iterations: int) -> Dict[str, float]:
         """The MoE scalars of the log interval of ``iterations`` iterations (module doc), the
         same on every rank; resets both trackers. All ranks must call it."""
-        from megatron.core import parallel_state
-        from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
-                                                             get_moe_layer_wise_logging_tracker)
+        from megatron.core import parallel_state  # lazy: megatron-core, once a model is built
 
         record: Dict[str, float] = {}
         dp_group = parallel_state.get_data_parallel_group()
@@ -86,23 +84,22 @@ class MoETraining:
         pp_group = parallel_state.get_pipeline_model_parallel_group()
         tokens, forwards = self._routed(dp_group, pp_group)
         micro_batches = forwards.clamp(min=1)  # per layer: each stage counts its own
-        tracker = get_moe_layer_wise_logging_tracker()
+        recorded = moe_metric_entries()  # megatron-core's tracker, either release's
         for name in self.loss_names:  # the same on every stage: the PP reduction is collective
-            entry = tracker.get(name, {})
-            values = entry.get("values")
-            values = (torch.zeros(self.num_layers, dtype=torch.float64) if values is None
-                      else values.detach().double().cpu())
+            entry = recorded.get(name, MoEMetric(None, None, needs_dp_avg=True))
+            values = (torch.zeros(self.num_layers, dtype=torch.float64) if entry.values is None
+                      else entry.values.detach().double().cpu())
             values = all_reduce_small(values, group=pp_group)  # each stage holds its layers
-            if entry.get("reduce_group") is not None:  # ranks splitting the tokens (within a stage)
-                values = all_reduce_small(values, group=entry["reduce_group"])
-            if not entry.get("reduce_group_has_dp", False):
+            if entry.reduce_group is not None:  # ranks splitting the tokens (within a stage)
+                values = all_reduce_small(values, group=entry.reduce_group)
+            if entry.needs_dp_avg:
                 values = all_reduce_small(values, group=dp_group) / dp_size
             values = values / micro_batches
             record[name] = values.sum().item() / self.num_moe_layers
             if self.per_layer:
                 for layer in self.moe_layers:
                     record[f"{name}_layer_{layer}"] = values[layer].item()
-        clear_aux_losses_tracker()
+        clear_moe_metrics()
         per_iteration = tokens / max(iterations, 1)
         record["tokens_per_expert_min"] = per_iteration.min().item()
         record["tokens_per_expert_max"] = per_iteration.max().item()

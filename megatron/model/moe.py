@@ -25,6 +25,8 @@ from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
 
+from megatron.runtime.mcore_compat import spec_submodules
+
 
 def moe_layer_pattern(freq: Union[int, List[int]], num_layers: int) -> List[int]:
     """1 for each MoE layer, 0 for each dense one (megatron-core's reading of ``moe_layer_freq``:
@@ -144,12 +146,11 @@ class ExpertRowParallelLinear(RowParallelLinear):
 def use_moe_router(layer_spec: ModuleSpec) -> ModuleSpec:
     """``layer_spec`` with its MoE layer's router replaced by :class:`MoERouter` and the local
     experts' ``RowParallelLinear`` by :class:`ExpertRowParallelLinear` (in place)."""
-    mlp = layer_spec.submodules.mlp
-    mlp.submodules.router = MoERouter
-    experts = mlp.submodules.experts
-    submodules = getattr(experts, "submodules", None)
-    if getattr(submodules, "linear_fc2", None) is RowParallelLinear:
-        submodules.linear_fc2 = ExpertRowParallelLinear
+    moe_layer = spec_submodules(layer_spec.submodules.mlp)  # MoESubmodules (either release's form)
+    moe_layer.router = MoERouter
+    experts = spec_submodules(moe_layer.experts)
+    if getattr(experts, "linear_fc2", None) is RowParallelLinear:
+        experts.linear_fc2 = ExpertRowParallelLinear
     return layer_spec
 
 

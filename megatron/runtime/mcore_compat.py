@@ -5,6 +5,10 @@ docs/megatron_core_versions.md lists each difference and why it matters here.
 - Layer specs: 0.16 describes a submodule as a ``ModuleSpec`` (``.submodules``); from 0.17 the
   MoE layer and its experts are ``functools.partial(Module, submodules=...)`` builders
   (:func:`spec_submodules` reads either).
+- Grouped GEMM without Transformer Engine: 0.16 builds its legacy ``GroupedMLP`` (the
+  ``grouped_gemm`` package's kernels) for ``--moe-grouped-gemm`` with ``--transformer-impl
+  local``; 0.17+ removed it and builds one GEMM per expert instead, silently
+  (:func:`legacy_grouped_gemm_available`).
 - MoE logging: 0.16 keeps the routers' auxiliary losses in a dict tracker whose entries say
   ``reduce_group_has_dp``; 0.17+ has ``get_moe_metrics_tracker()`` whose entries say the inverse,
   ``needs_dp_avg`` (the old functions are deprecated for removal) (:func:`moe_metric_entries`,
@@ -25,6 +29,21 @@ def spec_submodules(spec: Any) -> Any:
     if isinstance(spec, functools.partial):
         return spec.keywords.get("submodules")
     return getattr(spec, "submodules", None)
+
+
+def build_submodule(spec: Any, config: Any, layer_number: int) -> Any:
+    """One layer's submodule (its MLP or MoE layer) built from its spec entry as megatron-core's
+    ``TransformerLayer`` builds it: a ``functools.partial`` builder called with ``config``, then
+    told its layer number (0.17+), or ``build_module(spec, config=..., layer_number=...)``
+    (0.16)."""
+    if isinstance(spec, functools.partial):
+        module = spec(config=config)
+        if hasattr(module, "set_layer_number"):
+            module.set_layer_number(layer_number)
+        return module
+    from megatron.core.transformer.spec_utils import build_module  # lazy: megatron-core
+
+    return build_module(spec, config=config, layer_number=layer_number)
 
 
 @dataclass(frozen=True)
@@ -63,3 +82,11 @@ def clear_moe_metrics() -> None:
         clear_aux_losses_tracker()
         return
     get_moe_metrics_tracker().clear()
+
+
+def legacy_grouped_gemm_available() -> bool:
+    """Whether the installed megatron-core still has its legacy ``GroupedMLP``, the grouped-GEMM
+    experts it builds without Transformer Engine (0.16; removed in 0.17)."""
+    from megatron.core.transformer.moe import experts  # lazy: megatron-core
+
+    return hasattr(experts, "GroupedMLP")

@@ -257,14 +257,13 @@ def test_eval_tasks_score_the_expert_parallel_checkpoint_as_its_mixtral_export(
     (--use-checkpoint-args; the training command line's --expert-model-parallel-size 2 runs at 1)
     give every choice the log-likelihood the exported Mixtral computes, within 1e-5; no
     evaluation forward records a load-balancing loss."""
-    from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
-                                                         get_moe_layer_wise_logging_tracker)
+    from megatron.runtime.mcore_compat import clear_moe_metrics, moe_metric_entries
     from tasks import zero_shot_rank_classification as rank
     from tasks.eval_harness import evaluate
     from helpers.eval_tasks import MC_DOCS, task_files
 
     load, hf = moe_mixtral_export
-    clear_aux_losses_tracker()  # zeroes what earlier in-process tests recorded
+    clear_moe_metrics()  # zeroes what earlier in-process tests recorded
     tok = _eval_args(load).tokenizer
     want = [[_mixtral_score(hf, tok.tokenize(d["question"]), tok.tokenize(" " + c))
              for c in d["choices"]] for d in MC_DOCS]
@@ -292,8 +291,7 @@ def test_eval_tasks_score_the_expert_parallel_checkpoint_as_its_mixtral_export(
              for g, w in zip(got, choices)]
     assert len(diffs) == 2 * sum(len(d["choices"]) for d in MC_DOCS)
     assert max(diffs) < EVAL_TOLERANCE, max(diffs)
-    recorded = {k: float(v["values"].abs().sum())
-                for k, v in get_moe_layer_wise_logging_tracker().items()}
+    recorded = {k: float(v.values.abs().sum()) for k, v in moe_metric_entries().items()}
     assert not any(recorded.values()), f"evaluation recorded MoE losses: {recorded}"
 
 

@@ -200,3 +200,14 @@ def test_architecture_doc_lists_the_modules_of_the_tree():
     assert not sorted(tree - named), f"modules missing from docs/architecture.md: {sorted(tree - named)}"
     assert not sorted(named - tree), f"docs/architecture.md names modules that do not exist: " \
                                      f"{sorted(named - tree)}"
+
+
+def test_no_module_takes_a_name_megatron_core_installs_in_the_namespace():
+    """megatron-core ships ``megatron.core`` and, from 0.17, ``megatron.training`` (also
+    ``legacy``, ``inference``) in the shared ``megatron`` namespace: a module or package of ours
+    with such a name would shadow theirs or be shadowed, depending on ``sys.path``."""
+    reserved = {"core", "training", "legacy", "inference"}
+    ours = {p.relative_to(ROOT_PATH / "megatron").parts[0].removesuffix(".py")
+            for p in (ROOT_PATH / "megatron").iterdir() if not p.name.startswith((".", "__"))}
+    assert not ours & reserved, sorted(ours & reserved)
+    assert not (ROOT_PATH / "megatron" / "__init__.py").exists()  # a namespace package

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from helpers.flags import TINY_SCHEDULE as BASE
 from megatron.config.arguments import validate_args
 from megatron.config.parser import get_parser, parse_args
-from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
+from helpers.rampup_peer import PeerRampupCalculator
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler as CoreScheduler
 from megatron.errors import ArgumentError
 from megatron.optim.learning_rates import build_opt_param_scheduler, scheduler_steps_from_args
@@ -109,7 +109,7 @@ def test_sample_based_matches_megatron_core(flags):
 def test_rampup_increments_match_megatron_core():
     args = make_args("--global-batch-size 16 --rampup-batch-size 4 4 64 --train-samples 400 --lr 1e-3 "
                      "--lr-decay-style cosine --lr-warmup-samples 50 --min-lr 1e-5")
-    calc = RampupBatchsizeNumMicroBatchesCalculator(16, 2, 1, False, 0, 4, 4, 64)
+    calc = PeerRampupCalculator(16, 2, 1, False, 0, 4, 4, 64)
     consumed, increments = 0, []
     while consumed < 400:
         calc.update(consumed, False)
@@ -168,7 +168,7 @@ def test_power_scheduler_matches_formula(rampup, style):
                      f"--power-scheduler-decay-style {style} --power-scheduler-a 0.05 "
                      "--power-scheduler-b -0.45")
     if rampup:
-        calc = RampupBatchsizeNumMicroBatchesCalculator(16, 2, 1, False, 0, *rampup)
+        calc = PeerRampupCalculator(16, 2, 1, False, 0, *rampup)
         consumed, batches = 0, []
         for _ in range(60):
             calc.update(consumed, False)
@@ -348,7 +348,7 @@ def test_round_trip_at_any_iteration(split, flags):
 def _calculator_batches(gbs, rampup, num_iterations):
     """Global batch of each iteration from megatron-core's rampup calculator (independent of
     megatron.schedules.units)."""
-    calc = RampupBatchsizeNumMicroBatchesCalculator(gbs, 1, 1, False, 0, *rampup)
+    calc = PeerRampupCalculator(gbs, 1, 1, False, 0, *rampup)
     consumed, batches = 0, []
     for _ in range(num_iterations):
         calc.update(consumed, False)

@@ -78,13 +78,12 @@ def test_load_balancing_loss_equals_its_formula(router_factory):
     """Switch/GShard: E * sum_i f_i * P_i with f_i the fraction of the k * T assignments that go to
     expert i and P_i its mean probability over the T tokens; the tracker keeps it without the
     coefficient, and the tokens per expert the router counts are the routing map's."""
-    from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
-                                                         get_moe_layer_wise_logging_tracker)
+    from megatron.runtime.mcore_compat import clear_moe_metrics, moe_metric_entries
 
     k, experts, coeff = 2, 6, 0.01
     router = router_factory(moe_router_topk=k, moe_aux_loss_coeff=coeff)
     router.train()
-    clear_aux_losses_tracker()
+    clear_moe_metrics()
     hidden = torch.randn(7, 3, 16, generator=torch.Generator().manual_seed(2), requires_grad=True)
     _, routing_map = router(hidden)
     logits = (hidden.view(-1, 16) @ router.weight.t()).detach()
@@ -94,13 +93,13 @@ def test_load_balancing_loss_equals_its_formula(router_factory):
     f = chosen.sum(0) / (k * tokens)
     p = probs.mean(0)
     want = experts * (f * p).sum()
-    got = get_moe_layer_wise_logging_tracker()["load_balancing_loss"]["values"][0]
+    got = moe_metric_entries()["load_balancing_loss"].values[0]
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
     assert want.item() >= 1.0 - 1e-6  # the loss is at least 1, equal at perfect balance
     counts, forwards = router.take_tokens_per_expert()
     assert counts.tolist() == routing_map.sum(0).double().tolist() and forwards == 1
     assert router.take_tokens_per_expert() == (None, 0)
-    clear_aux_losses_tracker()
+    clear_moe_metrics()
 
 
 def test_biased_experts_train_at_expert_parallel_1_with_the_gated_bias(one_rank_model_parallel):
@@ -109,17 +108,17 @@ def test_biased_experts_train_at_expert_parallel_1_with_the_gated_bias(one_rank_
     ExpertRowParallelLinear). The layer trains there, and d sum(output) / d bias of expert e is
     the sum of the gates of the tokens routed to e."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
-    from megatron.core.transformer.spec_utils import build_module
+    from megatron.runtime.mcore_compat import clear_moe_metrics
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.model.moe import ExpertRowParallelLinear, use_moe_router
+    from megatron.runtime.mcore_compat import build_submodule
 
     config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
                                ffn_hidden_size=32, num_moe_experts=4, moe_router_topk=2,
                                use_cpu_initialization=True, add_bias_linear=True)
     spec = use_moe_router(get_gpt_layer_local_spec(num_experts=4))
     torch.manual_seed(0)
-    layer = build_module(spec.submodules.mlp, config=config, layer_number=1)
+    layer = build_submodule(spec.submodules.mlp, config, layer_number=1)
     layer.train()
     hidden = torch.randn(5, 2, 16, generator=torch.Generator().manual_seed(3), requires_grad=True)
     output, _ = layer(hidden)
@@ -133,7 +132,7 @@ def test_biased_experts_train_at_expert_parallel_1_with_the_gated_bias(one_rank_
     assert hidden.grad is not None and hidden.grad.abs().sum() > 0
     assert all(isinstance(e.linear_fc2, ExpertRowParallelLinear)
                for e in layer.experts.local_experts)
-    clear_aux_losses_tracker()
+    clear_moe_metrics()
 
 
 # ------------------------------------------------------------------ flags
@@ -255,3 +254,20 @@ def test_a_pipeline_stage_without_experts_is_refused_at_expert_parallel_2():
     check_stages_hold_experts(_StagedModel([1, 1]), [0, 1], 1, "--moe-layer-freq x")
     check_stages_hold_experts(_StagedModel([2]), [0, 1], 2, "--moe-layer-freq x")
     check_stages_hold_experts(torch.nn.Linear(1, 1), [0, 1], 2, "--moe-layer-freq x")
+
+
+def test_grouped_gemm_without_transformer_engine_is_refused_where_megatron_core_dropped_it():
+    """--moe-grouped-gemm --transformer-impl local: megatron-core 0.16's legacy GroupedMLP groups
+    the experts' GEMMs; 0.17+ removed it and would run one GEMM per expert, silently, so the
+    flags are refused there with a message naming both (docs/megatron_core_versions.md). The
+    check asks megatron-core, not its version."""
+    from megatron.config.moe_flags import grouped_gemm_without_te_problem
+    from megatron.runtime.mcore_compat import legacy_grouped_gemm_available
+
+    assert grouped_gemm_without_te_problem(True) is None
+    problem = grouped_gemm_without_te_problem(False)
+    assert problem.startswith("--moe-grouped-gemm with --transformer-impl local: ")
+    assert "--transformer-impl transformer_engine" in problem
+    from megatron.core.transformer.moe import experts
+
+    assert legacy_grouped_gemm_available() == hasattr(experts, "GroupedMLP")

@@ -181,10 +181,13 @@ def _iteration(engine, skipper, number, scale):
     (["--zero-stage", "3"], "DeepSpeedZeroOptimizer_Stage3"),
     (["--zero-stage", "0", "--clip-grad", "0"], "AdamW"),
     (["--bf16"], "BF16_Optimizer"),
+    # stage 0 asked for: run at stage 1 (DeepSpeed #7790 refuses bf16 + fp32 accumulation at
+    # stage 0, #7837 mis-scales its norm; docs/megatron_core_versions.md)
+    (["--bf16", "--zero-stage", "0"], "BF16_Optimizer"),
     (["--bf16", "--zero-stage", "2"], "DeepSpeedZeroOptimizer"),
     (["--fp16", "--loss-scale", "1"], "DeepSpeedZeroOptimizer"),
 ], ids=["fp32-zero0", "fp32-zero1", "fp32-zero2", "fp32-zero3", "fp32-zero0-noclip", "bf16",
-        "bf16-zero2", "fp16"])
+        "bf16-zero0-asked", "bf16-zero2", "fp16"])
 def test_a_skipped_step_changes_no_parameter_and_no_optimizer_state(
         flags, wrapper, one_rank_model_parallel, monkeypatch):
     """Iterations of input scale 1, 30, 1, 1 with --grad-norm-skip-threshold 100: the second's

@@ -1,8 +1,10 @@
-"""BatchSchedule against megatron-core's rampup calculator; the resumable batch sampler."""
+"""BatchSchedule against megatron-core's rampup calculator (megatron-core 0.16.1's rule where a later
+release dropped it: tests/helpers/rampup_peer.py); the resumable batch sampler."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
+from helpers.rampup_peer import (RECORDED_0_16_1, PeerRampupCalculator, RestatedRampupCalculator,
+                                 batch_sizes)
 
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.schedules.units import BatchSchedule
@@ -15,7 +17,7 @@ def test_batch_size_matches_megatron_core(start_steps, incr_steps, num_incr, ram
     unit = mbs * dp
     start, incr = start_steps * unit, incr_steps * unit
     gbs = start + num_incr * incr
-    core = RampupBatchsizeNumMicroBatchesCalculator(
+    core = PeerRampupCalculator(
         gbs, mbs, dp, False, 0, start, incr, ramp)
     ours = BatchSchedule(gbs, (start, incr, ramp))
     consumed = 0
@@ -25,6 +27,25 @@ def test_batch_size_matches_megatron_core(start_steps, incr_steps, num_incr, ram
         assert ours.batch_size_at_samples(consumed) == core.get_current_global_batch_size()
         assert table[i] == consumed
         consumed += core.get_current_global_batch_size()
+
+
+def test_the_rampup_peer_is_megatron_core_0_16_1s_calculator():
+    """The peer stands in for the calculator megatron-core 0.18 removed: its restatement gives the
+    batch sizes recorded from megatron-core 0.16.1's class, as does the peer in use (the class
+    itself where megatron-core still ships it)."""
+    for case, recorded in RECORDED_0_16_1.items():
+        assert batch_sizes(RestatedRampupCalculator, *case) == recorded, case
+        assert batch_sizes(PeerRampupCalculator, *case) == recorded, case
+
+
+@settings(max_examples=60, deadline=None)
+@given(start=st.integers(1, 8), incr=st.integers(1, 8), num_incr=st.integers(1, 6),
+       ramp=st.integers(1, 500))
+def test_the_restated_rampup_equals_the_peer(start, incr, num_incr, ramp):
+    """Any rampup: the restatement and the peer in use give the same batch sizes."""
+    gbs = start + num_incr * incr
+    assert batch_sizes(RestatedRampupCalculator, gbs, start, incr, ramp) == \
+        batch_sizes(PeerRampupCalculator, gbs, start, incr, ramp)
 
 
 def test_zero_rampup_samples_means_full_batch():
@@ -77,7 +98,7 @@ def megatron_lm_update_train_iters(train_samples, gbs, rampup):
     on megatron-core's rampup calculator."""
     if rampup is None:
         return train_samples // gbs
-    calc = RampupBatchsizeNumMicroBatchesCalculator(gbs, 1, 1, False, 0, *rampup)
+    calc = PeerRampupCalculator(gbs, 1, 1, False, 0, *rampup)
     iterations = consumed = 0
     while consumed <= int(rampup[2]):
         calc.update(consumed, False)
@@ -127,7 +148,7 @@ def test_bloom_training_set_is_what_the_planned_iterations_consume():
     from megatron.schedules.units import train_iterations_from_args
     args = _args(220_000_000, 2048, (192, 16, 9_765_625), seq=2048, eval_interval=1000, eval_iters=5)
     iters = args.train_iters = train_iterations_from_args(args)   # as pretrain() sets it
-    calc = RampupBatchsizeNumMicroBatchesCalculator(2048, 1, 1, False, 0, 192, 16, 9_765_625)
+    calc = PeerRampupCalculator(2048, 1, 1, False, 0, 192, 16, 9_765_625)
     consumed = 0
     for _ in range(iters):
         calc.update(consumed, False)

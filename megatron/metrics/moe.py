@@ -23,8 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from megatron.model.moe import moe_routers
-from megatron.model.moe import moe_layer_pattern
+from megatron.model.moe import moe_layer_pattern, moe_routers
 from megatron.utils.rank_utils import all_reduce_small
 
 
@@ -77,8 +76,7 @@ class MoETraining:
         """The MoE scalars of the log interval of ``iterations`` iterations (module doc), the
         same on every rank; resets both trackers. All ranks must call it."""
         from megatron.core import parallel_state
-        from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
-                                                             get_moe_layer_wise_logging_tracker)
+        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
 
         record: Dict[str, float] = {}
         dp_group = parallel_state.get_data_parallel_group()

@@ -15,6 +15,7 @@ def router_factory(one_rank_model_parallel):
     """``make(**config fields) -> MoERouter`` of 6 experts over hidden 16, weights drawn from seed 0."""
     from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     from megatron.model.moe import MoERouter
 
     def make(**fields):
@@ -78,8 +79,7 @@ def test_load_balancing_loss_equals_its_formula(router_factory):
     """Switch/GShard: E * sum_i f_i * P_i with f_i the fraction of the k * T assignments that go to
     expert i and P_i its mean probability over the T tokens; the tracker keeps it without the
     coefficient, and the tokens per expert the router counts are the routing map's."""
-    from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
-                                                         get_moe_layer_wise_logging_tracker)
+    from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
 
     k, experts, coeff = 2, 6, 0.01
     router = router_factory(moe_router_topk=k, moe_aux_loss_coeff=coeff)
@@ -112,6 +112,7 @@ def test_biased_experts_train_at_expert_parallel_1_with_the_gated_bias(one_rank_
     from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
     from megatron.core.transformer.spec_utils import build_module
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     from megatron.model.moe import ExpertRowParallelLinear, use_moe_router
 
     config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,

@@ -1,7 +1,7 @@
 """BatchSchedule against megatron-core's rampup calculator; the resumable batch sampler."""
 import pytest
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 
 from megatron.data.samplers import PretrainingBatchSampler
@@ -50,7 +50,7 @@ def global_order(total, consumed, mbs, dp):
     """Interleave the micro batches of all ranks back into one global sample sequence."""
     samplers = [iter(PretrainingBatchSampler(total, consumed, mbs, r, dp)) for r in range(dp)]
     order = []
-    for batches in zip(*samplers):
+    for batches in zip(*samplers, strict=False):
         for batch in batches:
             order.extend(batch)
     return order

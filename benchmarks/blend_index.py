@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
 from megatron.core.datasets import helpers  # noqa: E402
+
 from megatron.data.blend_config import parse_blend_config  # noqa: E402
 from megatron.data.curriculum.constituents import Constituent  # noqa: E402
 from megatron.data.curriculum.index import CurriculumIndex  # noqa: E402
@@ -120,6 +121,7 @@ def bench_fetch(num: int, repeat: int):
     import torch
     from megatron.core.datasets.blended_dataset import BlendedDataset
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
     from megatron.data.curriculum.dataset import build_curriculum_dataset
     from megatron.tokenizer import ByteLevelTokenizer
 
@@ -130,7 +132,7 @@ def bench_fetch(num: int, repeat: int):
         prefixes = _make_data(tmp, D, 300)
         weights = [float(d + 1) for d in range(D)]
         cfg = parse_blend_config({"train": {"blend": [
-            {"path": p, "weight": w} for p, w in zip(prefixes, weights)]}}, "bench.yaml").train
+            {"path": p, "weight": w} for p, w in zip(prefixes, weights, strict=True)]}}, "bench.yaml").train
         gc = GPTDatasetConfig(random_seed=1, sequence_length=1024, tokenizer=ByteLevelTokenizer(),
                               reset_position_ids=False, reset_attention_mask=False,
                               eod_mask_loss=False, create_attention_mask=False,

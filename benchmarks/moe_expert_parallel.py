@@ -80,9 +80,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="Interleaved rounds (best kept).")
     opts = parser.parse_args()
     sys.path.insert(0, ROOT)
-    from tools.make_demo_data import make_demo_data
-
     from megatron.runtime.cpu_comm import remove_stale_shm_buffers
+    from tools.make_demo_data import make_demo_data
 
     with tempfile.TemporaryDirectory() as work:
         data = make_demo_data(os.path.join(work, "demo"), size_mb=1.0, verbose=False)

@@ -21,6 +21,7 @@ from statistics import median
 
 from launch import ROOT, launch_pretraining
 
+
 def theoretical_bubble(stages: int, micro_batches: int) -> float:
     """Idle fraction (p - 1) / (m + p - 1) of a p-stage pipeline over m micro batches."""
     return (stages - 1) / (micro_batches + stages - 1)

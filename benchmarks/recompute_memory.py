@@ -46,9 +46,10 @@ def measure(opts, recompute_flags) -> dict:
     torch.set_num_threads(opts.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(opts.port))
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    from megatron.core import parallel_state
+
     from megatron.config.arguments import validate_args
     from megatron.config.parser import get_parser
-    from megatron.core import parallel_state
     from megatron.model.gpt_model import build_gpt_model
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 

@@ -47,11 +47,11 @@ def model_flags(opts):
 
 
 def time_ours(args, opts) -> float:
+    from megatron.checkpoint.engine import TrainingState
+    from megatron.data.train_data import TrainData
     from megatron.metrics.writers import MetricsWriter
     from megatron.model.gpt_model import build_gpt_model
-    from megatron.checkpoint.engine import TrainingState
     from megatron.schedules.units import batch_schedule_from_args
-    from megatron.data.train_data import TrainData
     from megatron.train.engine_setup import setup_model_and_optimizer
     from megatron.train.loop import train
     from megatron.train.steps import gpt_forward_step, step_functions

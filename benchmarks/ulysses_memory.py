@@ -55,10 +55,11 @@ def worker(opts) -> None:
     import torch
 
     torch.set_num_threads(opts.threads)
-    from megatron.config.parser import parse_args
     from megatron.core import parallel_state
-    from megatron.parallel.initialize import initialize_distributed, set_seeds
+
+    from megatron.config.parser import parse_args
     from megatron.model.gpt_model import build_gpt_model
+    from megatron.parallel.initialize import initialize_distributed, set_seeds
     from megatron.train.steps import gpt_forward_step
 
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -35,14 +35,14 @@ quiet_known_warnings()  # before megatron.core is imported
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from megatron.config.parser import parse_args  # noqa: E402
 from megatron.data.device_transfer import batch_to_device  # noqa: E402
 from megatron.data.mtf_dataset import pack_sample, truncated_lengths  # noqa: E402
-from megatron.model.masks import (attention_structure_from_batch,  # noqa: E402
-                                  collate_with_segment_layout)
+from megatron.model.masks import attention_structure_from_batch, collate_with_segment_layout  # noqa: E402
+from megatron.tokenizer import tokenizer_setup  # noqa: E402
+
 # the model and its checkpoint (any layout); re-exported as this script's Python API
 from tasks.checkpoint_model import build_model, one_process_argv  # noqa: E402
-from megatron.config.parser import parse_args  # noqa: E402
-from megatron.tokenizer import tokenizer_setup  # noqa: E402
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

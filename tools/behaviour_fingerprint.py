@@ -162,7 +162,7 @@ def differences(a, b, path: str = "") -> List[str]:
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return [f"{path}: {len(a)} entries vs {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
     return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
 
 

@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.config.flag_compat import compat_flag, VALUE_ALIASES  # noqa: E402
+from megatron.config.flag_compat import VALUE_ALIASES, compat_flag  # noqa: E402
 from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
@@ -182,8 +182,8 @@ def all_flags() -> List[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of pretrain_gpt.py with finetune_t0.py's own flags added."""
-    from megatron.config.parser import get_parser  # lazy: numpy + the flag modules; not --help
     from finetune_t0 import extra_args_provider  # lazy: torch, megatron-core, deepspeed
+    from megatron.config.parser import get_parser  # lazy: numpy + the flag modules; not --help
 
     return get_parser(extra_args_provider)
 

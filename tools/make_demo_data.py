@@ -25,8 +25,8 @@ from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
-from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 from megatron.data.preprocess import output_prefix_for_key, preprocess_jsonl  # noqa: E402
+from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
 DOMAINS = ("web", "code", "math")
 DEFAULT_OUTPUT_DIR = os.path.join("data", "demo")
@@ -126,7 +126,7 @@ def _fn_body(rng: random.Random, arg: str) -> List[str]:
     if kind == 1:
         return [f"    return [x * {k} for x in {arg} if x % {rng.randint(2, 5)} == 0]"]
     if kind == 2:
-        return [f"    counts = {{}}", f"    for x in {arg}:",
+        return ["    counts = {}", f"    for x in {arg}:",
                 "        counts[x] = counts.get(x, 0) + 1",
                 f"    return sorted(counts.items(), key=lambda kv: -kv[1])[:{k}]"]
     if kind == 3:

@@ -39,11 +39,11 @@ from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args  # noqa: E402
-from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 from megatron.config.arguments import validate_args  # noqa: E402
 from megatron.config.parser import get_parser  # noqa: E402
 from megatron.errors import ArgumentError  # noqa: E402
+from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args  # noqa: E402
+from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
 
 def add_preview_args(parser):
@@ -248,7 +248,7 @@ def plot_preview(data: dict, path: str, title: Optional[str] = None) -> None:
         data = {k: _thin(v, keep) for k, v in data.items()}
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), sharex=True,
                              squeeze=False)
-    for ax, (_, draw) in zip(axes[:, 0], panels):
+    for ax, (_, draw) in zip(axes[:, 0], panels, strict=True):
         draw(ax, data)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("iteration")

@@ -24,15 +24,23 @@ import torch
 
 from megatron.checkpoint.engine_index import canonical_namer, write_param_index
 from megatron.checkpoint.expert_weights import dense_checkpoint_layout, write_expert_weights
-from megatron.checkpoint.format import (TRACKER_FILENAME, atomic_torch_save, checkpoint_tag,
-                                        read_layout, read_param_index, read_tracker,
-                                        write_data_mix, write_layout, write_model_args,
-                                        write_tracker)
+from megatron.checkpoint.format import (
+    TRACKER_FILENAME,
+    atomic_torch_save,
+    checkpoint_tag,
+    read_layout,
+    read_param_index,
+    read_tracker,
+    write_data_mix,
+    write_layout,
+    write_model_args,
+    write_tracker,
+)
+from megatron.checkpoint.reader import CheckpointReader
+from megatron.checkpoint.reshard import load_resharded
 from megatron.errors import CheckpointError, ReshardError
 from megatron.parallel.topology import ParallelLayout, current_layout
 from megatron.utils.rank_utils import all_reduce_small, print_rank_0
-from megatron.checkpoint.reader import CheckpointReader
-from megatron.checkpoint.reshard import load_resharded
 
 CHECKPOINT_VERSION = 1
 CLIENT_STATE_KEY = "megatron_training_state"  # our state inside DeepSpeed's client state

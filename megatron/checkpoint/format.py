@@ -22,9 +22,9 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from megatron.utils.atomic_io import atomic_path, atomic_write_text
 from megatron.errors import CheckpointError, ConfigError
 from megatron.parallel.topology import ParallelLayout
+from megatron.utils.atomic_io import atomic_path, atomic_write_text
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 LAYOUT_FILENAME = "parallel_layout.json"

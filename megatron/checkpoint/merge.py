@@ -47,15 +47,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 
-from megatron.checkpoint.format import (checkpoint_tag, read_tracker, resolve_checkpoint,
-                                        write_merge_record)
-from megatron.errors import CheckpointError, ConfigError
-from megatron.model.param_names import VOCAB_PARAMETERS, tensor_parallel_partition, gpt_order
-from megatron.schedules.registry import (ScheduleContext, ScheduleError, build_schedule,
-                                         get_schedule_class, known_kinds)
 from megatron.checkpoint.engine import CLIENT_STATE_KEY
+from megatron.checkpoint.format import checkpoint_tag, read_tracker, resolve_checkpoint, write_merge_record
 from megatron.checkpoint.reader import CheckpointReader
 from megatron.checkpoint.writer import write_checkpoint
+from megatron.errors import CheckpointError, ConfigError
+from megatron.model.param_names import VOCAB_PARAMETERS, gpt_order, tensor_parallel_partition
+from megatron.schedules.registry import ScheduleContext, ScheduleError, build_schedule, get_schedule_class, known_kinds
 
 # Recorded model flags that may differ between checkpoints of one model: they only choose the
 # padding of the vocabulary rows, which the shapes compare.
@@ -122,7 +120,7 @@ def normalized_weights(weights: Sequence[float], iterations: Sequence[int]) -> L
         raise ConfigError(f"--weights has {len(weights)} values for {len(iterations)} checkpoints "
                           f"(iterations {' '.join(map(str, iterations))}): give one weight per "
                           "checkpoint")
-    for w, it in zip(weights, iterations):
+    for w, it in zip(weights, iterations, strict=True):
         if not math.isfinite(w):
             raise ConfigError(f"--weights {w} (iteration {it}): weights must be finite numbers")
         if w < 0:
@@ -210,7 +208,7 @@ def decay_multipliers(schedule, iterations: Sequence[int], where: str = "the sch
     if not np.all(np.isfinite(values)):
         raise ConfigError(f"{where}: not finite between iterations {first} and {last}")
     return [float(values[a - first:b - first].mean()) / peak
-            for a, b in zip(iterations[:-1], iterations[1:])]
+            for a, b in zip(iterations[:-1], iterations[1:], strict=False)]
 
 
 def weights_from_schedule(spec: str, iterations: Sequence[int]
@@ -347,7 +345,7 @@ _MALLOC_TRIM = None
 def _accumulate(acc: torch.Tensor, tensor: torch.Tensor, weight: float) -> None:
     """``acc += weight * tensor`` in fp32, a slice at a time: a bf16 ``tensor`` is cast slice by
     slice (a whole-tensor mixed-dtype ``add_`` would materialise an fp32 copy of it)."""
-    for into, part in zip(acc.view(-1).split(_SLICE), tensor.reshape(-1).split(_SLICE)):
+    for into, part in zip(acc.view(-1).split(_SLICE), tensor.reshape(-1).split(_SLICE), strict=True):
         into.add_(part, alpha=weight)
 
 
@@ -370,7 +368,7 @@ def merged_tensors(readers: Sequence[Any], weights: Sequence[float], names: Sequ
             flush()
             group, count, numel, start = _group(name), 0, 0, time.perf_counter()
         acc = None
-        for reader, w in zip(readers, weights):
+        for reader, w in zip(readers, weights, strict=True):
             if w == 0:
                 continue
             tensor = reader.tensor(name)
@@ -396,7 +394,7 @@ def merge_checkpoints(load_dir: str, iterations: Sequence[int], weights: Sequenc
     start = time.perf_counter()
     if len(weights) != len(iterations):
         raise ConfigError(f"{len(weights)} weights for {len(iterations)} checkpoints")
-    pairs = sorted(zip(iterations, weights))
+    pairs = sorted(zip(iterations, weights, strict=True))
     iterations, weights = [p[0] for p in pairs], [p[1] for p in pairs]
     if os.path.abspath(save_dir) == os.path.abspath(load_dir):
         raise ConfigError(f"--save {save_dir} is --load: write the merged checkpoint to a new "
@@ -429,10 +427,10 @@ def merge_checkpoints(load_dir: str, iterations: Sequence[int], weights: Sequenc
         sources = [{"load": os.path.abspath(load_dir), "iteration": r.iteration,
                     "directory": os.path.abspath(r.directory), "layout": r.layout.as_dict(),
                     "zero_stage": (r.index or {}).get("zero_stage"), "weight": w}
-                   for r, w in zip(readers, weights)]
+                   for r, w in zip(readers, weights, strict=True)]
         log(f"merging {len(readers)} checkpoints of --load {load_dir}: "
             + ", ".join(f"iteration {r.iteration} ({r.layout.describe()}) x {w:.6g}"
-                        for r, w in zip(readers, weights)))
+                        for r, w in zip(readers, weights, strict=True)))
         iteration = newest.iteration
         directory = os.path.join(save_dir, checkpoint_tag(iteration))
         os.makedirs(directory, exist_ok=True)

@@ -28,10 +28,10 @@ import argparse
 import os
 from typing import Dict, Iterable, List, Optional, Set
 
-from megatron.checkpoint.format import (MODEL_ARGS_FILENAME, checkpoint_tag, read_model_args,
-                                        read_tracker)
+from megatron.checkpoint.format import MODEL_ARGS_FILENAME, checkpoint_tag, read_model_args, read_tracker
 from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION
 from megatron.errors import ArgumentError
+
 # Flags (argparse dests) that shape the model; each recorded when this parser defines it.
 MODEL_ARG_NAMES = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",

@@ -56,12 +56,22 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from megatron.checkpoint.expert_weights import EXPERT_FILE
-from megatron.checkpoint.format import (ZERO_OPTIMIZER, read_layout, read_model_args,
-                                        read_param_index, resolve_checkpoint)
+from megatron.checkpoint.format import (
+    ZERO_OPTIMIZER,
+    read_layout,
+    read_model_args,
+    read_param_index,
+    resolve_checkpoint,
+)
 from megatron.checkpoint.shards import full_shape, merge_shards, merge_tp_shards
 from megatron.errors import CheckpointError, ReshardError
-from megatron.model.param_names import (EMBEDDING, canonical_weight_name, gpt_order,
-                                        pipe_key_to_canonical, tensor_parallel_partition)
+from megatron.model.param_names import (
+    EMBEDDING,
+    canonical_weight_name,
+    gpt_order,
+    pipe_key_to_canonical,
+    tensor_parallel_partition,
+)
 from megatron.parallel.topology import ParallelLayout
 
 _LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")

@@ -36,15 +36,21 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 
 import torch
 
-from megatron.checkpoint.format import (INDEX_VERSION, TORCH_OPTIMIZER, checkpoint_tag,
-                                        write_layout, write_model_args, write_param_index,
-                                        write_tracker)
+from megatron.checkpoint.engine import CLIENT_STATE_KEY
+from megatron.checkpoint.format import (
+    INDEX_VERSION,
+    TORCH_OPTIMIZER,
+    checkpoint_tag,
+    write_layout,
+    write_model_args,
+    write_param_index,
+    write_tracker,
+)
+from megatron.checkpoint.reader import release_file_pages
 from megatron.checkpoint.shards import split_full
 from megatron.errors import CheckpointError, ConfigError
 from megatron.model.param_names import canonical_to_pipe_key, tensor_parallel_partition
 from megatron.parallel.topology import ParallelLayout
-from megatron.checkpoint.reader import release_file_pages
-from megatron.checkpoint.engine import CLIENT_STATE_KEY
 
 # Linear modules of megatron-core's local spec that carry an (empty) _extra_state entry.
 _EXTRA_STATE_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")

@@ -18,8 +18,7 @@ from megatron.config.data_flags import validate_data
 from megatron.config.deepspeed_config import validate_deepspeed_config, validate_deepspeed_json
 from megatron.config.logging_flags import validate_logging
 from megatron.config.lr_flags import validate_lr_units
-from megatron.config.model_flags import (build_transformer_config, resolve_attention_backend,
-                                         validate_model)
+from megatron.config.model_flags import build_transformer_config, resolve_attention_backend, validate_model
 from megatron.config.moe_flags import validate_moe_args
 from megatron.config.parallel_flags import validate_layout, validate_pipe_accumulation
 from megatron.config.run_control_flags import validate_run_control

@@ -5,8 +5,8 @@ weighted-split groups parsed up front, loss weights, the phase transitions."""
 import argparse
 from typing import List
 
-from megatron.errors import ArgumentError, ConfigError
 from megatron.data.loss_weights import parse_dataset_loss_weights
+from megatron.errors import ArgumentError, ConfigError
 
 
 def add_data_args(parser: argparse.ArgumentParser) -> None:

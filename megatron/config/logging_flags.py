@@ -1,7 +1,7 @@
 """The "logging" flag group (TensorBoard, ``--metrics-jsonl``, Weights & Biases) and its check:
 ``--wandb-project`` needs an importable ``wandb``."""
-from typing import List
 import argparse
+from typing import List
 
 from megatron.errors import ArgumentError
 from megatron.metrics.wandb_writer import INSTALL_HINT, wandb_import_problem

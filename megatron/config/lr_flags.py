@@ -118,6 +118,7 @@ def validate_lr_units(args) -> None:
 def _validate_lr_schedule(args) -> None:
     """Build the LR/WD schedules once, so bad shapes fail here with the flag or file named."""
     import numpy as np
+
     from megatron.optim import learning_rates as lrs  # lazy: it imports logging (~10 ms); not --help
     from megatron.schedules.registry import ScheduleError  # lazy: the schedule registry (~6 ms); not --help
 

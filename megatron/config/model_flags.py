@@ -2,8 +2,8 @@
 ``--position-embedding-type``, ``--transformer-impl``, ``--attention-backend``, ...) and its checks:
 derived sizes, the rotary flags, the layer implementation, the core attention of the run, and
 megatron-core's ``TransformerConfig`` (``args.transformer_config``)."""
-from typing import List
 import argparse
+from typing import List
 
 from megatron.config.compat_flags import value_alias
 from megatron.errors import ArgumentError
@@ -103,7 +103,10 @@ def resolve_attention_backend(args) -> None:
     (``check_backend_trains``, before distributed start-up), not by parsing: resolved for
     forward use, FlexAttention may evaluate on a CPU; one that cannot run at all is left
     unresolved (None) for the run to refuse."""
-    from megatron.model.attention_backends import TE_BACKENDS, resolve_attention_backend_from_args  # lazy: ~2 ms import; --help needs none
+    from megatron.model.attention_backends import (  # lazy: ~2 ms import; --help needs none
+        TE_BACKENDS,
+        resolve_attention_backend_from_args,
+    )
 
     try:
         args.resolved_attention_backend = resolve_attention_backend_from_args(

@@ -20,7 +20,7 @@ from megatron.config.run_control_flags import add_run_control_args
 from megatron.config.skip_step_flags import add_skip_step_args
 from megatron.config.tokenizer_flags import add_tokenizer_args
 from megatron.config.train_flags import add_training_args
-from megatron.errors import ArgumentError, EXIT_FLAG_ERROR, exit_with_error
+from megatron.errors import EXIT_FLAG_ERROR, ArgumentError, exit_with_error
 
 
 class _Parser(argparse.ArgumentParser):

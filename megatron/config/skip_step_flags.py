@@ -1,8 +1,8 @@
 """The "skipping a step on a gradient spike" flag group (``--grad-norm-skip-threshold``,
 ``--skip-step-zscore-threshold``, ``--skip-step-zscore-window``) and its checks; the decision
 they configure is megatron/optim/skip_step.py (docs/skip_step.md)."""
-from typing import List
 import math
+from typing import List
 
 from megatron.errors import ArgumentError
 from megatron.optim.skip_step import DEFAULT_ZSCORE_WINDOW

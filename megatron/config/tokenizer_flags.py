@@ -4,8 +4,12 @@ The types, the files each reads and how the type is resolved: megatron/tokenizer
 import argparse
 
 from megatron.errors import ArgumentError, ConfigError
-from megatron.tokenizer.types import (DEFAULT_TOKENIZER_TYPE, GPT2_FILES_DEFAULT_TYPE,
-                                      TOKENIZER_TYPES, tokenizer_config_from_args)
+from megatron.tokenizer.types import (
+    DEFAULT_TOKENIZER_TYPE,
+    GPT2_FILES_DEFAULT_TYPE,
+    TOKENIZER_TYPES,
+    tokenizer_config_from_args,
+)
 
 
 def add_tokenizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -2,15 +2,18 @@
 precision and fp16 loss scaling, intervals, loss normalisation) and its checks: the batch
 (gradient accumulation steps), the run length, LR bounds and intervals, and the ``train_iters``
 of a ``--train-samples`` run."""
-from typing import List
 import argparse
+from typing import List
 
 from megatron.config.data_flags import validate_phase_transitions
+from megatron.config.deepspeed_config import global_batch_from_json
 from megatron.config.parallel_flags import validate_layout_sizes
 from megatron.errors import ArgumentError
-from megatron.config.deepspeed_config import global_batch_from_json
-from megatron.schedules.units import (batch_schedule_from_args, train_iterations_from_args,
-                                      parse_step_batch_size_schedule)
+from megatron.schedules.units import (
+    batch_schedule_from_args,
+    parse_step_batch_size_schedule,
+    train_iterations_from_args,
+)
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:

@@ -310,11 +310,11 @@ def _parse_schedule(spec: Dict[str, Any], where: str, points_key: str = "points"
                 raise _err(f"{where}.{points_key}", f"point {x!r} is negative")
             xs.append(xv)
             ys.append(yv)
-        for a, b in zip(xs, xs[1:]):
+        for a, b in zip(xs, xs[1:], strict=False):
             if not b > a:
                 raise _err(f"{where}.{points_key}", f"points are not sorted in increasing order: "
                                                     f"{b:g} comes after {a:g} (points {points!r})")
-        out["points"] = {x: y for x, y in zip(xs, ys)}
+        out["points"] = {x: y for x, y in zip(xs, ys, strict=True)}
     try:  # unknown schedule types/keys: ask the schedule registry when it is there
         from megatron.schedules import registry  # lazy: numpy, only for schedule-valued weights
         from megatron.schedules.base import allowed_keys  # lazy: numpy, only for schedule-valued weights

@@ -8,19 +8,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
 
-from megatron.data.blend_config import SplitBlend, indexed_dataset_problem, BlendEntry, BlendStage
-from megatron.data.train_data import EvalGroup, TrainData
-from megatron.errors import ConfigError
-from megatron.utils.rank_utils import print_rank_0
-from megatron.schedules.units import (batch_schedule_from_args, train_iterations_from_args,
-                                      train_samples_from_args)
+from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend, indexed_dataset_problem
 from megatron.data.curriculum.constituents import resolve_constituents
-from megatron.data.curriculum.dataset import (gpt_epoch_source, build_blend_config_datasets,
-                                              build_curriculum_dataset)
-from megatron.data.mix_resume import MixSources, continue_training_mix, eval_group_counters
+from megatron.data.curriculum.dataset import build_blend_config_datasets, build_curriculum_dataset, gpt_epoch_source
 from megatron.data.loss_weights import dataset_loss_weights, parse_dataset_loss_weights
-from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
+from megatron.data.mix_resume import MixSources, continue_training_mix, eval_group_counters
 from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
+from megatron.data.train_data import EvalGroup, TrainData
+from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
+from megatron.errors import ConfigError
+from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args, train_samples_from_args
+from megatron.utils.rank_utils import print_rank_0
 
 
 def train_valid_test_num_samples(args) -> Tuple[int, int, int]:
@@ -80,7 +78,9 @@ def check_split_has_documents(data_path: List[str], split: str) -> None:
     selects no document of a ``--data-path`` prefix (megatron-core, which rounds each split's
     document range as here, would loop forever sizing that empty split)."""
     from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
 
     bounds = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
     prefixes, _ = get_blend_from_list(data_path)
@@ -88,7 +88,7 @@ def check_split_has_documents(data_path: List[str], split: str) -> None:
         with open(prefix + ".idx", "rb") as f:  # header checked by check_prefixes_exist
             f.seek(18)
             n = int.from_bytes(f.read(8), "little")  # sequences: what megatron-core splits
-        for name, bound in zip(("train", "valid", "test"), bounds):
+        for name, bound in zip(("train", "valid", "test"), bounds, strict=True):
             if bound is not None and int(round(bound[1] * n)) <= int(round(bound[0] * n)):
                 raise ConfigError(
                     f"--split {split}: the {name} split ({bound[0]:g} to {bound[1]:g} of the "
@@ -133,7 +133,7 @@ def training_mix(args, sources, blend, resume=None, eval_groups: Sequence[EvalGr
     counters, notes = eval_group_counters(record, [(g.split, g.name) for g in eval_groups],
                                           resume.iteration if resume is not None else 0,
                                           args.eval_interval)
-    for group, counter in zip(eval_groups, counters):
+    for group, counter in zip(eval_groups, counters, strict=True):
         group.first_evaluation = counter.first_evaluation
     mix.eval_groups = counters
     for note in mix.notes + notes:
@@ -149,7 +149,7 @@ def training_data(args, mix, blend, eval_groups, train=None) -> TrainData:
                                    parse_dataset_loss_weights(args.dataset_loss_weights))
     if weights is not None:
         print_rank_0("loss weights: " + ", ".join(f"{c.name} {w:g}" for c, w in
-                                                    zip(mix.dataset.constituents, weights)))
+                                                    zip(mix.dataset.constituents, weights, strict=True)))
     return TrainData(train=mix.dataset if train is None else train, eval_groups=eval_groups,
                      dataset_names=list(mix.dataset.names), mix=mix, loss_weights=weights)
 
@@ -210,12 +210,14 @@ def data_path_blends(args) -> Dict[str, Optional[SplitBlend]]:
     ``--{train,valid,test}-data-path`` (whole files). Without weights a blend of several prefixes
     weighs each by its samples per epoch (megatron-core: "weights inferred from the lengths")."""
     from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
 
     if args.data_path:
         bounds = convert_split_vector_to_split_matrix(parse_and_normalize_split(args.split))
         sources = {split: (args.data_path, bound)
-                   for split, bound in zip(("train", "valid", "test"), bounds)}
+                   for split, bound in zip(("train", "valid", "test"), bounds, strict=True)}
         flag = "--data-path"
     else:
         sources = {split: (getattr(args, f"{split}_data_path"), (0.0, 1.0))
@@ -229,11 +231,12 @@ def data_path_blends(args) -> Dict[str, Optional[SplitBlend]]:
         where = flag or f"--{split}-data-path"
         prefixes, weights = get_blend_from_list(paths)
 
+        # blend_of is called in this iteration only: its loop variables are this split's (B023)
         def blend_of(ws):
-            entries = tuple(BlendEntry(path=p, weight=float(w), split=(float(bound[0]), float(bound[1])),
-                                       where=f"{where} {p}") for p, w in zip(prefixes, ws))
-            return SplitBlend(stages=(BlendStage("blend", entries, None, where),), name=split,
-                              where=where)
+            entries = tuple(BlendEntry(path=p, weight=float(w), split=(float(bound[0]), float(bound[1])),  # noqa: B023
+                                       where=f"{where} {p}") for p, w in zip(prefixes, ws, strict=True))  # noqa: B023
+            return SplitBlend(stages=(BlendStage("blend", entries, None, where),), name=split,  # noqa: B023
+                              where=where)  # noqa: B023
 
         if weights is None:
             weights = [1.0] * len(prefixes)

@@ -27,7 +27,7 @@ def pack_tensors(tensors: Sequence[torch.Tensor], pin_memory: bool) -> Tuple[tor
         slots.append((offset, nbytes, t.dtype, t.shape))
         offset += _aligned(nbytes)
     buffer = torch.empty(max(offset, ALIGNMENT), dtype=torch.uint8, pin_memory=pin_memory)
-    for t, (start, nbytes, dtype, shape) in zip(tensors, slots):
+    for t, (start, nbytes, dtype, shape) in zip(tensors, slots, strict=True):
         if nbytes:
             buffer[start:start + nbytes].view(dtype).view(shape).copy_(t)
     return buffer, slots
@@ -54,7 +54,7 @@ def batch_to_device(batch: Mapping[str, object], device) -> Dict[str, object]:
         return dict(batch)
     buffer, slots = pack_tensors([batch[k] for k in keys], pin_memory=True)
     on_device = buffer.to(device, non_blocking=True)
-    return {**batch, **dict(zip(keys, unpack_tensors(on_device, slots)))}
+    return {**batch, **dict(zip(keys, unpack_tensors(on_device, slots), strict=True))}
 
 
 def to_device_async(tensor: torch.Tensor, device) -> torch.Tensor:

@@ -35,8 +35,8 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from megatron.errors import ConfigError
 from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend
+from megatron.errors import ConfigError
 
 __all__ = ["RECORD_VERSION", "LedgerKey", "LedgerEntry", "MixPhase", "EvalGroupCounter",
            "MixRecord", "gpt_files_fingerprint", "ledger_key"]

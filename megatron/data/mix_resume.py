@@ -29,8 +29,15 @@ from megatron.data.blend_config import SplitBlend, short_dataset_name
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.dataset import Continuation, CurriculumDataset, build_mix_dataset
 from megatron.data.curriculum.index import CurriculumIndex
-from megatron.data.mix_ledger import (EvalGroupCounter, LedgerEntry, LedgerKey, MixPhase,
-                                      MixRecord, blend_from_json, blend_to_json)
+from megatron.data.mix_ledger import (
+    EvalGroupCounter,
+    LedgerEntry,
+    LedgerKey,
+    MixPhase,
+    MixRecord,
+    blend_from_json,
+    blend_to_json,
+)
 from megatron.errors import ConfigError
 from megatron.schedules.units import BatchSchedule
 
@@ -146,7 +153,7 @@ class MixHistory:
         counts = phase.base_counts()
         ds = self.dataset(p, with_sources=False)
         stop = min(int(sample), ds.index.num_samples)
-        for c, n in zip(self.constituents(p), ds.drawn_before(stop)):
+        for c, n in zip(self.constituents(p), ds.drawn_before(stop), strict=True):
             counts[c.ledger_key] = int(n)
         return counts
 
@@ -311,7 +318,7 @@ def _epoch_and_position(entry: LedgerEntry, dataset: CurriculumDataset) -> Tuple
     else as recorded."""
     if entry.samples_per_epoch:
         return divmod(entry.drawn, entry.samples_per_epoch)
-    for c, source in zip(dataset.constituents, dataset.datasets):
+    for c, source in zip(dataset.constituents, dataset.datasets, strict=True):
         if c.ledger_key == entry.key and source is not None and hasattr(source, "epoch_and_position"):
             return source.epoch_and_position(entry.drawn)
     return entry.epoch, entry.position
@@ -427,7 +434,7 @@ def _ledger_problem(record: MixRecord, dataset: CurriculumDataset,
         return None
     counts = dataset.drawn_before(stop)
     recorded = record.drawn()
-    for c, n in zip(dataset.constituents, counts):
+    for c, n in zip(dataset.constituents, counts, strict=True):
         want = recorded.get(c.ledger_key, 0)
         if int(n) != want:
             return (f"--load {resume.load_dir}: the checkpoint's data ledger says {c.name} gave "
@@ -448,11 +455,11 @@ def mix_table(record: MixRecord, history: MixHistory, dataset: CurriculumDataset
                                history.constituents(last), history.phases[last].num_samples,
                                _batch_schedule(history.phases[last].batch_schedule), build=False)
         w = plan.target_weights([min(consumed, plan.num_samples - 1)])[:, 0]
-        old_weights = {c.ledger_key: float(x) for c, x in zip(plan.constituents, w)}
+        old_weights = {c.ledger_key: float(x) for c, x in zip(plan.constituents, w, strict=True)}
     except ConfigError:
         pass  # the old mix's files are gone: its weights show as n/a
     new = dataset.index.target_weights([min(consumed, len(dataset) - 1)])[:, 0]
-    new_weights = {c.ledger_key: float(x) for c, x in zip(dataset.constituents, new)}
+    new_weights = {c.ledger_key: float(x) for c, x in zip(dataset.constituents, new, strict=True)}
     drawn = {e.key: e for e in record.ledger}
     keys = list(drawn) + [c.ledger_key for c in dataset.constituents if c.ledger_key not in drawn]
     names = {e.key: e.name for e in record.ledger}
@@ -468,7 +475,7 @@ def mix_table(record: MixRecord, history: MixHistory, dataset: CurriculumDataset
                      fmt(new_weights.get(key, 0.0)), str(n),
                      f"{n / per_epoch:.3f}" if per_epoch else f"{e.epoch if e else 0} + {e.position if e else 0}"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
             for row in rows]
 
 

@@ -18,11 +18,10 @@ from megatron.data.builder import train_valid_test_num_samples, training_data, t
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.dataset import build_mix_dataset
 from megatron.data.mix_ledger import gpt_files_fingerprint
-from megatron.data.mtf_dataset import (MTFDataset, MTFDocumentPair, PackedSamplesOnly,
-                                       document_range, truncated_lengths)
+from megatron.data.mix_resume import MixSources
+from megatron.data.mtf_dataset import MTFDataset, MTFDocumentPair, PackedSamplesOnly, document_range, truncated_lengths
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.schedules.units import batch_schedule_from_args
-from megatron.data.mix_resume import MixSources
 
 # (weight, start, end, prefix)
 SplitItem = Tuple[float, float, float, str]

@@ -48,11 +48,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-
-from megatron.utils.atomic_io import atomic_path
-from megatron.errors import ConfigError
 from megatron.core.datasets.indexed_dataset import IndexedDataset
+
 from megatron.data.blend_config import indexed_dataset_problem
+from megatron.errors import ConfigError
+from megatron.utils.atomic_io import atomic_path
 
 INPUTS_KEY = "inputs"
 TARGETS_KEY = "targets"
@@ -277,15 +277,15 @@ class MTFDataset(torch.utils.data.Dataset):
         if self.num_truncated:
             warnings.warn(f"MTF dataset {self.name!r}: {self.num_truncated} of {total} pairs "
                           f"exceed --seq-length {self.seq_length} and were truncated (inputs from "
-                          "the left first)")
+                          "the left first)", stacklevel=2)
         if self.num_empty_targets:
             warnings.warn(f"MTF dataset {self.name!r}: {self.num_empty_targets} of {total} pairs "
                           "have an empty target and are skipped (a T0 record needs a target; "
-                          "they take no packed positions)")
+                          "they take no packed positions)", stacklevel=2)
         if self.num_empty_inputs:
             warnings.warn(f"MTF dataset {self.name!r}: {self.num_empty_inputs} of {total} pairs "
                           "have an empty input; each is packed as its target alone (no loss on "
-                          "the first target token, which nothing precedes)")
+                          "the first target token, which nothing precedes)", stacklevel=2)
 
     # ---------------------------------------------------------------- index
     def _cache_key(self) -> str:
@@ -304,11 +304,11 @@ class MTFDataset(torch.utils.data.Dataset):
         if cache_dir:
             try:
                 os.makedirs(cache_dir, exist_ok=True)
-                for path, array in zip(paths, arrays):
+                for path, array in zip(paths, arrays, strict=True):
                     _atomic_save_npy(path, array)
             except OSError as e:
                 warnings.warn(f"MTF dataset {self.name!r}: could not write the pack cache in "
-                              f"{cache_dir} ({e}); continuing without it")
+                              f"{cache_dir} ({e}); continuing without it", stacklevel=2)
         return arrays
 
     def pack_epoch(self, epoch: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -205,7 +205,7 @@ def preprocess_jsonl(
             pool = None
         for key, prefix in prefixes.items():
             builders[key].finalize(prefix + ".idx" + tmp_suffix)
-        for key, prefix in prefixes.items():
+        for _key, prefix in prefixes.items():
             os.replace(prefix + ".bin" + tmp_suffix, prefix + ".bin")
             os.replace(prefix + ".idx" + tmp_suffix, prefix + ".idx")
     except BaseException:

@@ -47,7 +47,7 @@ def iteration_samples(phases: Sequence[MixPhase], first: int, last: int) -> List
             its = np.arange(t, stop + 1, dtype=np.int64)
             starts = bs.samples_at_iterations(k0 + its - 1 - phase.begin_iteration)
             ends = bs.samples_at_iterations(k0 + its - phase.begin_iteration)
-            out += [(int(a), int(b), int(c)) for a, b, c in zip(its, starts, ends)]
+            out += [(int(a), int(b), int(c)) for a, b, c in zip(its, starts, ends, strict=True)]
         else:  # a batch schedule changed at the resume point: step as the loop does
             consumed = phase.begin
             for it in range(phase.begin_iteration + 1, stop + 1):

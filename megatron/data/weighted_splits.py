@@ -20,8 +20,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from megatron.errors import ConfigError
 from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend
+from megatron.errors import ConfigError
 
 __all__ = [
     "WeightedSplitError", "WeightedSplitItem", "WeightedSplitGroup", "parse_weighted_split_group",

@@ -81,8 +81,10 @@ def _te_kernel_problem(requested: str, *, structured_batches: bool, prefix_batch
                        flash_attn: Tuple[str, ...]) -> Optional[str]:
     """Why TE's ``requested`` kernel family (flash, fused or unfused) has no kernel for this
     run's batches (module docstring), or None when it has one."""
-    from megatron.model.transformer_engine_support import (FLASH_ATTN_WITH_DROPOUT,  # lazy: importlib.metadata (~20 ms), for TE only
-                                                           UNFUSED_THD_MIN_VERSION)
+    from megatron.model.transformer_engine_support import (  # lazy: importlib.metadata (~20 ms), for TE only
+        FLASH_ATTN_WITH_DROPOUT,
+        UNFUSED_THD_MIN_VERSION,
+    )
 
     flex = "flex" if attention_dropout == 0 else "flex (with --attention-dropout 0)"
     if requested == "flash":

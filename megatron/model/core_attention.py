@@ -13,12 +13,11 @@ import contextlib
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
-from torch import Tensor
-
 from megatron.core import tensor_parallel
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
+from torch import Tensor
 
 from megatron.model.alibi import alibi_slope_list_for_partition
 from megatron.model.masks import AttentionStructure

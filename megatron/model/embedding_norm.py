@@ -16,7 +16,6 @@ parameters are tagged ``sequence_parallel`` (their gradients are summed over the
 megatron/parallel/grads.py).
 """
 import torch
-
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 NORM_ATTR = "norm"
@@ -37,7 +36,7 @@ def add_embedding_layernorm(embedding: torch.nn.Module, config: TransformerConfi
                               device=word_embeddings.weight.device, dtype=config.params_dtype)
     sliced = bool(config.sequence_parallel and embedding.reduce_scatter_embeddings)
     for param in norm.parameters():
-        setattr(param, "sequence_parallel", sliced)
+        param.sequence_parallel = sliced
     word_embeddings.add_module(NORM_ATTR, norm)
     word_embeddings.register_forward_hook(_apply_norm)
     return norm

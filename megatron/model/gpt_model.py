@@ -10,26 +10,34 @@ import functools
 from typing import Optional, Union
 
 import torch
-
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI
+from megatron.model.alibi import model_position_embedding_type
+from megatron.model.attention_backends import (
+    apply_te_kernel_environment,
+    attention_backend_from_args,
+    core_attention_spec,
+)
 from megatron.model.embedding_norm import add_embedding_layernorm
-from megatron.model.init import initialize_parameters
-from megatron.model.param_names import global_expert_name
-from megatron.parallel.experts import first_local_expert
-from megatron.model.norms import sequence_parallel_capable
-from megatron.model.alibi import POSITION_EMBEDDING_TYPE as ALIBI, model_position_embedding_type
-from megatron.model.attention_backends import (apply_te_kernel_environment,
-                                               attention_backend_from_args, core_attention_spec)
 from megatron.model.fusions import describe_fusions, fusion_config_from_args
+from megatron.model.init import initialize_parameters
+from megatron.model.moe import (
+    describe_moe,
+    layer_specs_for_pattern,
+    moe_config_from_args,
+    moe_layer_pattern,
+    use_moe_router,
+)
+from megatron.model.norms import sequence_parallel_capable
+from megatron.model.param_names import global_expert_name
 from megatron.model.rotary import use_device_rotary_embedding
 from megatron.model.vocab_padding import mask_output_layer_padding
-from megatron.model.moe import (describe_moe, layer_specs_for_pattern, moe_config_from_args,
-                                moe_layer_pattern, use_moe_router)
+from megatron.parallel.experts import first_local_expert
 from megatron.parallel.recompute import recompute_config_from_args
 from megatron.utils.rank_utils import print_rank_0
 

@@ -35,28 +35,26 @@ import dataclasses
 from typing import Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
-
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
-                                                          _get_block_submodules)
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, _get_block_submodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
-from megatron.model.vocab_padding import local_padding_start, mask_padding_logits_, tp_coordinates
-from megatron.model.param_names import pipe_key_to_gpt_name, global_expert_name
-from megatron.model.embedding_norm import add_embedding_layernorm
-from megatron.model.rotary import RotaryEmbedding
 from megatron.errors import ArgumentError
 from megatron.model.alibi import model_position_embedding_type
+from megatron.model.embedding_norm import add_embedding_layernorm
 from megatron.model.init import initialize_parameters
+from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
+from megatron.model.masks import AttentionStructure
 from megatron.model.norms import sequence_parallel_capable
+from megatron.model.param_names import global_expert_name, pipe_key_to_gpt_name
+from megatron.model.rotary import RotaryEmbedding
+from megatron.model.segment_layout import padded_cu_seqlens
+from megatron.model.vocab_padding import local_padding_start, mask_padding_logits_, tp_coordinates
 from megatron.parallel.experts import first_local_expert
 from megatron.parallel.topology import ParallelLayout, deepspeed_topology
-from megatron.model.segment_layout import padded_cu_seqlens
-from megatron.model.masks import AttentionStructure
 
 TIED_EMBEDDING_KEY = "embed"
 # What GPTModel's transformer_layer_spec takes: one layer's spec or the block's submodules.
@@ -137,7 +135,7 @@ class StageAttentionStructure:
         key = tuple((t, t._version) for t in attention)
         cached = self._key
         if (cached is not None and len(cached) == len(key)
-                and all(a is b and va == vb for (a, va), (b, vb) in zip(cached, key))):
+                and all(a is b and va == vb for (a, va), (b, vb) in zip(cached, key, strict=True))):
             return self._structure
         self._structure = attention_structure_from_pipe(attention)
         self._key = key
@@ -501,7 +499,10 @@ def build_gpt_model_pipe(args) -> GPTModelPipe:
     """The ``GPTModelPipe`` for ``args`` on this rank's stage (``args.padded_vocab_size`` set and the
     parallel state initialised): same config and layer spec as ``build_gpt_model``, DeepSpeed's
     topology equal to megatron-core's, weights from the layout-independent initializer."""
-    from megatron.model.gpt_model import layer_spec_from_args, model_transformer_config  # lazy: TE/apex probes (megatron-core's GPT specs); not --help
+    from megatron.model.gpt_model import (  # lazy: TE/apex probes (megatron-core's GPT specs); not --help
+        layer_spec_from_args,
+        model_transformer_config,
+    )
 
     config = model_transformer_config(args)
     layer_spec = layer_spec_from_args(args)

@@ -17,7 +17,6 @@ import math
 from typing import Callable, Iterable, Optional, Tuple
 
 import torch
-
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 _SCALED = ("linear_proj.weight", "linear_fc2.weight")

@@ -32,9 +32,8 @@ import dataclasses
 from typing import Callable, Dict, Mapping, Optional
 
 import torch
-from torch import Tensor
-
 from megatron.core.packed_seq_params import PackedSeqParams
+from torch import Tensor
 
 from megatron.model.segment_layout import SegmentLayout, padded_cu_seqlens, segment_layout
 

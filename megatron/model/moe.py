@@ -19,7 +19,6 @@ scores change from one forward to the next.
 from typing import List, Optional, Tuple, Union
 
 import torch
-
 from megatron.core.tensor_parallel.layers import RowParallelLinear
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec

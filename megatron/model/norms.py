@@ -7,7 +7,6 @@ gradient sum. :class:`TorchNorm` builds the same torch module and tags weight an
 gradients over the tensor-parallel group.
 """
 import torch
-
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -28,7 +27,7 @@ class TorchNorm:
         else:
             raise ValueError(f"normalization {config.normalization}: LayerNorm or RMSNorm only")
         for param in norm.parameters():
-            setattr(param, "sequence_parallel", config.sequence_parallel)
+            param.sequence_parallel = config.sequence_parallel
         return norm
 
 

@@ -15,9 +15,9 @@ sequence's), where megatron-core's context-parallel code would take its load-bal
 chunks.
 """
 import torch
+from megatron.core.models.common.embeddings import rotary_pos_embedding as mcore_rotary
 from torch import Tensor
 
-from megatron.core.models.common.embeddings import rotary_pos_embedding as mcore_rotary
 from megatron.parallel.ulysses import sequence_parallel_group, sequence_shard
 
 __all__ = ["RotaryEmbedding", "use_device_rotary_embedding"]

@@ -106,7 +106,7 @@ def bucket_masks(structure: AttentionStructure, buckets: SegmentBuckets, device,
     ``slope * (k - q)`` with ``-inf`` where masked, ``[count|1, n, L, L]``. Positions are the
     segment's own, so a segment attends exactly as it would alone."""
     masks = []
-    for (length, _, _), prefix in zip(structure.layout.buckets, buckets.prefix):
+    for (length, _, _), prefix in zip(structure.layout.buckets, buckets.prefix, strict=True):
         if prefix is None and slopes is None:
             masks.append(None)
             continue
@@ -140,7 +140,7 @@ def sdpa_segmentwise(q: Tensor, k: Tensor, v: Tensor, structure: AttentionStruct
     parts = [t.transpose(1, 2).reshape(b * s, n, h).index_select(0, buckets.source).split(sizes)
              for t in (q, k, v)]
     outputs = []
-    for (length, count, _), mask, *qkv in zip(layout.buckets, masks, *parts):
+    for (length, count, _), mask, *qkv in zip(layout.buckets, masks, *parts, strict=True):
         qs, ks, vs = (t.view(count, length, n, h).transpose(1, 2) for t in qkv)
         if mask is None:
             out = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p, is_causal=True,

@@ -122,7 +122,7 @@ def segment_layout(segment_ids: Tensor, is_prefix: Optional[Tensor] = None
     padded = bucket_lengths(lengths, s)
     has_prefix = prefix > 0
     buckets, gather = [], []
-    for length, with_prefix in sorted(set(zip(padded.tolist(), has_prefix.tolist()))):
+    for length, with_prefix in sorted(set(zip(padded.tolist(), has_prefix.tolist(), strict=True))):
         members = np.flatnonzero((padded == length) & (has_prefix == with_prefix))
         slots = np.arange(length)[None, :]
         index = starts[members, None] + slots

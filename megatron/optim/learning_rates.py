@@ -29,8 +29,7 @@ import numpy as np
 from megatron.errors import ConfigError
 from megatron.schedules.base import fill_run_defaults
 from megatron.schedules.registry import Schedule, ScheduleContext, build_schedule
-from megatron.schedules.units import (BatchSchedule, batch_schedule_from_args,
-                                      train_iterations_from_args)
+from megatron.schedules.units import BatchSchedule, batch_schedule_from_args, train_iterations_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +313,7 @@ def _differences(ours, theirs, path: str):
             yield from _differences(ours.get(key), theirs.get(key), sub)
     elif isinstance(ours, (list, tuple)) and isinstance(theirs, (list, tuple)) \
             and len(ours) == len(theirs) and path.startswith("--lr-schedule-config"):
-        for i, (a, b) in enumerate(zip(ours, theirs)):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             yield from _differences(a, b, f"{path}[{i}]")
     elif _differs(ours, theirs):
         yield path, ours, theirs

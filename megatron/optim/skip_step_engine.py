@@ -29,10 +29,10 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from megatron.optim.skip_step import SkipDecision, SkipStepRule, rule_from_args
-from megatron.utils.rank_utils import print_rank_0, all_reduce_small
-from megatron.parallel.pipe import model_grad_norm, is_pipe_engine
 from megatron.optim.loss_normalization import normalization_from_args
+from megatron.optim.skip_step import SkipDecision, SkipStepRule, rule_from_args
+from megatron.parallel.pipe import is_pipe_engine, model_grad_norm
+from megatron.utils.rank_utils import all_reduce_small, print_rank_0
 
 CHECKPOINT_KEY = "skip_step"  # in TrainingState.extra, so in every checkpoint's training state
 

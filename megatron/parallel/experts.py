@@ -31,7 +31,6 @@ group, which spans the stages, so a stage without experts (no ``moe`` group) wou
 collectives of the others and every rank would wait forever.
 """
 import torch
-
 from deepspeed.moe.layer import MoE
 
 from megatron.errors import ConfigError

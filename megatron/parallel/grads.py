@@ -117,7 +117,7 @@ def all_reduce_coalesced(tensors: List[torch.Tensor], group) -> None:
     for same in by_dtype.values():
         flat = _flatten_dense_tensors(same)
         torch.distributed.all_reduce(flat, group=group)
-        for tensor, summed in zip(same, _unflatten_dense_tensors(flat, same)):
+        for tensor, summed in zip(same, _unflatten_dense_tensors(flat, same), strict=True):
             tensor.copy_(summed)
 
 

@@ -6,12 +6,12 @@ from typing import List
 import numpy as np
 import torch
 
-from megatron.parallel.topology import initialize_model_parallel
-from megatron.parallel.cuda_connections import apply_max_connections
-from megatron.runtime import cpu_comm
 from megatron.errors import ConfigError
-from megatron.runtime.jit_ops import build_done
 from megatron.parallel.cpu_rng import model_parallel_manual_seed
+from megatron.parallel.cuda_connections import apply_max_connections
+from megatron.parallel.topology import initialize_model_parallel
+from megatron.runtime import cpu_comm
+from megatron.runtime.jit_ops import build_done
 
 
 def default_backend() -> str:
@@ -24,7 +24,7 @@ def initialize_distributed(args) -> List[str]:
     ``python`` run becomes a 1-rank group) and megatron-core's tensor/pipeline/data-parallel
     groups (megatron/parallel/topology.py). Returns the start-up notes it has (on a GPU: how
     ``CUDA_DEVICE_MAX_CONNECTIONS`` was set)."""
-    import deepspeed
+    import deepspeed  # noqa: F401  (unused, kept: deepspeed is loaded before start-up, as it always was)
 
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")

@@ -15,7 +15,6 @@ import torch
 from megatron.parallel.grads import global_grad_norm
 from megatron.parallel.topology import MegatronCoreMPU
 
-
 # DeepSpeed's pipe engine divided the gradients of every stage but the last by the gradient
 # accumulation steps a second time from 0.18.3 to 0.19.2 (deepspeedai/DeepSpeed issue #8152, fixed by
 # PR #8154 in 0.19.3)

@@ -19,8 +19,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from megatron.schedules.base import (REQUIRED, Schedule, ScheduleError, _number, _with_defaults,
-                                     register_schedule)
+from megatron.schedules.base import REQUIRED, Schedule, ScheduleError, _number, _with_defaults, register_schedule
 
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
 POWER_DECAY_STYLES = ("exponential", "linear")

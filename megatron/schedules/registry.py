@@ -14,10 +14,17 @@ and ``staged.py`` (staged), both imported here. A new kind's module is imported 
         def values(self, progress):                     # progress: float64 array in self.unit
             return ...
 """
-from megatron.schedules.base import (REQUIRED, Schedule, ScheduleContext,  # noqa: F401
-                                     ScheduleError, build_schedule, get_schedule_class,
-                                     known_kinds, register_schedule)
 from megatron.schedules import builtin, staged  # noqa: F401,E402  (register the built-in kinds)
+from megatron.schedules.base import (  # noqa: F401
+    REQUIRED,
+    Schedule,
+    ScheduleContext,
+    ScheduleError,
+    build_schedule,
+    get_schedule_class,
+    known_kinds,
+    register_schedule,
+)
 
 __all__ = ["REQUIRED", "Schedule", "ScheduleContext", "ScheduleError", "build_schedule",
            "get_schedule_class", "known_kinds", "register_schedule"]

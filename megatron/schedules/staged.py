@@ -25,9 +25,7 @@ from typing import Mapping
 
 import numpy as np
 
-from megatron.schedules.base import (Schedule, ScheduleContext, ScheduleError, _number,
-                                     build_schedule, register_schedule)
-
+from megatron.schedules.base import Schedule, ScheduleContext, ScheduleError, _number, build_schedule, register_schedule
 
 STAGE_KEY_ALIASES = {"value": "schedule"}
 """Other spellings of a stage's keys: Levanter writes a stage's schedule as ``value``."""

@@ -50,7 +50,7 @@ class BatchSchedule:
             object.__setattr__(self, "steps", steps)
             if self.rampup:
                 raise ValueError("a batch schedule has either a rampup or steps, not both")
-            if steps[0][0] != 0 or any(b[0] <= a[0] for a, b in zip(steps, steps[1:])):
+            if steps[0][0] != 0 or any(b[0] <= a[0] for a, b in zip(steps, steps[1:], strict=False)):
                 raise ValueError(f"step thresholds must start at 0 and increase: {steps}")
             if steps[-1][1] != self.global_batch_size:
                 raise ValueError(f"the last step's batch {steps[-1][1]} is not the global batch "
@@ -83,7 +83,7 @@ class BatchSchedule:
             # consumed before them are below t_{i+1}
             pieces = [np.zeros(1, dtype=np.int64)]
             consumed = 0
-            for (_, batch), (end, _) in zip(self.steps, self.steps[1:]):
+            for (_, batch), (end, _) in zip(self.steps, self.steps[1:], strict=False):
                 if consumed < end:
                     n = -(-(end - consumed) // batch)
                     pieces.append(consumed + batch * np.arange(1, n + 1, dtype=np.int64))
@@ -289,7 +289,7 @@ def parse_step_batch_size_schedule(text: str, seq_length: int) -> List[Tuple[int
     steps.sort(key=lambda step: step[0])
     if steps[0][0] != 0:
         raise ValueError(f"the first threshold must be 0 (got {steps[0][2]!r})")
-    for before, after in zip(steps, steps[1:]):
+    for before, after in zip(steps, steps[1:], strict=False):
         if after[0] <= before[0]:
             raise ValueError(f"thresholds {before[2]!r} and {after[2]!r} fall on the same sample "
                              f"({after[0]} at --seq-length {seq_length}); thresholds must "

@@ -3,17 +3,17 @@ weighs its losses."""
 from typing import Callable
 
 from megatron.config.deepspeed_config import deepspeed_config_from_args
+from megatron.config.moe_flags import describe_layer_freq
 from megatron.data.train_data import TrainData
+from megatron.model.moe import moe_layer_pattern
 from megatron.optim.learning_rates import build_opt_param_scheduler
 from megatron.optim.loss_normalization import LossNormalizer, LossWeights, normalization_from_args
 from megatron.optim.optimizer import build_optimizer
-from megatron.utils.rank_utils import print_rank_0
-from megatron.config.moe_flags import describe_layer_freq
-from megatron.model.moe import moe_layer_pattern
+from megatron.optim.precision import precision_line
 from megatron.parallel.grads import install_sequence_parallel_grad_allreduce
 from megatron.parallel.pipe import check_grid_matches, install_model_grad_clipping
 from megatron.parallel.topology import MegatronCoreMPU
-from megatron.optim.precision import precision_line
+from megatron.utils.rank_utils import print_rank_0
 
 
 def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int):
@@ -21,6 +21,7 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
     import deepspeed
     from deepspeed.pipe import PipelineModule
     from megatron.core import parallel_state
+
     from megatron.parallel.experts import check_stages_hold_experts, mark_expert_parameters  # lazy: deepspeed (seconds)
 
     model = model_provider(args)

@@ -5,8 +5,8 @@ import time
 import torch
 
 from megatron.config.run_config import LoopConfig
-from megatron.utils.rank_utils import all_reduce_small
 from megatron.train.run_control import kill_switch_found
+from megatron.utils.rank_utils import all_reduce_small
 
 
 class ExitRequest:

@@ -10,13 +10,14 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from megatron.checkpoint.engine import TrainingState
+from megatron.checkpoint.model_args import model_args_from_args
 from megatron.config.run_config import LoopConfig, RunConfig
 from megatron.data.train_data import TrainData
 from megatron.metrics.writers import MetricsWriter, metrics_writer
 from megatron.model.attention_backends import check_backend_trains
 from megatron.optim.loss_normalization import normalization_line
-from megatron.parallel.topology import layout_line
 from megatron.parallel.initialize import initialize_distributed, set_seeds
+from megatron.parallel.topology import layout_line
 from megatron.schedules.units import batch_schedule
 from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
 from megatron.train.evaluation import _evaluate_all
@@ -24,11 +25,10 @@ from megatron.train.exit_request import ExitRequest
 from megatron.train.hooks import LoopHook, loop_hooks_from_args
 from megatron.train.loader import _loader
 from megatron.train.resume import _check_data_resume, _maybe_save, _restore, data_resume
+from megatron.train.run_control import kill_switch_found
 from megatron.train.stats import _IntervalStats, _log_iteration
 from megatron.train.steps import StepFunctions, _grad_norm, gpt_forward_step, step_functions
 from megatron.utils.rank_utils import all_reduce_small, print_rank_0
-from megatron.train.run_control import kill_switch_found
-from megatron.checkpoint.model_args import model_args_from_args
 
 
 def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: StepFunctions,

@@ -3,13 +3,13 @@ the data ledger a resumed run's data continues."""
 from typing import Callable, Optional
 
 from megatron.checkpoint.engine import TrainingState, load_checkpoint, save_checkpoint
-from megatron.config.run_config import CheckpointConfig
-from megatron.data.train_data import TrainData
-from megatron.utils.rank_utils import print_rank_0
 from megatron.checkpoint.format import checkpoint_tag, read_data_mix, read_tracker
+from megatron.config.run_config import CheckpointConfig
 from megatron.data.mix_ledger import MixRecord
 from megatron.data.mix_resume import DataResume
+from megatron.data.train_data import TrainData
 from megatron.errors import CheckpointError
+from megatron.utils.rank_utils import print_rank_0
 
 
 def _maybe_save(engine, checkpoint: CheckpointConfig, model_args: dict, state: TrainingState,

@@ -14,13 +14,12 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
+from megatron.data.device_transfer import batch_to_device
 from megatron.model.lm_loss import masked_lm_loss
 from megatron.model.pipe_io import pipe_batch
 from megatron.optim.loss_normalization import LossNormalizer
 from megatron.parallel.pipe import is_pipe_engine, model_grad_norm
-from megatron.data.device_transfer import batch_to_device
-from megatron.parallel.ulysses import (sequence_parallel_group, sequence_rank_and_size,
-                                       slice_batch_for_sequence_rank)
+from megatron.parallel.ulysses import sequence_parallel_group, sequence_rank_and_size, slice_batch_for_sequence_rank
 
 
 def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:

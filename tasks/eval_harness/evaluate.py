@@ -113,10 +113,9 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The shared parser's flags (model, tokenizer, checkpoint) plus the evaluation flags."""
     from megatron.config.parser import parse_args  # lazy: numpy + the flag modules, only to parse
-    from tasks.zero_shot_rank_classification import _DEFAULTS  # lazy: megatron-core (seconds)
-
     from megatron.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds)
     from tasks.checkpoint_model import one_process_argv  # lazy: torch (~1 s), only to parse
+    from tasks.zero_shot_rank_classification import _DEFAULTS  # lazy: megatron-core (seconds)
 
     # one process: a training command line's expert-parallel size becomes 1
     argv = one_process_argv(sys.argv[1:] if argv is None else argv)

@@ -116,7 +116,7 @@ class MegatronLM(TemplateLM):
         continuation_ids)`` request, in the order given."""
         pairs = [self._fit(ctx, cont) for _, ctx, cont in requests]
         results = self.score_token_pairs(pairs)
-        for (key, _, _), answer in zip(requests, results):
+        for (key, _, _), answer in zip(requests, results, strict=True):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, answer)
         return results
@@ -130,9 +130,9 @@ class MegatronLM(TemplateLM):
                 owner.append(r_i)
         scores = self.score_token_pairs(windows)
         totals = [0.0] * len(requests)
-        for r_i, (score, _) in zip(owner, scores):
+        for r_i, (score, _) in zip(owner, scores, strict=True):
             totals[r_i] += score
-        for req, total in zip(requests, totals):
+        for req, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
 
@@ -148,7 +148,7 @@ class MegatronLM(TemplateLM):
         for lo in range(0, len(order), self.batch_size):
             self._generate_batch([rows[i] for i in order[lo:lo + self.batch_size]])
         texts = [self._cut(self.tok_decode(r["gen"]), r["until"]) for r in rows]
-        for req, text in zip(requests, texts):
+        for req, text in zip(requests, texts, strict=True):
             self.cache_hook.add_partial("generate_until", req.args, text)
         return texts
 
@@ -244,7 +244,7 @@ class MegatronLM(TemplateLM):
                     seq_ctx, gen = seq_ctx[cut_ctx:], gen[overflow - cut_ctx:]
                 pairs.append((seq_ctx, gen))
             logits, _ = self._forward(pairs, feed_last=True)
-            for row, (r, (c, g)) in enumerate(zip(live, pairs)):
+            for row, (r, (c, g)) in enumerate(zip(live, pairs, strict=True)):
                 last = logits[row, len(c) + len(g) - 1, :self._num_real_tokens]
                 token = int(last.argmax())
                 if token == self.eot_token_id:

@@ -15,15 +15,18 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from helpers.flags import tiny_run_flags
 from helpers.paths import ROOT
 from megatron.config.arguments import validate_args
 from megatron.config.parser import get_parser, parse_args
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from megatron.data.blend_config import load_blend_config, parse_blend_config
-from megatron.data.weighted_splits import (parse_weighted_split_group, parse_weighted_split_paths,
-                                           weighted_split_groups_from_args)
+from megatron.data.weighted_splits import (
+    parse_weighted_split_group,
+    parse_weighted_split_paths,
+    weighted_split_groups_from_args,
+)
 from megatron.errors import ArgumentError, ConfigError
 
 
@@ -715,6 +718,7 @@ def test_lr_schedule_config_unreadable(tmp_path):
 
 def test_lr_schedule_differs_from_checkpoint():
     import torch
+
     from megatron.optim.learning_rates import build_opt_param_scheduler
 
     def scheduler(lr):

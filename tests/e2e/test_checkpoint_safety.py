@@ -63,7 +63,7 @@ def test_next_run_resumes_from_the_last_complete_checkpoint(killed_during_save, 
     records = read_jsonl(work / "metrics.jsonl")
     assert [r["iteration"] for r in records] == list(range(3, TRAIN_ITERS + 1))
     # iterations 3..KILLED_AT repeat exactly what the killed run did
-    for got, want in zip(records, killed_records[2:]):
+    for got, want in zip(records, killed_records[2:], strict=False):
         for key in ("consumed_samples", "lr", "lm_loss", "per_dataset_loss"):
             assert got[key] == want[key], (got["iteration"], key)
     assert (work / "ckpt" / TRACKER).read_text().strip() == str(TRAIN_ITERS)

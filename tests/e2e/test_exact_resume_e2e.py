@@ -130,7 +130,7 @@ def run_and_sigkill(script: str, flags: List[str], metrics, after_iteration: int
 def assert_same_records(got: List[dict], want: List[dict]) -> None:
     """Bitwise equality (exact float ==) of every compared key, iteration by iteration."""
     assert [r["iteration"] for r in got] == [r["iteration"] for r in want]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         for key in COMPARED:
             assert g[key] == w[key], (g["iteration"], key, g[key], w[key])
 

@@ -8,8 +8,7 @@ import time
 import psutil
 import pytest
 
-from helpers.launch import (deepspeed_launcher, mapped_shm_buffers, own_shm_buffers, read_jsonl,
-                            run_deepspeed)
+from helpers.launch import deepspeed_launcher, mapped_shm_buffers, own_shm_buffers, read_jsonl, run_deepspeed
 from helpers.paths import ROOT
 from helpers.ports import free_port
 from megatron.runtime import cpu_comm

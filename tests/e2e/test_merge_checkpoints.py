@@ -47,7 +47,7 @@ def full_weights(load, iteration):
 def weighted(load, iterations, weights):
     """Σ wᵢ·θᵢ of the checkpoints' full weights, by hand (fp32)."""
     states = [full_weights(load, it) for it in iterations]
-    return {n: sum(w * s[n].float() for w, s in zip(weights, states)) for n in states[0]}
+    return {n: sum(w * s[n].float() for w, s in zip(weights, states, strict=True)) for n in states[0]}
 
 
 def assert_close(load, expected, iteration=None, tol=1e-6):
@@ -96,7 +96,7 @@ def synthetic(tmp_path):
     """Checkpoints 10, 20, 30 of one model at three layouts (TP 1, TP 2 x PP 2, TP 2)."""
     load = tmp_path / "run"
     states = {it: write(load, it, tp=tp, pp=pp)
-              for it, (tp, pp) in zip((10, 20, 30), ((1, 1), (2, 2), (2, 1)))}
+              for it, (tp, pp) in zip((10, 20, 30), ((1, 1), (2, 2), (2, 1)), strict=True)}
     return load, states
 
 
@@ -413,7 +413,7 @@ def test_merged_checkpoint_scores_through_tasks_and_exports_to_hf(trained, tmp_p
                    "--output-json", str(out), "--transformer-impl", "local"])
         scores[name] = json.loads(out.read_text())["choice_scores"]
     assert all(math.isfinite(s) for row in scores["merged"] for s in row)
-    for a, b in zip(scores["merged"], scores["by_hand"]):
+    for a, b in zip(scores["merged"], scores["by_hand"], strict=True):
         assert a == pytest.approx(b, abs=1e-4)
     summary = convert(str(merged), str(tmp_path / "hf"))
     assert summary["family"] == "LlamaForCausalLM" and summary["iteration"] == 30
@@ -434,8 +434,9 @@ def test_merged_checkpoint_loads_with_finetune_and_without_the_optimizer(trained
     weights, and the newest source's training state unless --finetune."""
     from types import SimpleNamespace
 
-    from megatron.checkpoint.engine import load_checkpoint
     from megatron.core import parallel_state
+
+    from megatron.checkpoint.engine import load_checkpoint
 
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)

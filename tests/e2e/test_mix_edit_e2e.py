@@ -62,7 +62,7 @@ def reference(stages, names):
         order = list(weights)
         ids, samples = megatron_blend_indices([weights[n] for n in order], end - first)
         start = {n: counts.get(n, 0) for n in order}
-        for d, k in zip(ids, samples):
+        for d, k in zip(ids, samples, strict=True):
             out.append((order[d], start[order[d]] + int(k)))
         for n in order:
             counts[n] = start[n] + int(np.sum(ids == order.index(n)))
@@ -102,7 +102,7 @@ def recorded_rows(out_dir, start_sample, dp):
     for name in os.listdir(out_dir):
         for k, line in enumerate(read_jsonl(os.path.join(out_dir, name))):
             it, m = divmod(k, per_iteration)
-            for j, (tokens, last) in enumerate(zip(line["tokens"], line["last_labels"])):
+            for j, (tokens, last) in enumerate(zip(line["tokens"], line["last_labels"], strict=True)):
                 i = start_sample + it * GBS + m * MBS * dp + line["dp"] * MBS + j
                 assert i not in rows
                 rows[i] = tokens + [last]

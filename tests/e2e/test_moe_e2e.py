@@ -170,9 +170,10 @@ RANK_DOCS = [{"task": "t", "inputs": "The cat sat on the", "choices": [" mat", "
 def _scores_of(load, tmp_path, name):
     """(zero-shot rank-classification choice scores, lm-eval log-likelihoods, the model) of
     checkpoint ``load`` with the flags it recorded."""
+    from lm_eval.api.instance import Instance
+
     from tasks import zero_shot_rank_classification as rank
     from tasks.eval_harness import evaluate
-    from lm_eval.api.instance import Instance
 
     data = tmp_path / "rank.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in RANK_DOCS))
@@ -199,7 +200,7 @@ def test_evaluation_tasks_score_an_expert_parallel_checkpoint_as_the_one_rank_on
 
     ours = _scores_of(moe_pp2_ep2_run[0] / "ckpt", tmp_path, "pp2_ep2")
     reference = _scores_of(moe_one_rank[2] / "ckpt", tmp_path, "one")
-    for got, want in zip(ours[0], reference[0]):
+    for got, want in zip(ours[0], reference[0], strict=True):
         assert got == pytest.approx(want, abs=1e-5)
     assert ours[1] == pytest.approx(reference[1], abs=1e-5)
     assert len({round(s, 3) for s in ours[1]}) > 1  # the choices score differently
@@ -257,10 +258,10 @@ def test_eval_tasks_score_the_expert_parallel_checkpoint_as_its_mixtral_export(
     (--use-checkpoint-args; the training command line's --expert-model-parallel-size 2 runs at 1)
     give every choice the log-likelihood the exported Mixtral computes, within 1e-5; no
     evaluation forward records a load-balancing loss."""
+    from helpers.eval_tasks import MC_DOCS, task_files
     from megatron.runtime.mcore_compat import clear_moe_metrics, moe_metric_entries
     from tasks import zero_shot_rank_classification as rank
     from tasks.eval_harness import evaluate
-    from helpers.eval_tasks import MC_DOCS, task_files
 
     load, hf = moe_mixtral_export
     clear_moe_metrics()  # zeroes what earlier in-process tests recorded
@@ -288,7 +289,7 @@ def test_eval_tasks_score_the_expert_parallel_checkpoint_as_its_mixtral_export(
     assert sorted(lm_eval_scores) == list(range(len(MC_DOCS)))
     diffs = [abs(g - w) for i, choices in enumerate(want)
              for got in (ranked["choice_scores"][i], lm_eval_scores[i])
-             for g, w in zip(got, choices)]
+             for g, w in zip(got, choices, strict=True)]
     assert len(diffs) == 2 * sum(len(d["choices"]) for d in MC_DOCS)
     assert max(diffs) < EVAL_TOLERANCE, max(diffs)
     recorded = {k: float(v.values.abs().sum()) for k, v in moe_metric_entries().items()}

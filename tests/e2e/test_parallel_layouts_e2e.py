@@ -9,9 +9,17 @@ import shutil
 import pytest
 
 from helpers.launch import read_jsonl, run_deepspeed, run_ranks
-from helpers.parallel import (CLIP_GRAD, LAYOUT_ITERS, assert_curriculum_records_match,
-                              assert_losses_match, assert_low_precision_matches, fp16_supported,
-                              layout_flags, run_layout, train_records)
+from helpers.parallel import (
+    CLIP_GRAD,
+    LAYOUT_ITERS,
+    assert_curriculum_records_match,
+    assert_losses_match,
+    assert_low_precision_matches,
+    fp16_supported,
+    layout_flags,
+    run_layout,
+    train_records,
+)
 
 pytestmark = pytest.mark.launch
 

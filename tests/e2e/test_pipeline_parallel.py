@@ -16,9 +16,17 @@ import pytest
 import torch
 
 from helpers.launch import read_jsonl, run_deepspeed, run_ranks
-from helpers.parallel import (CLIP_GRAD, LAYOUT_ITERS, assert_curriculum_records_match,
-                              assert_losses_match, assert_low_precision_matches, fp16_supported,
-                              layout_flags, run_layout, train_records)
+from helpers.parallel import (
+    CLIP_GRAD,
+    LAYOUT_ITERS,
+    assert_curriculum_records_match,
+    assert_losses_match,
+    assert_low_precision_matches,
+    fp16_supported,
+    layout_flags,
+    run_layout,
+    train_records,
+)
 from megatron.schedules.units import BatchSchedule
 
 pytestmark = pytest.mark.launch
@@ -266,7 +274,7 @@ def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, 
                             [r["load_balancing_loss"] for r in train["one"]])
         for key in ("tokens_per_expert_min", "tokens_per_expert_max"):
             assert [r[key] for r in train["layout"]] == [r[key] for r in train["one"]]
-    for got, ref in zip(train["layout"], train["one"]):  # per-dataset losses (PP: the last stage)
+    for got, ref in zip(train["layout"], train["one"], strict=True):  # per-dataset losses (PP: the last stage)
         assert set(got["per_dataset_loss"]) == set(ref["per_dataset_loss"]) != set()
         assert "load_balancing_loss" not in got["per_dataset_loss"]
         assert got["per_dataset_loss"] == pytest.approx(ref["per_dataset_loss"], rel=1e-4)

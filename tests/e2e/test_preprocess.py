@@ -8,12 +8,12 @@ import sys
 
 import numpy
 import pytest
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from helpers.paths import ROOT
-from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.data.preprocess import output_prefix_for_key, preprocess_jsonl
-from megatron.tokenizer.types import tokenizer_config
 from megatron.tokenizer import ByteLevelTokenizer
+from megatron.tokenizer.types import tokenizer_config
 
 TEXTS = ["Hello world.", "Zoë visited Kraków — 日本語!", "", "def f(x):\n    return x * 2\n",
          "a" * 1000, '{"json": "inside text"}']

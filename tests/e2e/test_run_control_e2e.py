@@ -103,8 +103,8 @@ def test_reset_progress_with_a_token_budget(killed_run, demo_data, tmp_path):
     """Microsoft's script shape: --train-samples twice the budget; the budget (2.5 iterations of
     tokens) stops the run after iteration 3. Iterations, consumed samples and the LR schedule
     start from 0 although the checkpoint is at iteration k; the final checkpoint is iteration 3."""
-    from megatron.optim import learning_rates as lrs
     from megatron.config.parser import parse_args
+    from megatron.optim import learning_rates as lrs
     from megatron.schedules.units import batch_schedule_from_args
 
     saved = int((killed_run["ckpt"] / "latest_checkpointed_iteration.txt").read_text())

@@ -160,7 +160,7 @@ def test_resume_across_a_skip_is_bitwise(skip_run, spike_data, tmp_path):
     resumed = [r for r in read_jsonl(tmp_path / "m.jsonl") if "split" not in r]
     want = records[RESUME_FROM:]
     assert [r["iteration"] for r in resumed] == [r["iteration"] for r in want]
-    for got, ref in zip(resumed, want):
+    for got, ref in zip(resumed, want, strict=True):
         for key in COMPARED:
             assert got[key] == ref[key], (got["iteration"], key, got[key], ref[key])
     assert " iteration 8: optimizer step skipped (grad norm" in proc.stdout

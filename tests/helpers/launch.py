@@ -32,7 +32,7 @@ def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: in
     run_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     run_env.update(env or {})
-    for attempt in range(1 if master_port else 2):
+    for _attempt in range(1 if master_port else 2):
         cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port",
                str(master_port or free_port()), os.path.join(ROOT, script)] + flags
         proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True,

@@ -84,7 +84,7 @@ def assert_curriculum_records_match(run_dir, reference_dir, rel: float = 1e-4) -
     equal the reference run's (in ``reference_dir``) within ``rel``."""
     got, ref = train_records(run_dir), train_records(reference_dir)
     assert len(got) == len(ref)
-    for g, r in zip(got, ref):
+    for g, r in zip(got, ref, strict=True):
         assert set(g["per_dataset_loss"]) == set(r["per_dataset_loss"]) == {"web", "code"}, g
         for name, value in r["per_dataset_loss"].items():
             assert abs(g["per_dataset_loss"][name] - value) <= rel * abs(value), (g, r)
@@ -100,7 +100,7 @@ def assert_curriculum_records_match(run_dir, reference_dir, rel: float = 1e-4) -
 def assert_losses_match(got: Sequence[float], reference: Sequence[float], rel: float = 1e-4) -> None:
     """Every iteration's loss within ``rel`` relative of the reference's."""
     assert len(got) == len(reference)
-    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, reference)) if abs(g - r) > rel * abs(r)]
+    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, reference, strict=True)) if abs(g - r) > rel * abs(r)]
     assert not bad, f"iterations (iteration, got, reference) off by more than {rel} relative: {bad}"
 
 

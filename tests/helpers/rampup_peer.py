@@ -56,7 +56,8 @@ RECORDED_0_16_1: Dict[Tuple[int, int, int, int], List[int]] = {
 
 try:
     from megatron.core.num_microbatches_calculator import (
-        RampupBatchsizeNumMicroBatchesCalculator as PeerRampupCalculator)
+        RampupBatchsizeNumMicroBatchesCalculator as PeerRampupCalculator,
+    )
     PEER_IS_MEGATRON_CORE = True
 except ImportError:  # megatron-core 0.18+
     PeerRampupCalculator = RestatedRampupCalculator

@@ -29,12 +29,13 @@ FLAGS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
 
 
 def main(out_dir: str) -> None:
-    from megatron.config.parser import parse_args
-    from megatron.checkpoint.engine_index import canonical_namer
     from megatron.core import parallel_state
-    from megatron.parallel.initialize import initialize_distributed, set_seeds
-    from megatron.model.gpt_model_pipe import gpt_model_for_layout
+
+    from megatron.checkpoint.engine_index import canonical_namer
+    from megatron.config.parser import parse_args
     from megatron.metrics.moe import moe_training_from_args
+    from megatron.model.gpt_model_pipe import gpt_model_for_layout
+    from megatron.parallel.initialize import initialize_distributed, set_seeds
     from megatron.train.engine_setup import setup_model_and_optimizer
     from megatron.train.steps import gpt_forward_step
 

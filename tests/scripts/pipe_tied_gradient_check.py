@@ -30,11 +30,11 @@ def main(out_dir: str) -> None:
     import deepspeed
 
     from megatron.config.parser import parse_args
-    from megatron.parallel.initialize import initialize_distributed, set_seeds
     from megatron.model.gpt_model import build_gpt_model
     from megatron.model.gpt_model_pipe import build_gpt_model_pipe
     from megatron.model.lm_loss import masked_lm_loss
     from megatron.model.pipe_io import pipe_batch
+    from megatron.parallel.initialize import initialize_distributed, set_seeds
 
     args = parse_args(FLAGS, world_size=2, require_data=False)
     args.padded_vocab_size = VOCAB

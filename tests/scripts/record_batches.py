@@ -22,6 +22,7 @@ def recording_forward_step(out_dir: str):
     """``gpt_forward_step`` that first appends the training batch to this rank's file."""
     import torch
     from megatron.core import parallel_state
+
     from megatron.train.steps import gpt_forward_step
 
     def forward_step(engine, batch):

@@ -65,9 +65,9 @@ def _run(args, batch):
     """(loss, per-sample losses, {name: grad}, ALiBi slopes of layer 1) of one forward/backward
     of ``batch`` through the training loop's forward step on a plain module."""
     from megatron.model.gpt_model import build_gpt_model
+    from megatron.parallel.initialize import set_seeds
     from megatron.parallel.topology import initialize_model_parallel
     from megatron.train.steps import gpt_forward_step
-    from megatron.parallel.initialize import set_seeds
 
     initialize_model_parallel(args)
     set_seeds(args.seed)
@@ -88,8 +88,9 @@ def _run(args, batch):
 
 
 def main(out_dir: str) -> None:
-    from megatron.config.parser import parse_args
     from megatron.core import parallel_state
+
+    from megatron.config.parser import parse_args
     from megatron.parallel.initialize import initialize_distributed
 
     records = {}

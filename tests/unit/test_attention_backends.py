@@ -8,7 +8,6 @@ import types
 import numpy as np
 import pytest
 import torch
-
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -103,7 +102,7 @@ CASES = [dict(segments=True, prefix=True), dict(segments=True, prefix=False),
 def test_backend_equals_naive_reference(backend, case, alibi):
     from megatron.model.alibi import alibi_slopes
     from megatron.model.masks import attention_structure
-    cls = dict(zip(["sdpa", "flex"], cpu_backends()))[backend]
+    cls = dict(zip(["sdpa", "flex"], cpu_backends(), strict=False))[backend]
     core = make_core(cls, alibi)
     for seed in range(3):
         seg, pre = random_batch(seed, **CASES[case])
@@ -152,6 +151,7 @@ def test_dense_mask_equals_reference_rule_and_block_mask():
 def test_segment_ids_after_eod_match_megatron_core_reset_attention_mask():
     """The compact form of --reset-attention-mask equals megatron-core's dense mask."""
     from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
+
     from megatron.data.document_segments import segment_ids_after_eod
     from megatron.model.masks import attention_structure, dense_allowed_mask
     eod = 0
@@ -347,6 +347,7 @@ def test_validate_args_refuses_te_combinations_without_a_kernel(monkeypatch, cap
     """On a GPU with Transformer Engine 2.9 and no flash-attn, parsing the flags fails with the
     reason; the combinations that have a kernel parse."""
     import argparse
+
     from megatron.config.parser import parse_args
     from megatron.model import transformer_engine_support
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -418,9 +419,9 @@ class FakeTEDotProductAttention(torch.nn.Module):
             assert attn_mask_type == "padding_causal" and attention_mask is None
             assert torch.equal(cu_seqlens_q, cu_seqlens_kv) and cu_seqlens_q.dtype == torch.int32
             bounds = cu_seqlens_q.tolist()
-            assert max_seqlen_q == max(b - a for a, b in zip(bounds, bounds[1:]))
+            assert max_seqlen_q == max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
             outs = []
-            for a, b in zip(bounds, bounds[1:]):
+            for a, b in zip(bounds, bounds[1:], strict=False):
                 sbhd = [t[a:b, None] for t in (q, k, v)]  # [len, 1, h, d]
                 outs.append(FakeTEDotProductAttention.forward(
                     self, *sbhd, attn_mask_type="causal", alibi_slopes=alibi_slopes,
@@ -549,9 +550,10 @@ def test_t0_prefix_lm_losses_compact_equal_dense_reference(monkeypatch, position
     """10 training iterations on packed --prefix-lm --norm-target-loss T0 batches: the compact
     path (SDPA backend) and the dense reference mask built from the same batches give the same
     losses."""
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
     import megatron.model.gpt_model as gpt_model
     from megatron.config.parser import parse_args
-    from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.data.mtf_dataset import pack_sample
 
     args = parse_args(["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",

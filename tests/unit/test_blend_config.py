@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pytest
 import yaml
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from helpers.paths import DATA
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from megatron.data.blend_config import BlendConfigError, load_blend_config, parse_blend_config
 
 
@@ -274,27 +274,27 @@ def test_energon_step_weight_and_splits(seed_dir):
     """``step`` holds a value from its point to the next; ``val``/``test`` hold one blend or one
     dataset each: one group named after the split; ``blend_epochized`` is ``epochized_blend``;
     a dataset stage of ``sequential_schedule`` with ``until`` is a blend stage."""
-    text = f"""
+    text = """
 __module__: megatron.energon
 __class__: MetadatasetV2
 splits:
   train:
     sequential_schedule:
       - path: ds1
-        until: {{iterations: 5}}
+        until: {iterations: 5}
       - blend_epochized:
-          - {{path: ds2, repetitions: 0.5}}
-          - {{path: ds3}}
+          - {path: ds2, repetitions: 0.5}
+          - {path: ds3}
       - blend:
           - path: ds1
           - path: ds2
             weight:
               __module__: megatron.energon
               __class__: WeightSchedule
-              step: {{0: 3, 20: 0}}
-  val: {{path: ds3, split: "0.9:1"}}
+              step: {0: 3, 20: 0}
+  val: {path: ds3, split: "0.9:1"}
   test:
-    blend: [{{path: ds1, weight: 2}}, {{path: ds2}}]
+    blend: [{path: ds1, weight: 2}, {path: ds2}]
 """
     path = seed_dir / "mixed.yaml"
     path.write_text(text)

@@ -7,8 +7,7 @@ import shutil
 
 import torch
 
-from helpers.hf import (FAMILIES, export, our_args, our_logits, our_model, read_safetensors,
-                        save_model, tokens)
+from helpers.hf import FAMILIES, export, our_args, our_logits, our_model, read_safetensors, save_model, tokens
 
 TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
             "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",

@@ -3,8 +3,7 @@ function of the layout and the GPU, and what the entry points do with the enviro
 import pytest
 
 from megatron.errors import ConfigError
-from megatron.parallel.cuda_connections import (VARIABLE, apply_max_connections,
-                                                required_max_connections)
+from megatron.parallel.cuda_connections import VARIABLE, apply_max_connections, required_max_connections
 
 HOPPER, BLACKWELL = (9, 0), (10, 0)
 

@@ -7,12 +7,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from megatron.core.datasets import helpers
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 from megatron.core.datasets.utils import Split
+
+from helpers.curriculum import fake_index
+from helpers.curriculum import megatron_blend_indices as build_blending_index  # the static peer
 from megatron.data.blend_config import BlendConfigError, parse_blend_config
 from megatron.data.curriculum import index as curriculum_index
 from megatron.data.curriculum import kernel as curriculum_kernel
@@ -23,9 +25,6 @@ from megatron.data.epoch_order import gpt_sample_documents
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.schedules.units import BatchSchedule
 from megatron.tokenizer import ByteLevelTokenizer
-
-from helpers.curriculum import fake_index
-from helpers.curriculum import megatron_blend_indices as build_blending_index  # the static peer
 
 SEQ = 16
 
@@ -39,7 +38,7 @@ def gloo_group(dist_group):
 def _make(prefix, ndocs, value, seed):
     rng = np.random.default_rng(seed)
     b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for k in range(ndocs):
+    for _k in range(ndocs):
         n = int(rng.integers(5, 40))
         b.add_document(np.full(n, value, dtype=np.uint16), [n])
     b.finalize(prefix + ".idx")
@@ -255,7 +254,7 @@ def test_static_blend_equals_megatron_blended_dataset(data, tmp_path):
     assert max(ours.epochs.values()) <= 1.0
     low = {p: IndexedDataset(p) for p in (data["a"], data["b"], data["c"])}
     gpts = [GPTDataset(low[p], p, np.arange(len(low[p].sequence_lengths), dtype=np.int32), int(n),
-                       Split.train, gc) for p, n in zip((data["a"], data["b"], data["c"]), ours.counts)]
+                       Split.train, gc) for p, n in zip((data["a"], data["b"], data["c"]), ours.counts, strict=True)]
     ref = BlendedDataset(gpts, [0.3, 0.5, 0.2], N, gc)
     np.testing.assert_array_equal(np.asarray(ours.dataset_index), ref.dataset_index)
     np.testing.assert_array_equal(np.asarray(ours.dataset_sample_index), ref.dataset_sample_index)
@@ -326,7 +325,7 @@ def test_resume_and_data_parallel_give_the_same_sequence(data, tmp_path):
     def global_sequence(consumed, dp, mbs=2):
         per_rank = [list(PretrainingBatchSampler(240, consumed, mbs, r, dp)) for r in range(dp)]
         seq = []
-        for step in zip(*per_rank):
+        for step in zip(*per_rank, strict=False):
             for batch in step:
                 seq.extend(int(ds[i]["dataset_id"]) * 10 ** 6 + int(ds[i]["tokens"].sum()) for i in batch)
         return seq
@@ -401,6 +400,7 @@ def test_target_weights_preview(data, tmp_path):
 
 def test_blend_file_end_to_end_epochized_and_groups(data, tmp_path):
     import yaml
+
     from megatron.data.blend_config import load_blend_config
     from megatron.data.curriculum.dataset import build_blend_config_datasets
 
@@ -416,10 +416,10 @@ def test_blend_file_end_to_end_epochized_and_groups(data, tmp_path):
     gc = _gpt_config(tmp_path / "cache")
     bs = BatchSchedule(4, None, SEQ)
     probe = CurriculumIndex(cfg.train, resolve_constituents(cfg.train, SEQ), 1, bs)
-    n_train = int(sum(c.samples_per_epoch * r for c, r in zip(probe.constituents, (2, 1))))
+    n_train = int(sum(c.samples_per_epoch * r for c, r in zip(probe.constituents, (2, 1), strict=True)))
     train, valid, test = build_blend_config_datasets(cfg, (n_train, 12, 8), gc, bs)
     # one epoch as GPTDataset counts it
-    for c, ds in zip(train.index.constituents, train.datasets):
+    for c, ds in zip(train.index.constituents, train.datasets, strict=True):
         one = GPTDataset(ds.epoch_dataset.dataset, f"probe-{c.name}", np.arange(c.doc_begin, c.doc_end, dtype=np.int32),
                          None, Split.train, gc)
         assert len(one) == c.samples_per_epoch
@@ -583,10 +583,10 @@ def test_data_path_blends_are_megatron_cores_within_an_epoch(data, tmp_path):
     """--data-path W A W B --split: the training set and the valid/test groups are megatron-core's
     BlendedMegatronDatasetBuilder splits sample for sample while no dataset passes its first epoch
     (the same document ranges, blending rule and one-epoch GPTDatasets), now with the ledger."""
-    from megatron.config.parser import parse_args
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.data.builder import (build_pretraining_data, gpt_dataset_config,
-                                       train_valid_test_num_samples)
+
+    from megatron.config.parser import parse_args
+    from megatron.data.builder import build_pretraining_data, gpt_dataset_config, train_valid_test_num_samples
 
     args = parse_args(["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
                        "--seq-length", str(SEQ), "--micro-batch-size", "2", "--global-batch-size",

@@ -6,9 +6,9 @@ import os
 import re
 
 import pytest
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from helpers.paths import ROOT
-from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.tokenizer import ByteLevelTokenizer
 
 SIZE_MB = 0.1  # small corpus for speed; the default is larger

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -96,10 +95,11 @@ def test_packed_attention_dropout_differs_per_tensor_parallel_rank():
 def test_each_pipeline_stage_gets_seed_plus_100_times_its_rank(monkeypatch):
     """set_seeds: Python, NumPy, torch and the tracker's streams of stage 2 start from --seed + 200
     (Megatron-LM's _set_random_seed); the initial weights are the same for every stage's seeds."""
-    from megatron.config.parser import parse_args
     from megatron.core import parallel_state, tensor_parallel
-    from megatron.parallel.initialize import set_seeds
+
+    from megatron.config.parser import parse_args
     from megatron.model.gpt_model import build_gpt_model
+    from megatron.parallel.initialize import set_seeds
 
     args = parse_args(["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4",
                        "--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1",
@@ -107,7 +107,8 @@ def test_each_pipeline_stage_gets_seed_plus_100_times_its_rank(monkeypatch):
     args.padded_vocab_size = 64
     weights = {}
     for stage in (0, 2):
-        monkeypatch.setattr(parallel_state, "get_pipeline_model_parallel_rank", lambda: stage)
+        # read by set_seeds in this iteration; after the loop it sees the last stage either way (B023)
+        monkeypatch.setattr(parallel_state, "get_pipeline_model_parallel_rank", lambda: stage)  # noqa: B023
         set_seeds(1234)
         seed = 1234 + 100 * stage
         assert torch.initial_seed() == seed

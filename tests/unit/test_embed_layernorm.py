@@ -181,6 +181,6 @@ def test_norm_parameters_tagged_sequence_parallel_only_when_fed_a_sequence_slice
     config = types.SimpleNamespace(hidden_size=16, layernorm_epsilon=1e-5,
                                    params_dtype=torch.float32, sequence_parallel=sequence_parallel)
     norm = add_embedding_layernorm(embedding, config)
-    assert [getattr(p, "sequence_parallel") for p in norm.parameters()] == [tagged, tagged]
+    assert [p.sequence_parallel for p in norm.parameters()] == [tagged, tagged]
     out = embedding.word_embeddings(torch.tensor([[1, 2]]))
     torch.testing.assert_close(out.mean(-1), norm.bias.detach().mean().expand(1, 2))

@@ -25,9 +25,9 @@ ITERATION = 3
 def tiny(tmp_path_factory, dist_group):
     """A random tiny model and its checkpoint (iteration 3; iteration 2 holds other weights)
     in DeepSpeed's layout: {"args", "model", "tokenizer", "load"}."""
-    from tasks.eval_harness import evaluate
     from megatron.checkpoint.reader import MODEL_STATES
     from tasks.checkpoint_model import build_model
+    from tasks.eval_harness import evaluate
 
     args = evaluate.parse_eval_args(MODEL + ["--tasks", "unused"])
     model = build_model(args)
@@ -97,12 +97,12 @@ def test_zero_shot_output_json_has_choice_scores_per_example(tiny, tmp_path):
     written = json.loads(out.read_text())
     tok = tiny["tokenizer"]
     assert [len(s) for s in written["choice_scores"]] == [len(r["choices"]) for r in records]
-    for record, scores, pred in zip(records, written["choice_scores"], written["predictions"]):
+    for record, scores, pred in zip(records, written["choice_scores"], written["predictions"], strict=True):
         expected = [hand_score(tiny["model"], tok.tokenize(record["inputs"]), tok.tokenize(c))
                     for c in record["choices"]]
         assert scores == pytest.approx(expected, abs=1e-5)
         assert pred == max(range(len(expected)), key=expected.__getitem__)
-    correct = sum(p == r["label"] for p, r in zip(written["predictions"], records))
+    correct = sum(p == r["label"] for p, r in zip(written["predictions"], records, strict=True))
     assert written["tasks"]["t"]["accuracy"] == correct / len(records)
 
 
@@ -114,7 +114,7 @@ def test_loglikelihood_equals_hand_computation_batched_and_truncated(tiny):
                 (long_ctx, " ok"), ("abc", " a longer continuation"), ("x", "y")]
     lm = make_lm(tiny, batch_size=4)  # two forwards, padded rows of different lengths
     got = lm.loglikelihood(instances("loglikelihood", requests))
-    for (ctx, cont), (score, _) in zip(requests, got):
+    for (ctx, cont), (score, _) in zip(requests, got, strict=True):
         spaces = len(ctx) - len(ctx.rstrip())  # lm-eval moves them into the continuation
         ctx, cont = ctx[:len(ctx) - spaces], ctx[len(ctx) - spaces:] + cont
         ctx_ids = tok.tokenize(ctx) if ctx else [tok.eod]
@@ -142,7 +142,7 @@ def test_prefix_lm_scores_with_the_context_as_prefix(tiny):
     requests = [("Opposite of up:", " down"), ("Ice is", " cold")]
     prefix = make_lm(tiny, prefix_lm=True).loglikelihood(instances("loglikelihood", requests))
     causal = make_lm(tiny).loglikelihood(instances("loglikelihood", requests))
-    for (ctx, cont), (p, _), (c, _) in zip(requests, prefix, causal):
+    for (ctx, cont), (p, _), (c, _) in zip(requests, prefix, causal, strict=True):
         ctx_ids, cont_ids = tok.tokenize(ctx), tok.tokenize(cont)
         assert p == pytest.approx(hand_score(model, ctx_ids, cont_ids, prefix_lm=True), abs=1e-5)
         assert abs(p - c) > 1e-3  # the prefix structure really changes the score
@@ -154,7 +154,7 @@ def test_rolling_loglikelihood_is_the_sum_over_lm_eval_windows(tiny):
     texts = [d["text"] for d in PPL_DOCS]
     got = make_lm(tiny, batch_size=3).loglikelihood_rolling(
         instances("loglikelihood_rolling", [(t,) for t in texts]))
-    for text, score in zip(texts, got):
+    for text, score in zip(texts, got, strict=True):
         windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
             tok.tokenize(text), prefix_token=tok.eod, max_seq_len=SEQ, context_len=1)]
         assert sum(len(cont) for _, cont in windows) == len(tok.tokenize(text))
@@ -185,9 +185,9 @@ def test_greedy_generation_equals_an_argmax_loop_and_stops(tiny):
 def test_hf_tokenizer_scores_and_generates_like_the_hand_computation(tiny, hf_tokenizer_dir):
     """Another tokenizer type: the continuation's tokens are lm-eval's (context + continuation
     encoded, the context's tokens removed), greedy text is the tokenizer's decoding."""
+    from tasks.checkpoint_model import build_model
     from tasks.eval_harness import evaluate
     from tasks.eval_harness.lm import MegatronLM
-    from tasks.checkpoint_model import build_model
     args = evaluate.parse_eval_args(MODEL + ["--tasks", "unused", "--tokenizer-type",
                                              "HuggingFaceTokenizer", "--tokenizer-model",
                                              hf_tokenizer_dir])
@@ -195,7 +195,7 @@ def test_hf_tokenizer_scores_and_generates_like_the_hand_computation(tiny, hf_to
     lm = MegatronLM(model, tok, SEQ, batch_size=2, max_gen_toks=5)
     requests = [("The weather today", " is sunny"), ("Numbers:", " one two three")]
     got = lm.loglikelihood(instances("loglikelihood", requests))
-    for (ctx, cont), (score, _) in zip(requests, got):
+    for (ctx, cont), (score, _) in zip(requests, got, strict=True):
         ctx_ids = tok.tokenize(ctx)
         cont_ids = tok.tokenize(ctx + cont)[len(ctx_ids):]
         assert score == pytest.approx(hand_score(model, ctx_ids, cont_ids), abs=1e-5)

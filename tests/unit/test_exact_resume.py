@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from helpers.flags import parse
-
 from helpers.resume import TRAIN_ITERS, make_pretrain_data, pretrain_flags
 
 
@@ -57,6 +56,7 @@ def test_dataloader_does_not_draw_from_the_global_rng(dist_group):
     creates it right after restoring the RNG state, the uninterrupted one did not, so a draw here
     shifted every later dropout mask (found by the kill/resume test with dropout on)."""
     from megatron.core import parallel_state
+
     from megatron.train.loader import _loader
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel()

@@ -149,10 +149,11 @@ def test_gpt_model_flex_forward_without_host_syncs(one_rank, kind, monkeypatch):
 @pytest.mark.parametrize("kind", KINDS)
 def test_pipe_stage_forward_backward_without_host_syncs(one_rank, kind, interval):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
     from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
-    from megatron.parallel.cpu_rng import model_parallel_manual_seed
     from megatron.model.pipe_io import pipe_batch
+    from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
     args = model_args("--attention-dropout", "0.1")
     pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args), 128,
@@ -189,6 +190,7 @@ class _StandInTE(torch.nn.Module):
 def test_transformer_engine_wrapper_without_host_syncs(monkeypatch, kind, alibi):
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     from megatron.model.attention_backends import AttentionBackend, core_attention_spec
     from megatron.model.masks import attention_structure_from_batch
 

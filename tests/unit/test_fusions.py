@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.model.fusions import FusionSupport, describe_fusions, fusion_config_from_args
 from megatron.model.activations import tanh_gelu
+from megatron.model.fusions import FusionSupport, describe_fusions, fusion_config_from_args
 
 FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
            "persist_layer_norm", "masked_softmax_fusion", "gradient_accumulation_fusion")
@@ -113,7 +113,7 @@ def test_fused_bias_gelu_is_the_cpu_tanh_gelu(monkeypatch):
     cpu = tanh_gelu(y + bias)
     cpu_grads = torch.autograd.grad(cpu, (y, bias), grad)
     torch.testing.assert_close(fused, cpu, rtol=1e-7, atol=1e-7)
-    for got, want in zip(fused_grads, cpu_grads):
+    for got, want in zip(fused_grads, cpu_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-7)
     assert (cpu - F.gelu(y + bias)).abs().max() > 1e-5  # and it is not the erf form
 
@@ -134,5 +134,5 @@ def test_fused_bias_swiglu_is_the_unfused_glu(monkeypatch):
         inputs = (y,) if bias is None else (y, bias)
         torch.testing.assert_close(fused, unfused, rtol=1e-7, atol=1e-7)
         for got, want in zip(torch.autograd.grad(fused, inputs, grad),
-                             torch.autograd.grad(unfused, inputs, grad)):
+                             torch.autograd.grad(unfused, inputs, grad), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-7)

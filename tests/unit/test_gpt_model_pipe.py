@@ -264,6 +264,7 @@ def test_recompute_in_the_pipe_recomputes_each_layer_with_the_same_dropout(one_s
     runs through megatron-core's checkpoint, and with dropout on the gradients equal those of the
     pipe without recompute (the recomputed forward draws the same masks)."""
     from megatron.core import tensor_parallel
+
     from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
@@ -272,16 +273,17 @@ def test_recompute_in_the_pipe_recomputes_each_layer_with_the_same_dropout(one_s
     calls = []
     real = tensor_parallel.checkpoint
     monkeypatch.setattr(tensor_parallel, "checkpoint", lambda *a: calls.append(1) or real(*a))
-    grads = []
+    grads, reference_state = [], None
     for interval in (0, 1):
         torch.manual_seed(3)
         pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args), 260,
                             args.max_position_embeddings, one_stage_topology(),
                             activation_checkpoint_interval=interval)
         pipe._precompute_checkpointable_values()  # what DeepSpeed's engine does at start-up
-        if grads:
+        if reference_state is None:  # the first pipe's weights, loaded into the second
+            reference_state = {k: v.clone() for k, v in pipe.canonical_state_dict().items()}
+        else:
             pipe.load_canonical_state_dict(reference_state)
-        reference_state = {k: v.clone() for k, v in pipe.canonical_state_dict().items()}
         torch.manual_seed(11)
         model_parallel_manual_seed(5)  # attention dropout draws from the tracker's stream
         pipe_forward(pipe, batch(args)).backward()

@@ -14,10 +14,22 @@ import os
 import pytest
 import torch
 
-from helpers.hf import (BASE, FAMILIES, SHAPE, VOCAB, export, our_args, our_logits, our_model,
-                        read_safetensors, save_model, tokens)
+from helpers.hf import (
+    BASE,
+    FAMILIES,
+    SHAPE,
+    VOCAB,
+    export,
+    our_args,
+    our_logits,
+    our_model,
+    read_safetensors,
+    save_model,
+    tokens,
+)
 from megatron.config.parser import get_parser, parse_args
 from megatron.errors import ArgumentError, ConfigError
+
 
 def hf_logits(hf_dir, tokens):
     from transformers import AutoModelForCausalLM
@@ -48,8 +60,8 @@ def test_tp2_pp2_checkpoint_exports_the_tp1_files(tp1, tmp_path):
     tensors, and the export (sharded into several safetensors files) is identical."""
     from megatron.checkpoint.reader import CheckpointReader
     from megatron.checkpoint.shards import split_full
-    from megatron.model.param_names import tensor_parallel_partition
     from megatron.model.init import _shard
+    from megatron.model.param_names import tensor_parallel_partition
 
     args = our_args(FAMILIES["llama"])  # GQA, SwiGLU (strided fc1), untied output layer
     model = our_model(args)
@@ -64,7 +76,7 @@ def test_tp2_pp2_checkpoint_exports_the_tp1_files(tp1, tmp_path):
             for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
                 setattr(local, attr, getattr(param, attr))
         core = [_shard(param.detach(), local, rank, 2) for rank in range(2)]
-        assert all(torch.equal(a, b) for a, b in zip(mine, core)), name
+        assert all(torch.equal(a, b) for a, b in zip(mine, core, strict=True)), name
     save_model(model, args, tmp_path / "tp1")
     save_model(model, args, tmp_path / "tp2pp2", tp=2, pp=2)
     assert any(f.startswith("layer_03-model_01") for f in os.listdir(tmp_path / "tp2pp2" / "iter_0000000"))
@@ -439,8 +451,8 @@ def test_gelu_follows_megatron_lms_bias_gelu_rule(tp1, tmp_path, flags, form, hf
     import torch.nn.functional as F
 
     from megatron.checkpoint.format import read_model_args
-    from megatron.model.gelu import gelu_form
     from megatron.model.activations import activation_from_args
+    from megatron.model.gelu import gelu_form
 
     args = default_flag_args(*flags)
     x = torch.linspace(-4, 4, 101)

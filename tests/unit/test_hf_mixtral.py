@@ -13,9 +13,19 @@ import json
 import pytest
 import torch
 
+from helpers.hf import (
+    SHAPE,
+    VOCAB,
+    export,
+    hf_mixtral,
+    our_args,
+    our_logits,
+    our_model,
+    read_safetensors,
+    save_model,
+    tokens,
+)
 from megatron.errors import ConfigError
-from helpers.hf import (SHAPE, VOCAB, export, hf_mixtral, our_args, our_logits, our_model,
-                        read_safetensors, save_model, tokens)
 
 TOLERANCE = 2e-3  # nats, per token
 

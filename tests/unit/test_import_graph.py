@@ -143,7 +143,7 @@ def unmarked_lazy_imports() -> List[str]:
     say why it is deferred (``# lazy: REASON``): a hidden dependency otherwise."""
     modules = _module_files()
     found = []
-    for module, path in modules.items():
+    for _module, path in modules.items():
         lines = path.read_text().splitlines()
         tree = ast.parse("\n".join(lines), str(path))
         local = set()

@@ -27,8 +27,8 @@ def test_single_process_rank_notice_is_ignored_and_other_warnings_shown():
         warnings.simplefilter("always")
         quiet_known_warnings()
         warnings.warn("Could not determine rank from torch.distributed, RANK, or SLURM_PROCID. "
-                      "Defaulting to rank 0.")
-        warnings.warn("a warning that matters")
+                      "Defaulting to rank 0.", stacklevel=2)
+        warnings.warn("a warning that matters", stacklevel=2)
     assert [str(w.message) for w in caught] == ["a warning that matters"]
 
 

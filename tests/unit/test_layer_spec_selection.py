@@ -7,7 +7,6 @@ import importlib.util
 import inspect
 
 import pytest
-
 from megatron.core.models.gpt import gpt_layer_specs
 
 REAL_TE_SPEC = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
@@ -112,8 +111,7 @@ def _fake_transformer_engine(monkeypatch, import_error):
 def test_detection_imports_transformer_engine(monkeypatch):
     """Detection imports TE: found by find_spec but failing to import, it is not available, and the
     import error is what is reported; absent, nothing is imported."""
-    from megatron.model.transformer_engine_support import transformer_engine_available
-    from megatron.model.transformer_engine_support import transformer_engine_status
+    from megatron.model.transformer_engine_support import transformer_engine_available, transformer_engine_status
 
     _fake_transformer_engine(monkeypatch, OSError("libcudnn.so.9: cannot open shared object file"))
     status = transformer_engine_status()
@@ -143,16 +141,18 @@ def test_transformer_engine_that_does_not_import_is_not_chosen_and_says_why(monk
 def test_known_warnings_keep_a_broken_transformer_engine_visible(monkeypatch):
     """megatron-core's "not installed" notices are silenced only for packages that are absent."""
     import warnings
+
     from megatron.runtime.known_warnings import quiet_known_warnings
 
     real_find_spec = importlib.util.find_spec
     for te_present in (False, True):
+        # called in this iteration; after the loop it sees the last te_present either way (B023)
         monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
-            importlib.machinery.ModuleSpec(name, None) if te_present and name == "transformer_engine"
+            importlib.machinery.ModuleSpec(name, None) if te_present and name == "transformer_engine"  # noqa: B023
             else None if name in ("apex", "transformer_engine") else real_find_spec(name, *a)))
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             quiet_known_warnings()
-            warnings.warn("Transformer Engine is not installed. Falling back to Megatron Local")
-            warnings.warn("Apex is not installed. Falling back to Torch Norm")
+            warnings.warn("Transformer Engine is not installed. Falling back to Megatron Local", stacklevel=2)
+            warnings.warn("Apex is not installed. Falling back to Torch Norm", stacklevel=2)
         assert [str(w.message).split()[0] for w in seen] == (["Transformer"] if te_present else [])

@@ -5,13 +5,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler as CoreScheduler
 
 from helpers.flags import TINY_SCHEDULE as BASE
+from helpers.rampup_peer import PeerRampupCalculator
 from megatron.config.arguments import validate_args
 from megatron.config.parser import get_parser, parse_args
-from helpers.rampup_peer import PeerRampupCalculator
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler as CoreScheduler
 from megatron.errors import ArgumentError
 from megatron.optim.learning_rates import build_opt_param_scheduler, scheduler_steps_from_args
 
@@ -481,7 +482,7 @@ def test_power_token_flags_with_train_iters_and_rampup():
     batches = _calculator_batches(16, (4, 4, 100), 60)
     tokens = np.concatenate([[0], np.cumsum(batches)]) * 16.0
     beta = np.concatenate([batches, batches[-1:]]).astype(float)
-    end, warm, start = tokens[-1], 1000.0, tokens[-1] - 3000.0
+    warm, start = 1000.0, tokens[-1] - 3000.0
 
     def law(n, b):
         return min(0.02, b * 0.05 * n ** -0.45) if n else 0.02

@@ -12,9 +12,8 @@ import math
 import pytest
 import torch
 
-from megatron.optim.loss_normalization import (IterationLoss, LossNormalizer, LossWeights,
-                                         per_sample_mask)
 from megatron.model.lm_loss import masked_lm_loss
+from megatron.optim.loss_normalization import IterationLoss, LossNormalizer, LossWeights, per_sample_mask
 
 
 def test_per_sample_mask_gives_each_sample_or_segment_weight_one():
@@ -44,7 +43,7 @@ def test_loss_weights_give_the_hand_computed_weighted_mean():
         batches = [normalizer.prepare({"loss_mask": mask[r], "dataset_id": ids[r]}) for r in rows]
         weights = normalizer.weigh(batches, "cpu")
         total = sum(float(weights.backward_loss(m, masked_lm_loss(per_token[r], b["loss_mask"])[0]))
-                    for m, (r, b) in enumerate(zip(rows, batches)))
+                    for m, (r, b) in enumerate(zip(rows, batches, strict=True)))
         assert total / len(batches) == pytest.approx(want, rel=1e-6)  # / (dp x GAS), dp 1
     # the micro-batch mean weighs its own tokens only
     batch = LossWeights([1.0, 3.0]).apply({"loss_mask": mask, "dataset_id": ids})
@@ -108,7 +107,7 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     per_dataset = {n: float(dataset_loss[i] / dataset_count[i]) for i, n in enumerate(names)
                    if dataset_count[i] > 0}
     share = {n: float(dataset_tokens[i] / dataset_tokens.sum()) for i, n in enumerate(names)}
-    delta = torch.cat([(p.detach() - b).view(-1) for p, b in zip(engine.module.parameters(), before)])
+    delta = torch.cat([(p.detach() - b).view(-1) for p, b in zip(engine.module.parameters(), before, strict=True)])
     return loss, per_dataset, share, evaluation, delta
 
 

@@ -10,18 +10,15 @@ import os
 import numpy as np
 import pytest
 
-from megatron.data.blend_config import parse_blend_config
-from megatron.data.curriculum.index import CurriculumIndex
-from megatron.data.mix_ledger import (EvalGroupCounter, LedgerEntry, MixPhase, MixRecord,
-                                      blend_from_json, blend_to_json)
-from megatron.data.mix_resume import (DataResume, MixSources, continue_training_mix,
-                                      eval_group_counters)
-from megatron.errors import ConfigError
-from megatron.schedules.units import BatchSchedule
-
 from helpers.curriculum import fake_constituents as _fake_constituents
 from helpers.curriculum import megatron_blend_indices
 from helpers.paths import ROOT
+from megatron.data.blend_config import parse_blend_config
+from megatron.data.curriculum.index import CurriculumIndex
+from megatron.data.mix_ledger import EvalGroupCounter, LedgerEntry, MixPhase, MixRecord, blend_from_json, blend_to_json
+from megatron.data.mix_resume import DataResume, MixSources, continue_training_mix, eval_group_counters
+from megatron.errors import ConfigError
+from megatron.schedules.units import BatchSchedule
 
 SEQ, GBS = 16, 4
 BS = BatchSchedule(GBS, None, SEQ)
@@ -47,7 +44,7 @@ def index(split_blend, N, begin=0, base=None, spe=10 ** 6, drawn_before=None):
 def draws(idx):
     """[(dataset path, its sample number)] of the index's global samples, in order."""
     paths = [c.path for c in idx.constituents]
-    return [(paths[d], int(k)) for d, k in zip(idx.dataset_index, idx.dataset_sample_index)]
+    return [(paths[d], int(k)) for d, k in zip(idx.dataset_index, idx.dataset_sample_index, strict=True)]
 
 
 def ledger(pairs):
@@ -134,7 +131,7 @@ def test_edited_mix_continues_every_dataset_at_its_ledger_position():
     assert {p for p, _ in got} == {"web", "code", "extra"}  # math is no longer drawn
     assert cont.totals.tolist() == [ledger(whole).get(c.path, 0) for c in cont.constituents]
     # the ledger at any point of the continuation
-    assert dict(zip([c.path for c in cont.constituents], cont.drawn_before(R + 10))) == \
+    assert dict(zip([c.path for c in cont.constituents], cont.drawn_before(R + 10), strict=True)) == \
         {p: ledger(whole[:R + 10]).get(p, 0) for p in ("web", "code", "extra")}
 
 
@@ -146,12 +143,12 @@ def test_a_static_continuation_is_megatron_cores_blend_from_the_resume_point():
                      {"path": "c", "weight": 0.2}]}
     first = draws(index(blend(old), N))[:R]
     ids, samples = megatron_blend_indices([0.3, 0.5, 0.2], R)
-    assert first == [("abc"[d], int(k)) for d, k in zip(ids, samples)]
+    assert first == [("abc"[d], int(k)) for d, k in zip(ids, samples, strict=True)]
     base = ledger(first)
     new = {"blend": [{"path": "c", "weight": 1}, {"path": "a", "weight": 3}]}
     got = draws(index(blend(new), N, begin=R, base=base))
     ids, samples = megatron_blend_indices([1, 3], N - R)
-    assert got == [("ca"[d], base["ca"[d]] + int(k)) for d, k in zip(ids, samples)]
+    assert got == [("ca"[d], base["ca"[d]] + int(k)) for d, k in zip(ids, samples, strict=True)]
 
 
 def test_an_epochized_stage_running_at_the_resume_finishes_its_repetitions():
@@ -173,7 +170,7 @@ def test_an_epochized_stage_running_at_the_resume_finishes_its_repetitions():
     assert ledger(stage0) == {"a": 30, "b": 100}
     ids, samples = megatron_blend_indices([3, 1], N - 130)
     assert whole[130:] == [("ab"[d], {"a": 30, "b": 100}["ab"[d]] + int(k))
-                           for d, k in zip(ids, samples)]
+                           for d, k in zip(ids, samples, strict=True)]
 
 
 def test_history_is_required_for_an_epochized_stage_at_the_resume():

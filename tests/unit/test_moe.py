@@ -15,6 +15,7 @@ def router_factory(one_rank_model_parallel):
     """``make(**config fields) -> MoERouter`` of 6 experts over hidden 16, weights drawn from seed 0."""
     from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     from megatron.model.moe import MoERouter
 
     def make(**fields):
@@ -108,10 +109,10 @@ def test_biased_experts_train_at_expert_parallel_1_with_the_gated_bias(one_rank_
     ExpertRowParallelLinear). The layer trains there, and d sum(output) / d bias of expert e is
     the sum of the gates of the tokens routed to e."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.runtime.mcore_compat import clear_moe_metrics
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     from megatron.model.moe import ExpertRowParallelLinear, use_moe_router
-    from megatron.runtime.mcore_compat import build_submodule
+    from megatron.runtime.mcore_compat import build_submodule, clear_moe_metrics
 
     config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
                                ffn_hidden_size=32, num_moe_experts=4, moe_router_topk=2,

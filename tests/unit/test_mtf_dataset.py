@@ -5,12 +5,19 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-from megatron.data.mtf_dataset import (MTFDataset, MTFDocumentPair, PackedSamplesOnly,
-                                       document_range, pack_lengths, pack_sample,
-                                       truncated_lengths)
+
+from megatron.data.mtf_dataset import (
+    MTFDataset,
+    MTFDocumentPair,
+    PackedSamplesOnly,
+    document_range,
+    pack_lengths,
+    pack_sample,
+    truncated_lengths,
+)
 
 PAD = 999
 
@@ -26,14 +33,14 @@ def make_pairs(tmp_path, n=200, seed=0, max_in=60, max_tg=12, name="mtf"):
     """n pairs with distinct token contents (doc id encoded in the tokens); returns prefix, pairs."""
     rng = np.random.default_rng(seed)
     inputs, targets = [], []
-    for i in range(n):
+    for _i in range(n):
         li, lt = int(rng.integers(0, max_in + 1)), int(rng.integers(1, max_tg + 1))
         inputs.append(rng.integers(0, 500, li).tolist())
         targets.append(rng.integers(500, 990, lt).tolist())
     prefix = str(tmp_path / name)
     write_docs(prefix + "_inputs_document", inputs)
     write_docs(prefix + "_targets_document", targets)
-    return prefix, list(zip(inputs, targets))
+    return prefix, list(zip(inputs, targets, strict=True))
 
 
 def reference_segment(inp, tgt, seq_length):
@@ -339,8 +346,8 @@ def test_t0_blend_follows_megatron_cores_rule_and_tags_dataset_id(tmp_path, dist
     """The T0 training blend is megatron-core's BlendedDataset rule (build_blending_indices on
     the normalised weights) index for index, its samples are each dataset's packed samples in
     order, and every sample carries its dataset id."""
-    from megatron.data.mtf_builder import build_mtf_data
     from helpers.curriculum import megatron_blend_indices
+    from megatron.data.mtf_builder import build_mtf_data
 
     a, _ = make_pairs(tmp_path, name="a")
     b, _ = make_pairs(tmp_path, seed=1, name="b")
@@ -381,8 +388,9 @@ def test_t0_sample_documents_are_its_packed_pairs(tmp_path):
 def test_packed_segments_do_not_see_each_other_in_the_model(dist_group, position):
     """Logits of a segment inside a packed sample equal those of the segment alone (compact
     attention structure -> the model's SDPA backend), with and without --prefix-lm."""
-    from megatron.config.parser import parse_args
     from megatron.core import parallel_state
+
+    from megatron.config.parser import parse_args
     from megatron.model.gpt_model import build_gpt_model
     from megatron.model.masks import attention_structure_from_batch
 

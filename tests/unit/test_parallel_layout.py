@@ -156,6 +156,7 @@ def test_deepspeed_topology_matches_megatron_core_rank_generator(tp, pp, dp):
     members equal megatron-core's rank generator (the one initialize_model_parallel uses, order
     tp-cp-ep-dp-pp)."""
     from megatron.core.parallel_state import RankGenerator
+
     from megatron.parallel.topology import ParallelLayout, deepspeed_topology
 
     layout = ParallelLayout(tp=tp, pp=pp, dp=dp, world=tp * pp * dp)
@@ -178,6 +179,7 @@ def test_ulysses_topology_matches_megatron_core_context_parallel_ranks(tp, sp, d
     context-parallel dimension (between tensor and data parallel in tp-cp-ep-dp-pp): the same
     groups and coordinates for every rank of a world of 8."""
     from megatron.core.parallel_state import RankGenerator
+
     from megatron.parallel.topology import ParallelLayout, deepspeed_topology
 
     layout = ParallelLayout(tp=tp, pp=1, dp=dp, world=tp * sp * dp, sp=sp)
@@ -201,6 +203,7 @@ def test_mpu_adapter_answers_every_call_deepspeed_makes(dist_group):
     import deepspeed
     import torch
     from megatron.core import parallel_state
+
     from megatron.parallel.topology import MegatronCoreMPU, ParallelLayout, check_topology_matches
 
     if not parallel_state.model_parallel_is_initialized():

@@ -28,7 +28,7 @@ def stepped(flags):
                             "lr_mult": 1.0}], lr=1.0)
     sched = build_opt_param_scheduler(args, opt)
     consumed, samples, lr, wd = 0, [], [], []
-    for i in range(iters + 1):
+    for _i in range(iters + 1):
         samples.append(consumed)
         lr.append(opt.param_groups[0]["lr"])
         wd.append(opt.param_groups[0]["weight_decay"])

@@ -86,6 +86,7 @@ def test_recompute_gives_identical_losses_and_grads_with_dropout(model_parallel_
 
 def test_cpu_tracker_fork_uses_its_own_stream_and_restores_the_default(model_parallel_state):
     from megatron.core import tensor_parallel
+
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
     model_parallel_manual_seed(1)
@@ -103,8 +104,9 @@ def test_cpu_tracker_fork_uses_its_own_stream_and_restores_the_default(model_par
 def test_checkpoint_rng_state_carries_the_cpu_tracker_streams(model_parallel_state):
     """Exact resume with dropout under TP on CPU: the tracker's model-parallel stream is saved and
     restored with the other generator states (megatron/checkpoint/engine.py rng_state)."""
-    from megatron.checkpoint.engine import rng_state, set_rng_state
     from megatron.core import tensor_parallel
+
+    from megatron.checkpoint.engine import rng_state, set_rng_state
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
     model_parallel_manual_seed(4)

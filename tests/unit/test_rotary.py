@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from megatron.core.models.common.embeddings import rotary_pos_embedding as mcore_rotary
+
 from megatron.model.rotary import RotaryEmbedding, use_device_rotary_embedding
 
 
@@ -33,9 +33,10 @@ def test_cpu_embedding_equals_megatron_cores(monkeypatch, interleaved, percent, 
 
 
 def test_gpt_model_with_rope_runs_forward_and_backward_on_cpu(dist_group):
+    from megatron.core import parallel_state
+
     from megatron.config.arguments import validate_args
     from megatron.config.parser import get_parser
-    from megatron.core import parallel_state
     from megatron.model.gpt_model import build_gpt_model
 
     if not parallel_state.model_parallel_is_initialized():

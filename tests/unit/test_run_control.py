@@ -3,7 +3,6 @@
 LR schedule, the kill-switch check (ExitRequest and start-up), the ``--eval-only`` /
 ``--kill-switch-file`` / ``--reset-iteration`` spellings, ``--pad-vocab-size-to``, and the errors
 for bad values. The launcher runs are in tests/e2e/test_run_control_e2e.py."""
-import argparse
 
 import numpy as np
 import pytest

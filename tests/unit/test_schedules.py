@@ -4,14 +4,22 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers.paths import DATA
 from megatron.config.arguments import validate_args
 from megatron.config.parser import get_parser
 from megatron.errors import ArgumentError
-from megatron.schedules.registry import (REQUIRED, Schedule, ScheduleContext, ScheduleError,
-                                         build_schedule, known_kinds, register_schedule)
+from megatron.schedules.registry import (
+    REQUIRED,
+    Schedule,
+    ScheduleContext,
+    ScheduleError,
+    build_schedule,
+    known_kinds,
+    register_schedule,
+)
 from megatron.schedules.units import BatchSchedule
 
 BUILTIN = ["constant", "linear", "cosine", "inverse-square-root", "wsd", "power", "step",
@@ -84,7 +92,7 @@ def test_power_kind_uses_batch_schedule_under_rampup():
     samples = bs.samples_at_iterations(np.arange(0, 200))
     tokens = samples * 16.0
     expected = [1.0 if n == 0 else min(1.0, bs.batch_size_at_samples(int(m)) * 0.5 * n ** -0.5)
-                for m, n in zip(samples, tokens)]
+                for m, n in zip(samples, tokens, strict=True)]
     np.testing.assert_allclose(s(tokens), expected, rtol=1e-13)
     it = build_schedule({"type": "power", "max": 1.0, "a": 0.5, "b": -0.5, "unit": "iterations"},
                         RAMP_CTX)
@@ -227,6 +235,7 @@ def config_args(tmp_path, config, name="schedule.yaml"):
 
 def test_config_file_yaml_staged(tmp_path):
     import torch
+
     from megatron.optim.learning_rates import build_opt_param_scheduler
     args, _ = config_args(tmp_path, """
 lr_schedule:
@@ -294,6 +303,7 @@ def test_levanter_seed_file(tmp_path):
     by YAML 1.1 as a string) in a 120000-iteration run: linear 0 -> 1e-4, constant 1e-4, then
     Levanter's inv formula from --lr to --min-lr over the last stage."""
     import torch
+
     from megatron.optim.learning_rates import build_opt_param_scheduler
     flags = BASE[:-4] + ["--train-iters", "120000", "--lr", "1e-4", "--min-lr", "1e-5",
                          "--lr-schedule-config", os.path.join(SEEDS, "levanter_lr_schedule.yaml")]
@@ -389,8 +399,7 @@ def test_levanter_yaml_strings_through_the_flags(tmp_path):
     args, _ = config_args(tmp_path, "lr_schedule:\n  - {start: 0, value: {type: constant, "
                                     "learning_rate: 1e-4}}\n  - {start: 500, value: 5e-5}\n")
     validate_args(args, 1, require_data=False)
-    from megatron.optim.learning_rates import build_schedules, scheduler_params_from_args, \
-        schedule_context_from_args
+    from megatron.optim.learning_rates import build_schedules, schedule_context_from_args, scheduler_params_from_args
     lr, _ = build_schedules(scheduler_params_from_args(args), schedule_context_from_args(args))
     assert list(lr([0, 499, 500, 999])) == [1e-4, 1e-4, 5e-5, 5e-5]
 

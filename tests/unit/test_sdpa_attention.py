@@ -4,11 +4,10 @@ import math
 
 import pytest
 import torch
-
-from helpers.flags import parse
-
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+from helpers.flags import parse
 
 
 @pytest.fixture(scope="module", autouse=True)

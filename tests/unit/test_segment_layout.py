@@ -35,7 +35,7 @@ def test_layout_equals_the_segments_written_out(seed):
                 runs.append([n * s + i, 0, 0])
             runs[-1][1] += 1
             runs[-1][2] += int(pre[n, i])
-    assert list(zip(layout.starts, layout.lengths, layout.prefix_lengths)) == [tuple(r) for r in runs]
+    assert list(zip(layout.starts, layout.lengths, layout.prefix_lengths, strict=True)) == [tuple(r) for r in runs]
     assert layout.max_seqlen == max(r[1] for r in runs) and layout.num_segments == len(runs)
     starts = [r[0] for r in runs]
     assert cu_seqlens.dtype == torch.int32
@@ -59,8 +59,7 @@ def test_layout_equals_the_segments_written_out(seed):
 
 
 def test_collate_adds_the_layout_and_the_structure_takes_it():
-    from megatron.model.masks import (AttentionStructure, attention_structure_from_batch,
-                                      collate_with_segment_layout)
+    from megatron.model.masks import AttentionStructure, attention_structure_from_batch, collate_with_segment_layout
     seg, pre = random_batch(9, b=2)
     samples = [{"tokens": torch.arange(53), "segment_ids": seg[n], "is_prefix": pre[n]} for n in range(2)]
     batch = collate_with_segment_layout(samples)
@@ -77,6 +76,7 @@ def test_collate_adds_the_layout_and_the_structure_takes_it():
 def test_loader_batches_carry_the_layout(dist_group):
     """megatron.train.loader._loader's collate adds the layout to every micro batch."""
     from megatron.core import parallel_state
+
     from megatron.model.masks import collate_with_segment_layout
     from megatron.train.loader import _loader
     if not parallel_state.model_parallel_is_initialized():
@@ -97,7 +97,7 @@ def test_one_copy_transfer_round_trips_every_dtype_bit_for_bit():
                torch.randn(4, dtype=torch.bfloat16), torch.tensor([1, 2], dtype=torch.uint8)]
     buffer, slots = pack_tensors(tensors, pin_memory=False)
     assert buffer.dtype == torch.uint8 and all(start % ALIGNMENT == 0 for start, *_ in slots)
-    for got, want in zip(unpack_tensors(buffer.clone(), slots), tensors):
+    for got, want in zip(unpack_tensors(buffer.clone(), slots), tensors, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
     batch = {"tokens": tensors[1], "layout": ("host", 3)}
     moved = batch_to_device(batch, "cpu")  # nothing to copy on the CPU

@@ -13,8 +13,7 @@ import copy
 import pytest
 import torch
 
-from megatron.parallel.grads import (PER_MICRO_BATCH, PER_PARTITION, PER_STEP,
-                                     install_sequence_parallel_grad_allreduce)
+from megatron.parallel.grads import PER_MICRO_BATCH, PER_PARTITION, PER_STEP, install_sequence_parallel_grad_allreduce
 
 MICRO_BATCHES, STEPS, LR = 3, 2, 0.1
 
@@ -113,9 +112,9 @@ def test_one_reduction_per_step_of_the_accumulated_gradients(tp_all_reduces, tp_
     assert when == PER_STEP
     assert len(tp_all_reduces) == STEPS  # one flattened all-reduce per step, not per micro batch
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-3)
-    for got, expected in zip(tp_all_reduces, summed):  # the whole step's sum, not one micro batch's
+    for got, expected in zip(tp_all_reduces, summed, strict=False):  # the whole step's sum, not one micro batch's
         torch.testing.assert_close(got, expected, **tol)
-    for got, expected in zip(params, want):  # and it reached the update exactly once
+    for got, expected in zip(params, want, strict=True):  # and it reached the update exactly once
         torch.testing.assert_close(got, expected, **tol)
 
 
@@ -132,9 +131,9 @@ def test_zero2_sums_the_partition_of_the_accumulated_gradients_once_per_step(
     assert when == PER_PARTITION
     assert len(tp_all_reduces) == STEPS  # one flattened all-reduce per step, not per micro batch
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-3)
-    for got, expected in zip(tp_all_reduces, summed):  # LayerNorm weight and bias, whole step
+    for got, expected in zip(tp_all_reduces, summed, strict=False):  # LayerNorm weight and bias, whole step
         torch.testing.assert_close(got, expected, **tol)
-    for got, expected in zip(params, want):
+    for got, expected in zip(params, want, strict=True):
         torch.testing.assert_close(got, expected, **tol)
 
 
@@ -147,5 +146,5 @@ def test_zero_offload_reduces_each_micro_batch_gradient_as_it_is_produced(tp_all
     _, want = _reference()
     assert when == PER_MICRO_BATCH
     assert len(tp_all_reduces) == STEPS * MICRO_BATCHES * 2  # LayerNorm weight and bias
-    for got, expected in zip(params, want):
+    for got, expected in zip(params, want, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

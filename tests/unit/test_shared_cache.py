@@ -2,8 +2,7 @@
 index caches, the error when some rank cannot see them, and the collective check in one process."""
 import os
 
-from megatron.data.shared_cache import (MARKER_PREFIX, index_cache_dirs, require_shared_cache_dirs,
-                                        unshared_cache_error)
+from megatron.data.shared_cache import MARKER_PREFIX, index_cache_dirs, require_shared_cache_dirs, unshared_cache_error
 
 
 def _args(tmp_path, *extra):

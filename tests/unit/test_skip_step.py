@@ -245,7 +245,7 @@ def test_deepspeed_overflow_skip_is_counted(one_rank_model_parallel, monkeypatch
     outcomes = []
     for number, scale in enumerate((1.0, 1e3, 1.0), start=1):
         skipper.begin_iteration(engine)
-        for micro in range(engine.gradient_accumulation_steps()):
+        for _micro in range(engine.gradient_accumulation_steps()):
             loss, _ = forward(engine, torch.full((2, 16), scale))
             engine.backward(loss)
             engine.step()

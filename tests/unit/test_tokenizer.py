@@ -6,9 +6,9 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from megatron.core.tokenizers import MegatronTokenizerBase as BASE
 
 from helpers.flags import tiny_run_flags
-from megatron.core.tokenizers import MegatronTokenizerBase as BASE
 from megatron.errors import ConfigError
 from megatron.tokenizer import (
     ByteLevelTokenizer,
@@ -461,7 +461,6 @@ def test_tokenizer_files_without_type_are_an_error(extra, named, capsys):
     (GPT-2 BPE needs both), or a --tokenizer-model that several types read. pretrain_gpt's flags
     exit 2 naming the flags and values, preprocess_data.py and build_tokenizer likewise."""
     from megatron.config.parser import parse_args
-
     from tools.preprocess_data import main
 
     with pytest.raises(SystemExit) as info:
@@ -477,7 +476,7 @@ def test_tokenizer_files_without_type_are_an_error(extra, named, capsys):
           "--tokenizer-model": "tokenizer_model"}
     with pytest.raises(ConfigError, match=named):
         build_tokenizer(choice(tokenizer_type=None,
-                           **{kw[f]: v for f, v in zip(extra[::2], extra[1::2])}))
+                           **{kw[f]: v for f, v in zip(extra[::2], extra[1::2], strict=False)}))
 
 
 def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, capsys):
@@ -485,7 +484,6 @@ def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, c
     Microsoft's pretrain_gpt.py (args_defaults={'tokenizer_type': 'GPT2BPETokenizer'}), in
     pretrain_gpt's flags (the start-up line says why), preprocess_data.py and build_tokenizer."""
     from megatron.config.parser import parse_args
-
     from tools.preprocess_data import main
 
     files = ["--vocab-file", str(bpe_files / "vocab.json"),

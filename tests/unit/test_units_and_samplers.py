@@ -1,11 +1,10 @@
 """BatchSchedule against megatron-core's rampup calculator (megatron-core 0.16.1's rule where a later
 release dropped it: tests/helpers/rampup_peer.py); the resumable batch sampler."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from helpers.rampup_peer import (RECORDED_0_16_1, PeerRampupCalculator, RestatedRampupCalculator,
-                                 batch_sizes)
-
+from helpers.rampup_peer import RECORDED_0_16_1, PeerRampupCalculator, RestatedRampupCalculator, batch_sizes
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.schedules.units import BatchSchedule
 
@@ -71,7 +70,7 @@ def global_order(total, consumed, mbs, dp):
     """Interleave the micro batches of all ranks back into one global sample sequence."""
     samplers = [iter(PretrainingBatchSampler(total, consumed, mbs, r, dp)) for r in range(dp)]
     order = []
-    for batches in zip(*samplers):
+    for batches in zip(*samplers, strict=False):
         for batch in batches:
             order.extend(batch)
     return order

@@ -87,8 +87,8 @@ def test_two_paddings_are_one_model(one_rank):
 def test_pipe_logits_mask_the_padding_rows(one_rank, untie):
     """GPTModelPipe's tied (EmbeddingPipe.logits) and untied (OutputLayerPipe) output layers give
     -inf for the padding rows, so the last stage's loss is the real-rows softmax."""
-    from megatron.model.gpt_model_pipe import EmbeddingPipe, OutputLayerPipe
     from megatron.model.gpt_model import transformer_config_from_args
+    from megatron.model.gpt_model_pipe import EmbeddingPipe, OutputLayerPipe
 
     config = transformer_config_from_args(model_args(REAL, PADDED))
     layer = (OutputLayerPipe(config, PADDED, REAL) if untie else

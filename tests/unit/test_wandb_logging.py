@@ -10,9 +10,15 @@ import pytest
 
 from helpers.flags import parse
 from megatron.errors import ArgumentError
+from megatron.metrics.wandb_writer import (
+    RUN_ID_FILE,
+    WandbWriter,
+    read_run_id,
+    run_config,
+    run_id_to_resume,
+    write_run_id,
+)
 from megatron.metrics.writers import MetricsWriter, metrics_writer
-from megatron.metrics.wandb_writer import (RUN_ID_FILE, WandbWriter, read_run_id, run_config,
-                                    run_id_to_resume, write_run_id)
 
 
 @pytest.fixture

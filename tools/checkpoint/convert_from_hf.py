@@ -38,9 +38,9 @@ quiet_known_warnings()
 
 import torch  # noqa: E402
 
-from megatron.errors import ConfigError, run_entry_point  # noqa: E402
 from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION  # noqa: E402
 from megatron.checkpoint.writer import write_checkpoint  # noqa: E402
+from megatron.errors import ConfigError, run_entry_point  # noqa: E402
 
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                        "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
@@ -127,8 +127,13 @@ def _resolver(names: set, get: Callable) -> Callable[[str], torch.Tensor]:
 def convert(hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1) -> dict:
     """Import (see the module docstring); returns ``{"family", "directory", "parameters",
     "tokenizer"}``."""
-    from megatron.checkpoint.hf.families import (canonical_names, check_exportable,  # lazy: megatron-core (seconds); not --help
-                                                 flags_from_hf_config, from_hf, hf_sources)
+    from megatron.checkpoint.hf.families import (  # lazy: megatron-core (seconds); not --help
+        canonical_names,
+        check_exportable,
+        flags_from_hf_config,
+        from_hf,
+        hf_sources,
+    )
     from megatron.checkpoint.hf.mixtral import MIXTRAL, per_expert_view  # lazy: megatron-core (seconds)
 
     config_path = os.path.join(hf_dir, "config.json")

@@ -39,11 +39,11 @@ quiet_known_warnings()
 
 import torch  # noqa: E402
 
-from megatron.errors import ConfigError, run_entry_point  # noqa: E402
-from megatron.tokenizer.types import tokenizer_config  # noqa: E402
-from megatron.checkpoint.reader import CheckpointReader  # noqa: E402
 from megatron.checkpoint.model_args import resolve_tokenizer_paths  # noqa: E402
+from megatron.checkpoint.reader import CheckpointReader  # noqa: E402
+from megatron.errors import ConfigError, run_entry_point  # noqa: E402
 from megatron.model.param_names import VOCAB_PARAMETERS  # noqa: E402
+from megatron.tokenizer.types import tokenizer_config  # noqa: E402
 
 # Tokenizer files transformers' AutoTokenizer reads from a model directory.
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -211,8 +211,13 @@ def convert(load: str, output: str, iteration: Optional[int] = None,
             max_shard_size: str = "2GB") -> dict:
     """Export the checkpoint (see the module docstring); returns a summary ``{"family",
     "iteration", "files", "tokenizer_files", "parameters", "bytes"}``."""
-    from megatron.checkpoint.hf.families import (canonical_names, canonical_shapes,  # lazy: megatron-core (seconds); not --help
-                                                 check_exportable, hf_config, to_hf)
+    from megatron.checkpoint.hf.families import (  # lazy: megatron-core (seconds); not --help
+        canonical_names,
+        canonical_shapes,
+        check_exportable,
+        hf_config,
+        to_hf,
+    )
 
     max_bytes = parse_size(max_shard_size)
     if os.path.isdir(output) and os.listdir(output):

@@ -73,8 +73,12 @@ def get_args(argv=None) -> argparse.Namespace:
 
 def merge(args: argparse.Namespace) -> dict:
     """Select the checkpoints, compute the weights, merge (megatron/checkpoint/merge.py)."""
-    from megatron.checkpoint.merge import (merge_checkpoints, normalized_weights,  # lazy: torch (~1 s); --help needs none
-                                           select_iterations, weights_from_schedule)
+    from megatron.checkpoint.merge import (  # lazy: torch (~1 s); --help needs none
+        merge_checkpoints,
+        normalized_weights,
+        select_iterations,
+        weights_from_schedule,
+    )
 
     if (args.weights is None) == (args.weights_from_schedule is None):
         raise ConfigError("give the merge weights with --weights W1 W2 ... or with "
@@ -83,12 +87,12 @@ def merge(args: argparse.Namespace) -> dict:
                                    args.window_end)
     if args.weights is not None:
         weights = normalized_weights(args.weights, iterations)
-        pairs = sorted(zip(iterations, weights))
+        pairs = sorted(zip(iterations, weights, strict=True))
         source = {"flag": "--weights", "values": list(args.weights)}
     else:
         ordered = sorted(iterations)
         weights, multipliers, config = weights_from_schedule(args.weights_from_schedule, ordered)
-        pairs = list(zip(ordered, weights))
+        pairs = list(zip(ordered, weights, strict=True))
         source = {"flag": "--weights-from-schedule", "value": args.weights_from_schedule,
                   "schedule": config, "decay_multipliers": multipliers}
         print("weights from the decay " + ", ".join(

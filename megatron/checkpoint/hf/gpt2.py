@@ -9,8 +9,7 @@ from typing import Iterator, List, Tuple
 
 import torch
 
-from megatron.checkpoint.hf.adapter import (Family, Refuse, check_gelu_layernorm, layer_parts,
-                                            merge_qkv, split_qkv)
+from megatron.checkpoint.hf.adapter import Family, Refuse, check_gelu_layernorm, layer_parts, merge_qkv, split_qkv
 from megatron.model.gelu import TANH, gelu_form
 
 _GPT2_LAYER = {"input_layernorm": "ln_1", "pre_mlp_layernorm": "ln_2",

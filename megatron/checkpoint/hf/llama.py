@@ -98,10 +98,10 @@ class LlamaFamily(Family):
         layer, module, leaf = layer_parts(name)
         if layer is not None and module == "self_attention.linear_qkv":
             heads, groups, hd = flags["num_attention_heads"], flags["num_query_groups"], flags["kv_channels"]
-            for proj, t in zip(("q_proj", "k_proj", "v_proj"), split_qkv(tensor, heads, groups, hd)):
+            for proj, t in zip(("q_proj", "k_proj", "v_proj"), split_qkv(tensor, heads, groups, hd), strict=True):
                 yield f"{self.layers}.{layer}.self_attn.{proj}.{leaf}", t.contiguous()
         elif self.gated_fc1(name):
-            for hf_name, half in zip(self.gated_fc1(name), torch.chunk(tensor, 2, dim=0)):
+            for hf_name, half in zip(self.gated_fc1(name), torch.chunk(tensor, 2, dim=0), strict=True):
                 yield hf_name, half.contiguous()
         else:
             yield from super().to_hf(name, tensor, flags)

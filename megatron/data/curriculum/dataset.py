@@ -12,8 +12,8 @@ import torch
 from megatron.data.blend_config import SplitBlend
 from megatron.data.curriculum.constituents import Constituent, resolve_constituents
 from megatron.data.curriculum.index import CurriculumIndex
-from megatron.schedules.units import BatchSchedule
 from megatron.data.epoch_order import EpochShuffledSamples
+from megatron.schedules.units import BatchSchedule
 
 __all__ = ["Continuation", "CurriculumDataset", "gpt_epoch_source", "build_mix_dataset",
            "build_curriculum_dataset", "build_blend_config_datasets"]
@@ -137,7 +137,7 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
                                 cache_dir=cache_dir, write_cache=rank == 0, begin=begin, base=base,
                                 drawn_before=drawn_before)
         sources = [make_source(c, int(total)) if count > 0 else None
-                   for c, count, total in zip(constituents, index.counts, index.totals)]
+                   for c, count, total in zip(constituents, index.counts, index.totals, strict=True)]
     finally:
         if distributed and rank == 0:
             torch.distributed.barrier()

@@ -59,12 +59,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from megatron.data.blend_config import BlendConfigError, BlendEntry, BlendStage, SplitBlend
-from megatron.data.curriculum.cache import (_strip_where, cache_directory, save_index,
-                                            try_load_index)
+from megatron.data.curriculum.cache import _strip_where, cache_directory, save_index, try_load_index
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.kernel import _kernel_source_digest, _KernelState
-from megatron.data.curriculum.weights import (WeightContext, _linear_breakpoints, _Progress,
-                                              weight_schedule)
+from megatron.data.curriculum.weights import WeightContext, _linear_breakpoints, _Progress, weight_schedule
 from megatron.schedules.units import BatchSchedule
 
 logger = logging.getLogger(__name__)
@@ -188,15 +186,15 @@ class CurriculumIndex:
     def _plan(self) -> List[_StagePlan]:
         plans, begin = [], 0
         where = self.blend.where
-        for k, stage in enumerate(self.blend.stages):
+        for _k, stage in enumerate(self.blend.stages):
             ids = tuple(self._key_index[e.key] for e in stage.entries)
             if stage.kind == "epochized_blend":
                 if any(not self.constituents[i].samples_per_epoch for i in ids):
                     raise BlendConfigError(f"{stage.where}: epochized_blend needs datasets with a "
                                            "fixed number of samples per epoch")
                 caps = tuple(int(round(e.repetitions * self.constituents[i].samples_per_epoch))
-                             for e, i in zip(stage.entries, ids))
-                for e, c in zip(stage.entries, caps):
+                             for e, i in zip(stage.entries, ids, strict=True))
+                for e, c in zip(stage.entries, caps, strict=True):
                     if c <= 0:
                         raise BlendConfigError(f"{e.where}.repetitions: {e.repetitions!r} epochs "
                                                "of this dataset is less than one sample")
@@ -243,13 +241,13 @@ class CurriculumIndex:
                 "history (the checkpoint's data ledger)")
         before = np.asarray(self._drawn_before(stage_begin), dtype=np.int64).reshape(-1)
         done = self.base[list(ids)] - before[list(ids)]
-        return tuple(int(max(c - d, 0)) for c, d in zip(caps, done))
+        return tuple(int(max(c - d, 0)) for c, d in zip(caps, done, strict=True))
 
     def _stage_units(self, plan: _StagePlan) -> Optional[str]:
         """Finest segment granularity the stage's schedules need: None (static), 'iterations',
         'samples'."""
         units = set()
-        for e, i in zip(plan.stage.entries, plan.ids):
+        for e, i in zip(plan.stage.entries, plan.ids, strict=True):
             if isinstance(e.weight, dict):
                 units.add(getattr(self._schedule(i, id(plan), e), "unit", "iterations"))
         if units & {"samples", "tokens"}:
@@ -260,7 +258,7 @@ class CurriculumIndex:
         """[D_stage, len(samples)] raw (unnormalised) weights at global sample indices."""
         out = np.empty((len(plan.ids), len(samples)), dtype=np.float64)
         progress: Dict[str, np.ndarray] = {}
-        for k, (e, i, cap) in enumerate(zip(plan.stage.entries, plan.ids, plan.caps)):
+        for k, (e, i, cap) in enumerate(zip(plan.stage.entries, plan.ids, plan.caps, strict=True)):
             if e.weight is None:
                 out[k] = float(cap)
             elif isinstance(e.weight, dict):
@@ -387,7 +385,7 @@ class CurriculumIndex:
         if not self.linear_fast_path or any(c >= 0 for c in plan.caps):
             return None
         cuts, iterations = [np.zeros(0, dtype=np.int64)], False
-        for e, i in zip(plan.stage.entries, plan.ids):
+        for e, i in zip(plan.stage.entries, plan.ids, strict=True):
             if not isinstance(e.weight, dict):
                 continue
             sched = self._schedule(i, id(plan), e)

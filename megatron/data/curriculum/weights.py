@@ -8,10 +8,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from megatron.schedules.registry import ScheduleContext, build_schedule
-from megatron.schedules.units import BatchSchedule
 from megatron.schedules import builtin
+from megatron.schedules.registry import ScheduleContext, build_schedule
 from megatron.schedules.staged import Staged
+from megatron.schedules.units import BatchSchedule
 
 __all__ = ["WeightContext", "weight_schedule"]
 
@@ -54,7 +54,7 @@ def _linear_breakpoints(schedule) -> Optional[np.ndarray]:
         return np.asarray([schedule.warmup, schedule.span], dtype=np.float64)
     if kind is Staged:
         out = [np.asarray(schedule.starts, dtype=np.float64)]
-        for start, sub in zip(schedule.starts, schedule.schedules):
+        for start, sub in zip(schedule.starts, schedule.schedules, strict=True):
             inner = _linear_breakpoints(sub)
             if inner is None:
                 return None

@@ -97,10 +97,10 @@ def lr_span_flags(args) -> Dict[str, str]:
     ``"no warmup"`` when none is given)."""
     warmup = next((f"{_flag(d)} {getattr(args, d)}" for d in
                    ("lr_warmup_fraction", "lr_warmup_tokens", "lr_warmup_samples", "lr_warmup_iters")
-                   if getattr(args, d, None)), "no warmup")
+                   if getattr(args, d)), "no warmup")
     decay = next((f"{_flag(d)} {getattr(args, d)}" for d in
                   ("lr_decay_tokens", "lr_decay_samples", "lr_decay_iters", "train_samples", "train_iters")
-                  if getattr(args, d, None) is not None), "--train-iters")
+                  if getattr(args, d) is not None), "--train-iters")
     return {"warmup": warmup, "decay": decay}
 
 

@@ -6,7 +6,6 @@ and exit 1; flag errors from ``parse_args`` print argparse's ``PROG: error: MESS
 whose message names the flag, the file, the key and the value. Most cases call the validating
 function directly; two run ``pretrain_gpt.py`` to show the user-facing form.
 """
-import argparse
 import json
 import os
 import subprocess
@@ -415,10 +414,10 @@ def test_weighted_split_missing_dataset_file(data):
 
 
 def _wsp_args(**kw):
-    base = {f"{s}_weighted_split_paths{x}": None for s in ("train", "valid", "test")
-            for x in ("", "_path")}
-    base.update(kw)
-    return argparse.Namespace(**base)
+    """The parsed (not yet validated) flags of these weighted split paths (dest: value)."""
+    from helpers.flags import parsed
+
+    return parsed([arg for dest, value in kw.items() for arg in ("--" + dest.replace("_", "-"), value)])
 
 
 def test_weighted_split_file_variant(tmp_path):
@@ -445,12 +444,16 @@ def test_weighted_split_file_variant(tmp_path):
 
 
 def test_weighted_split_two_training_groups():
+    from helpers.flags import parse as parse_flags
+    from helpers.flags import tiny_run_flags
     from megatron.data.builder import build_pretraining_data
     from megatron.data.weighted_splits import parse_weighted_split_paths as parse
 
-    groups = {"train": parse(["A: 1 0:1 a", "B: 1 0:1 b"], "--train-weighted-split-paths",
-                             check_files=False), "valid": [], "test": []}
-    args = argparse.Namespace(data_blend=None, weighted_split_groups=groups, data_cache_path=None)
+    args = parse_flags(["--train-weighted-split-paths", "A: 1 0:1 a", "B: 1 0:1 b"],
+                       base=tiny_run_flags(data_path=None))
+    assert [g.name for g in args.weighted_split_groups["train"]] == \
+        [g.name for g in parse(["A: 1 0:1 a", "B: 1 0:1 b"], "--train-weighted-split-paths",
+                               check_files=False)]
     _raises(ConfigError, lambda: build_pretraining_data(args, None),
             "--train-weighted-split-paths: give one training group (got 2: A, B)")
 

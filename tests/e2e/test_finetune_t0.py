@@ -53,14 +53,13 @@ def test_extra_flags_defaults():
 
 
 def test_weighted_split_groups(tmp_path):
+    from helpers.flags import parsed
     from megatron.data import mtf_builder
     from megatron.data.weighted_splits import weighted_split_groups_from_args
-    args = argparse.Namespace(
-        train_weighted_split_paths=["TRAIN: 0.3 0:0.95 data/a, 0.7 0:0.95 data/b"],
-        train_weighted_split_paths_path=None, test_weighted_split_paths=None,
-        test_weighted_split_paths_path=None,
-        valid_weighted_split_paths=["VA: 1 0.95:1 data/a", "VB: 1 0.95:1 data/b"],
-        valid_weighted_split_paths_path=None)
+
+    args = parsed(["--train-weighted-split-paths", "TRAIN: 0.3 0:0.95 data/a, 0.7 0:0.95 data/b",
+                   "--valid-weighted-split-paths", "VA: 1 0.95:1 data/a", "VB: 1 0.95:1 data/b"],
+                  extra_args_provider=finetune_t0.extra_args_provider)
     args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
     assert mtf_builder.weighted_split_groups(args, "train") == [
         ("TRAIN", [(0.3, 0.0, 0.95, "data/a"), (0.7, 0.0, 0.95, "data/b")])]

@@ -52,3 +52,13 @@ def one_error_line(argv: List[str], capsys, **kwargs) -> str:
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "usage:" not in err, err
     return err
+
+
+def parsed(extra: List[str], extra_args_provider=None, base=None):
+    """The parser's namespace of ``base + extra`` before validation (``base``: the tiny run
+    without a data source), for the functions that read raw flags (the weighted split paths,
+    before validation turns them into groups)."""
+    from megatron.config.parser import get_parser
+
+    base = tiny_run_flags(data_path=None) if base is None else base
+    return get_parser(extra_args_provider, deepspeed_args=False).parse_args(base + extra)

@@ -6,6 +6,7 @@ import types
 import pytest
 import torch
 
+from helpers.flags import parse, parsed
 from megatron.config.parser import parse_args
 
 MODEL_FLAGS = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -231,7 +232,7 @@ def test_partition_methods_give_the_documented_layer_counts(one_stage):
 
 def test_pipe_batch_carries_what_the_stages_need():
     from megatron.model.pipe_io import pipe_batch
-    args = types.SimpleNamespace(micro_batch_size=2, seq_length=8)
+    args = parse(["--seq-length", "8"])  # micro batches of 2
     data = batch(args, with_mask=True)
     inputs, labels = pipe_batch(data)
     # segment_ids, the fixed-length cu_seqlens (starts 0 and 4 of both samples, then 16), is_prefix
@@ -299,7 +300,7 @@ def test_partition_method_matching_no_layer_is_refused():
     from megatron.model.gpt_model_pipe import partition_method_from_args
 
     def method(value):
-        return partition_method_from_args(types.SimpleNamespace(pp_partition_method=value))
+        return partition_method_from_args(parsed(["--pp-partition-method", value]))
 
     assert method("uniform") == "type:TransformerLayerPipe"
     assert method("type:transformer|embedding") == "type:transformer|embedding"

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.flags import parsed, tiny_run_flags
 from helpers.rampup_peer import RECORDED_0_16_1, PeerRampupCalculator, RestatedRampupCalculator, batch_sizes
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.schedules.units import BatchSchedule
@@ -107,11 +108,14 @@ def megatron_lm_update_train_iters(train_samples, gbs, rampup):
 
 
 def _args(train_samples, gbs, rampup, seq=16, **extra):
-    import argparse
-    return argparse.Namespace(train_iters=None, train_samples=train_samples, global_batch_size=gbs,
-                              batch_size_steps=None,
-                              rampup_batch_size=list(rampup) if rampup else None, seq_length=seq,
-                              **extra)
+    """The parsed flags of a --train-samples run (before validation, which would derive
+    --train-iters with the function under test), with no --step-batch-size-schedule."""
+    flags = ["--train-samples", str(train_samples), "--global-batch-size", str(gbs)]
+    flags += ["--rampup-batch-size", *map(str, rampup)] if rampup else []
+    flags += [arg for dest, value in extra.items() for arg in ("--" + dest.replace("_", "-"), str(value))]
+    args = parsed(flags, base=tiny_run_flags(seq_length=seq, train_iters=None, data_path=None))
+    args.batch_size_steps = None  # as validation parses no --step-batch-size-schedule
+    return args
 
 
 def test_train_samples_round_down_as_megatron_lm():

@@ -1,5 +1,4 @@
 """megatron/data/weighted_splits.py: BigScience weighted split paths (flags and files)."""
-import argparse
 
 import numpy as np
 import pytest
@@ -7,6 +6,7 @@ import torch
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
+from helpers.flags import parsed
 from megatron.data.weighted_splits import (
     WeightedSplitError,
     build_weighted_split_datasets,
@@ -96,11 +96,9 @@ def test_file_quoted_groups_on_one_line_and_one_per_line(data, tmp_path):
         groups = parse_weighted_split_paths(texts, "--valid-weighted-split-paths-path")
         assert [g.name for g in groups] == ["VALID_A", "VALID_B"]
         assert [i.prefix for i in groups[1].items] == [data["B"], data["A"]]
-    args = argparse.Namespace(train_weighted_split_paths=[f"TRAIN: 1 0:0.9 {data['A']}"],
-                              train_weighted_split_paths_path=None, valid_weighted_split_paths=None,
-                              valid_weighted_split_paths_path=str(one_line),
-                              test_weighted_split_paths=[f"TEST: 1 0.9:1 {data['B']}"],
-                              test_weighted_split_paths_path=None)
+    args = parsed(["--train-weighted-split-paths", f"TRAIN: 1 0:0.9 {data['A']}",
+                   "--valid-weighted-split-paths-path", str(one_line),
+                   "--test-weighted-split-paths", f"TEST: 1 0.9:1 {data['B']}"])
     out = weighted_split_groups_from_args(args)
     assert [g.name for g in out["train"]] == ["TRAIN"]
     assert [g.name for g in out["valid"]] == ["VALID_A", "VALID_B"]

@@ -7,6 +7,7 @@ fails at start-up, by name.
 - ``loop``: :class:`LoopConfig` (megatron/train/: iterations, intervals, exits, the loader);
 - ``checkpoint``: :class:`CheckpointConfig` (megatron/train/resume.py: ``--save``/``--load``);
 - ``metrics``: megatron/metrics/writers.py ``MetricsConfig`` (jsonl, TensorBoard, W&B);
+- ``tokenizer``: megatron/tokenizer/types.py ``TokenizerConfig`` (the type resolved, its files);
 - ``optimizer``: megatron-core's ``OptimizerConfig`` (megatron/optim/optimizer.py);
 - ``transformer``: megatron-core's ``TransformerConfig`` (validation builds it: the model);
 - ``notes``: the start-up notes validation returned (printed once the run starts).
@@ -22,6 +23,7 @@ from megatron.core.transformer import TransformerConfig
 
 from megatron.metrics.writers import MetricsConfig
 from megatron.schedules.units import BatchConfig
+from megatron.tokenizer.types import TokenizerConfig, tokenizer_config_from_args
 from megatron.utils.typed_config import config_from_args
 
 
@@ -76,6 +78,7 @@ class RunConfig:
     loop: LoopConfig
     checkpoint: CheckpointConfig
     metrics: MetricsConfig
+    tokenizer: TokenizerConfig
     optimizer: OptimizerConfig
     transformer: TransformerConfig
     notes: Tuple[str, ...]
@@ -100,6 +103,7 @@ def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
                      loop=config_from_args(LoopConfig, args),
                      checkpoint=config_from_args(CheckpointConfig, args),
                      metrics=config_from_args(MetricsConfig, args),
+                     tokenizer=tokenizer_config_from_args(args),
                      optimizer=optimizer_config_from_args(args),
                      transformer=args.transformer_config,
                      notes=tuple(notes))

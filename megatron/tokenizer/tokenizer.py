@@ -18,7 +18,7 @@ from typing import Any, List, Optional, Tuple
 from megatron.errors import ConfigError
 from megatron.tokenizer.byte_level import ByteLevelTokenizer
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
-from megatron.tokenizer.types import TOKENIZER_FILE_FLAGS, TokenizerConfig, tokenizer_config_from_args
+from megatron.tokenizer.types import TOKENIZER_FILE_FLAGS, TokenizerConfig
 
 __all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "TokenizerSetup", "build_tokenizer",
            "padded_vocab_size", "tokenizer_setup"]
@@ -96,13 +96,14 @@ class TokenizerSetup:
 
 
 def tokenizer_setup(args: argparse.Namespace) -> TokenizerSetup:
-    """:func:`build_tokenizer` of the validated tokenizer flags in ``args`` with the embedding rows
+    """:func:`build_tokenizer` of the run's ``TokenizerConfig`` (``args.run_config.tokenizer``,
+    built by validation) with the embedding rows
     for it, as Megatron-LM computes them: the vocabulary padded to a multiple of
     ``--make-vocab-size-divisible-by`` x ``--tensor-model-parallel-size``, or
     ``--pad-vocab-size-to``; the rows that take probability (more than the tokenizer's with a
     ``--use-checkpoint-args`` record of more real rows) and the start-up lines. Nothing is
     written into ``args`` (:meth:`TokenizerSetup.apply` does)."""
-    config = tokenizer_config_from_args(args)
+    config = args.run_config.tokenizer
     tokenizer = build_tokenizer(config)
     record = args.checkpoint_model_args or {}  # --use-checkpoint-args: model_args.json
     check_fits_checkpoint(tokenizer, config, record, args.load)

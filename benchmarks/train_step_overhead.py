@@ -47,11 +47,13 @@ def model_flags(opts):
 
 
 def time_ours(args, opts) -> float:
+    import dataclasses
+
     from megatron.checkpoint.engine import TrainingState
+    from megatron.checkpoint.model_args import model_args_from_args
     from megatron.data.train_data import TrainData
     from megatron.metrics.writers import MetricsWriter
     from megatron.model.gpt_model import build_gpt_model
-    from megatron.schedules.units import batch_schedule_from_args
     from megatron.train.engine_setup import setup_model_and_optimizer
     from megatron.train.loop import train
     from megatron.train.steps import gpt_forward_step, step_functions
@@ -60,15 +62,18 @@ def time_ours(args, opts) -> float:
     engine, optimizer, scheduler = setup_model_and_optimizer(args, build_gpt_model, args.global_batch_size)
     dataset = FixedBatchDataset(args.seq_length, 256, args.global_batch_size * (args.train_iters + 1))
     metrics = MetricsWriter([])  # no outputs
-    schedule = batch_schedule_from_args(args)
     warm = TrainingState()
-    args.train_iters = opts.warmup
-    train(args, engine, optimizer, scheduler, TrainData(dataset), step_functions(engine, gpt_forward_step),
-          warm, metrics, schedule)
-    args.train_iters = opts.warmup + opts.iters
+    run = args.run_config
+
+    def run_to(iterations):
+        """The run's typed configs with the loop ending at ``iterations``."""
+        return dataclasses.replace(run, loop=dataclasses.replace(run.loop, train_iters=iterations))
+
+    train(run_to(opts.warmup), engine, optimizer, scheduler, TrainData(dataset),
+          step_functions(engine, gpt_forward_step), warm, metrics, model_args_from_args(args))
     start = time.perf_counter()
-    train(args, engine, optimizer, scheduler, TrainData(dataset), step_functions(engine, gpt_forward_step),
-          warm, metrics, schedule)
+    train(run_to(opts.warmup + opts.iters), engine, optimizer, scheduler, TrainData(dataset),
+          step_functions(engine, gpt_forward_step), warm, metrics, model_args_from_args(args))
     return (time.perf_counter() - start) / opts.iters
 
 

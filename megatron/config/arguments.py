@@ -47,7 +47,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
     if not hasattr(args, "given_flags"):  # a namespace not from get_parser(): nothing "given"
         args.given_flags = {}
     notes: List[str] = []  # start-up lines the checks hand back (printed once the run starts)
-    checks = (("deepspeed json", (), lambda: validate_deepspeed_json(args)),
+    checks = (("deepspeed json", (), lambda: validate_deepspeed_json(args, notes)),
               ("batch", ("deepspeed json",), lambda: validate_batch(args, world_size, notes)),
               ("model", (), lambda: validate_model(args, notes)),
               ("training", (), lambda: validate_training(args, notes)),

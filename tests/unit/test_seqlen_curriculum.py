@@ -1,6 +1,8 @@
 """The sequence-length curriculum's schedule (megatron/schedules/seqlen.py) against its peer,
 DeepSpeed's ``CurriculumScheduler``, asked as Microsoft Megatron-DeepSpeed's loop asks it: before
 every iteration, with the completed optimizer steps + 1."""
+import json
+
 import pytest
 from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
 from hypothesis import given, settings
@@ -82,3 +84,45 @@ def test_bad_sections_name_the_key_and_the_value(section, message):
     with pytest.raises(ConfigError) as info:
         seqlen_curriculum_from_deepspeed(section)
     assert message in str(info.value)
+
+
+MICROSOFT_SECTION = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
+                     "max_difficulty": 32, "schedule_type": "fixed_linear",
+                     "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}
+
+
+def _ds_json(tmp_path, section):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "curriculum_learning": section}))
+    return str(path)
+
+
+def test_an_enabled_legacy_section_is_one_error_naming_the_curriculum(tmp_path):
+    """Microsoft's scripts put the section in their DeepSpeed JSON; DeepSpeed 0.19.8 refuses it
+    with a traceback and the curriculum does not train here yet: one line naming the file, the
+    section and its curriculum, before anything starts."""
+    from helpers.flags import parse
+
+    path = _ds_json(tmp_path, MICROSOFT_SECTION)
+    with pytest.raises(ConfigError) as info:
+        parse(["--deepspeed_config", path])
+    assert str(info.value) == (
+        f"--deepspeed_config {path}: curriculum_learning (fixed_linear, 8 to 32 tokens over 6 "
+        "iterations): the sequence-length curriculum does not train here yet; remove the section "
+        "(or set \"enabled\": false) to train at --seq-length")
+    bad = dict(MICROSOFT_SECTION, schedule_type="fixed_root")
+    with pytest.raises(ConfigError, match=r"curriculum_learning\.schedule_config: missing 'root_degree'"):
+        parse(["--deepspeed_config", _ds_json(tmp_path, bad)])
+
+
+def test_a_disabled_legacy_section_is_left_out_of_deepspeeds_config(tmp_path):
+    """"enabled": false: the run trains at --seq-length, DeepSpeed gets no section (it would
+    refuse it), and a start-up note says so."""
+    from helpers.flags import parse
+    from megatron.config.deepspeed_config import deepspeed_config_from_args
+
+    path = _ds_json(tmp_path, dict(MICROSOFT_SECTION, enabled=False))
+    args = parse(["--deepspeed_config", path])
+    assert "curriculum_learning" not in deepspeed_config_from_args(args, args.global_batch_size)
+    assert any(n.startswith(f"--deepspeed_config {path}: its curriculum_learning section is "
+                            "disabled") for n in args.run_config.notes)

@@ -57,31 +57,39 @@ class MoEMetric:
     needs_dp_avg: bool
 
 
-def moe_metric_entries() -> Dict[str, MoEMetric]:
-    """The routers' recorded auxiliary losses by name (``load_balancing_loss``, ``z_loss``, ...),
-    from megatron-core's MoE metrics tracker (0.17+) or its dict tracker (0.16)."""
+def _moe_metrics_tracker() -> Optional[Any]:
+    """megatron-core's MoE metrics tracker (0.17+), or None where it keeps the dict tracker of
+    0.16."""
     try:
         from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker  # lazy: megatron-core
     except ImportError:  # megatron-core 0.16
+        return None
+    return get_moe_metrics_tracker()
+
+
+def moe_metric_entries() -> Dict[str, MoEMetric]:
+    """The routers' recorded auxiliary losses by name (``load_balancing_loss``, ``z_loss``, ...),
+    from megatron-core's MoE metrics tracker (0.17+) or its dict tracker (0.16)."""
+    tracker = _moe_metrics_tracker()
+    if tracker is None:
         from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker  # lazy: megatron-core
 
         return {name: MoEMetric(entry.get("values"), entry.get("reduce_group"),
                                 not entry.get("reduce_group_has_dp", False))
                 for name, entry in get_moe_layer_wise_logging_tracker().items()}
     return {name: MoEMetric(entry.values, entry.reduce_group, entry.needs_dp_avg)
-            for name, entry in get_moe_metrics_tracker().metrics.items()}
+            for name, entry in tracker.metrics.items()}
 
 
 def clear_moe_metrics() -> None:
     """Zero what the routers recorded (the start of the next log interval)."""
-    try:
-        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker  # lazy: megatron-core
-    except ImportError:  # megatron-core 0.16
+    tracker = _moe_metrics_tracker()
+    if tracker is None:
         from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker  # lazy: megatron-core
 
         clear_aux_losses_tracker()
-        return
-    get_moe_metrics_tracker().clear()
+    else:
+        tracker.clear()
 
 
 def legacy_grouped_gemm_available() -> bool:

@@ -6,6 +6,7 @@ Names and meanings follow Megatron-LM (``--tokenizer-type``, ``--vocab-file``, `
 ``--tokenizer-model``) and BigScience's Megatron-DeepSpeed (``--tokenizer-type PretrainedFromHF
 --tokenizer-name-or-path``).
 """
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -96,6 +97,5 @@ def tokenizer_config_from_args(args) -> TokenizerConfig:
     None); a type validation resolved keeps its note."""
     config = tokenizer_config(args.tokenizer_type, args.vocab_file, args.merge_file,
                               args.tokenizer_model, args.tokenizer_name_or_path)
-    note = config.tokenizer_type_note or args.tokenizer_type_note
-    return TokenizerConfig(config.tokenizer_type, config.vocab_file, config.merge_file,
-                           config.tokenizer_model, config.tokenizer_name_or_path, note)
+    return dataclasses.replace(config,
+                               tokenizer_type_note=config.tokenizer_type_note or args.tokenizer_type_note)

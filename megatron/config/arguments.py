@@ -22,6 +22,7 @@ from megatron.config.model_flags import build_transformer_config, resolve_attent
 from megatron.config.moe_flags import validate_moe_args
 from megatron.config.parallel_flags import validate_layout, validate_pipe_accumulation
 from megatron.config.run_control_flags import validate_run_control
+from megatron.config.seqlen_flags import validate_seq_length_curriculum
 from megatron.config.skip_step_flags import validate_skip_step_args
 from megatron.config.tokenizer_flags import validate_tokenizer
 from megatron.config.train_flags import derive_train_iters, validate_batch, validate_training
@@ -46,13 +47,16 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
     # a check is skipped when one it builds on (derived values) failed.
     if not hasattr(args, "given_flags"):  # a namespace not from get_parser(): nothing "given"
         args.given_flags = {}
+    args.seq_length_plan = None  # the sequence-length curriculum's, once its check ran
     notes: List[str] = []  # start-up lines the checks hand back (printed once the run starts)
     checks = (("deepspeed json", (), lambda: validate_deepspeed_json(args, notes)),
               ("batch", ("deepspeed json",), lambda: validate_batch(args, world_size, notes)),
               ("model", (), lambda: validate_model(args, notes)),
               ("training", (), lambda: validate_training(args, notes)),
               ("skip step", (), lambda: validate_skip_step_args(args, notes)),
-              ("run control", ("batch", "training"), lambda: validate_run_control(args)),
+              ("seq length", ("deepspeed json", "batch", "training"),
+               lambda: validate_seq_length_curriculum(args, notes)),
+              ("run control", ("batch", "training", "seq length"), lambda: validate_run_control(args)),
               ("lr", ("batch", "training", "run control"), lambda: validate_lr_units(args)),
               ("data", (), lambda: validate_data(args, require_data)),
               ("tokenizer", (), lambda: validate_tokenizer(args)),

@@ -20,7 +20,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from megatron.errors import ArgumentError, ConfigError
 from megatron.optim.precision import deepspeed_precision_entries, resolve_precision_flags
-from megatron.schedules.seqlen import seqlen_curriculum_from_deepspeed
 
 
 def load_deepspeed_json(path: str) -> Dict[str, Any]:
@@ -216,44 +215,15 @@ def deepspeed_config_from_args(args, train_batch_size: int) -> Dict[str, Any]:
 
 # ------------------------------------------------- checks of validate_args (ArgumentError)
 def validate_deepspeed_json(args, notes: List[str]) -> None:
-    """``args.deepspeed_config_dict``: the ``--deepspeed_config`` JSON (None without the flag),
-    without a disabled legacy ``curriculum_learning`` section (:func:`legacy_curriculum_problem`)."""
+    """``args.deepspeed_config_dict``: the ``--deepspeed_config`` JSON (None without the flag).
+    Its sequence-length curriculum sections are read, and taken out, by
+    megatron/config/seqlen_flags.py."""
     args.deepspeed_config_dict = None
     if args.deepspeed_config is not None:
         try:
             args.deepspeed_config_dict = load_deepspeed_json(args.deepspeed_config)
-            problem = legacy_curriculum_problem(args.deepspeed_config_dict, args.deepspeed_config)
         except ConfigError as e:
             raise ArgumentError(str(e)) from None
-        if problem:
-            raise ArgumentError(problem)
-        if "curriculum_learning" in args.deepspeed_config_dict:
-            del args.deepspeed_config_dict["curriculum_learning"]
-            notes.append(f"--deepspeed_config {args.deepspeed_config}: its curriculum_learning "
-                         "section is disabled (enabled: false) and left out of the DeepSpeed "
-                         "config (DeepSpeed 0.19.8 refuses the section)")
-
-
-def legacy_curriculum_problem(config: Dict[str, Any], path: str) -> Optional[str]:
-    """Why DeepSpeed's legacy top-level ``curriculum_learning`` section of the ``--deepspeed_config``
-    file ``path`` cannot run, or None (no section, or one with ``enabled: false``). The section is
-    read as megatron/schedules/seqlen.py does (a ConfigError names a bad key); an enabled one is
-    refused in one line, since the sequence-length curriculum does not train here yet and
-    DeepSpeed 0.19.8 refuses the section itself."""
-    section = config.get("curriculum_learning")
-    if section is None:
-        return None
-    where = f"--deepspeed_config {path}: curriculum_learning"
-    if not isinstance(section, dict):
-        raise ConfigError(f"{where}: expected an object, got {type(section).__name__}")
-    if not section.get("enabled", False):
-        return None
-    curriculum = seqlen_curriculum_from_deepspeed(section, where)
-    span = (f"over {curriculum.total_steps} iterations" if curriculum.kind != "fixed_discrete"
-            else f"up to iteration {curriculum.max_steps[-1]}")
-    return (f"{where} ({curriculum.kind}, {curriculum.min_length} to {curriculum.max_length} "
-            f"tokens {span}): the sequence-length curriculum does not train here yet; remove the "
-            "section (or set \"enabled\": false) to train at --seq-length")
 
 
 def validate_deepspeed_config(args, notes: List[str]) -> None:

@@ -255,9 +255,6 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
              (MLM,), True, "Interleaved (virtual) pipeline stages are not built here."),
     _refused("--random-ltd", "training on whole sequences (drop the flag)", (MS,), False,
              "DeepSpeed random layerwise token dropping is not built here."),
-    _refused("--data-efficiency-curriculum-learning", "--data-blend-config (schedules for "
-             "dataset weights)", (MS,), False,
-             "DeepSpeed data-efficiency curriculum learning is not built here."),
     _refused("--cpu-optimizer", "--zero-stage with a DeepSpeed offload_optimizer section in "
              "--deepspeed_config", (MS,), False,
              "Microsoft's CPU Adam switch is not built here."),

@@ -197,7 +197,7 @@ def _validate_lr_schedule(args) -> None:
                                      [iters]]))
     samples = bs.samples_at_iterations(grid)
     for name, schedule in (("learning rate", lr), ("weight decay", wd)):
-        values = schedule(lrs.progress_in(schedule.unit, grid, samples, bs.seq_length))
+        values = schedule(lrs.progress_in(schedule.unit, grid, samples, bs))
         bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
         if bad.size:
             raise ArgumentError(f"{where}: negative or invalid {name} {values[bad[0]]:g} at iteration "

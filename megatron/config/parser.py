@@ -17,6 +17,7 @@ from megatron.config.model_flags import add_model_args
 from megatron.config.moe_flags import add_moe_args
 from megatron.config.parallel_flags import add_parallel_args
 from megatron.config.run_control_flags import add_run_control_args
+from megatron.config.seqlen_flags import add_seqlen_args
 from megatron.config.skip_step_flags import add_skip_step_args
 from megatron.config.tokenizer_flags import add_tokenizer_args
 from megatron.config.train_flags import add_training_args
@@ -97,7 +98,8 @@ def get_parser(extra_args_provider: Optional[Callable] = None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for add in (add_model_args, add_training_args, add_lr_args, add_data_args,
                 add_tokenizer_args, add_checkpoint_args, add_logging_args, add_parallel_args,
-                add_run_control_args, add_bloom_model_args, add_skip_step_args, add_moe_args):
+                add_run_control_args, add_bloom_model_args, add_skip_step_args, add_moe_args,
+                add_seqlen_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser) or parser

@@ -20,7 +20,7 @@ Stage boundaries and weights of the new mix keep their meaning in absolute run p
 file is planned as if it applied from sample 0); only the part after ``R`` is drawn under it.
 """
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -39,6 +39,7 @@ from megatron.data.mix_ledger import (
     blend_to_json,
 )
 from megatron.errors import ConfigError
+from megatron.schedules.seqlen_plan import SeqLengthPlan
 from megatron.schedules.units import BatchSchedule
 
 __all__ = ["DataResume", "MixSources", "MixHistory", "TrainMix", "continue_training_mix",
@@ -81,15 +82,22 @@ def _normalised(obj):
 
 
 def _batch_schedule_json(bs: BatchSchedule) -> Dict[str, Any]:
-    return _normalised(asdict(bs))
+    """``bs`` as the ledger records it; a sequence-length plan (key ``seq_plan``) only when the
+    run has one, so ledgers without stay as they were."""
+    obj = {f.name: getattr(bs, f.name) for f in fields(bs) if f.name != "seq_plan"}
+    if bs.seq_plan is not None:
+        obj["seq_plan"] = bs.seq_plan.to_json()
+    return _normalised(obj)
 
 
 def _batch_schedule(obj: Dict[str, Any]) -> BatchSchedule:
     steps = obj.get("steps")
+    plan = obj.get("seq_plan")
     return BatchSchedule(global_batch_size=int(obj["global_batch_size"]),
                          rampup=tuple(obj["rampup"]) if obj.get("rampup") else None,
                          seq_length=int(obj["seq_length"]),
-                         steps=tuple(tuple(s) for s in steps) if steps else None)
+                         steps=tuple(tuple(s) for s in steps) if steps else None,
+                         seq_plan=SeqLengthPlan.from_json(plan) if plan else None)
 
 
 # ------------------------------------------------------------------------------------ history

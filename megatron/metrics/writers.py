@@ -19,7 +19,7 @@ TENSORBOARD_EXTRAS = {"global_batch_size": "log_batch_size_to_tensorboard",
                       "ms_per_iteration": "log_timers_to_tensorboard"}
 # Training-record keys TensorBoard always gets (train/KEY), besides the per-dataset losses.
 TENSORBOARD_TRAIN_KEYS = ("lm_loss", "lr", "weight_decay", "grad_norm", "consumed_samples",
-                          "tokens_per_second",
+                          "tokens_per_second", "seq_length",
                           # with a skip flag (docs/skip_step.md), absent otherwise
                           "skipped", "skipped_total",
                           # MoE models (megatron/metrics/moe.py), absent for dense ones

@@ -22,6 +22,7 @@ Every group gets ``lr = get_lr(group) * group['lr_mult']`` and
 import json
 import logging
 import os
+from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -29,6 +30,7 @@ import numpy as np
 from megatron.errors import ConfigError
 from megatron.schedules.base import fill_run_defaults
 from megatron.schedules.registry import Schedule, ScheduleContext, build_schedule
+from megatron.schedules.seqlen import seq_length_plan, seq_length_spec
 from megatron.schedules.units import BatchSchedule, batch_schedule_from_args, train_iterations_from_args
 
 logger = logging.getLogger(__name__)
@@ -54,6 +56,9 @@ PARAM_FLAGS = {
     "global_batch_size": "--global-batch-size", "rampup_batch_size": "--rampup-batch-size",
     "batch_size_steps": "--step-batch-size-schedule (samples, batch)",
     "seq_length": "--seq-length",
+    "seq_length_schedule": "the sequence-length curriculum (--seq-length-schedule)",
+    "lr_unit": "the LR schedule's unit (tokens with --lr-*-tokens under a sequence-length "
+               "curriculum)",
 }
 RUN_SHAPE_KEYS = ("train_iters", "train_samples", "global_batch_size", "rampup_batch_size",
                   "seq_length")
@@ -63,7 +68,8 @@ LEGACY_KEYS = ("max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_deca
 
 def load_schedule_config(path: str) -> Dict[str, Any]:
     """Read a ``--lr-schedule-config`` file (YAML or JSON) into a dict with keys ``lr_schedule``
-    and optionally ``weight_decay_schedule``; ``ValueError`` naming the file otherwise."""
+    and optionally ``weight_decay_schedule`` and ``seq_length_schedule`` (the sequence-length
+    curriculum, read by megatron/config/seqlen_flags.py); ``ValueError`` naming the file otherwise."""
     if not os.path.isfile(path):
         raise ConfigError(f"--lr-schedule-config {path}: no such file")
     with open(path) as f:
@@ -78,10 +84,10 @@ def load_schedule_config(path: str) -> Dict[str, Any]:
         raise ConfigError(f"--lr-schedule-config {path}: cannot parse ({e})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"--lr-schedule-config {path}: expected a mapping with key 'lr_schedule'")
-    unknown = sorted(set(config) - {"lr_schedule", "weight_decay_schedule"})
+    unknown = sorted(set(config) - {"lr_schedule", "weight_decay_schedule", "seq_length_schedule"})
     if unknown:
         raise ConfigError(f"--lr-schedule-config {path}: unknown key {unknown[0]!r} (known keys: "
-                         "lr_schedule, weight_decay_schedule)")
+                         "lr_schedule, weight_decay_schedule, seq_length_schedule)")
     if "lr_schedule" not in config:
         raise ConfigError(f"--lr-schedule-config {path}: missing key 'lr_schedule'")
     return config
@@ -110,6 +116,8 @@ def scheduler_steps_from_args(args) -> dict:
     ``--lr-decay-tokens`` are ``tokens / --seq-length`` samples, with ``--train-iters`` or
     ``--train-samples`` runs alike."""
     gbs, seq = args.global_batch_size, args.seq_length
+    if _lr_in_tokens(args):
+        return _scheduler_tokens_from_args(args)
     train = args.train_iters * gbs if args.train_samples is None else args.train_samples
     if args.lr_decay_tokens is not None:
         decay = args.lr_decay_tokens / seq
@@ -135,6 +143,47 @@ def scheduler_steps_from_args(args) -> dict:
             "wd_incr_steps": train}
 
 
+def _lr_in_tokens(args) -> bool:
+    """Whether the built-in LR schedule runs in trained tokens: a truncating sequence-length
+    curriculum with ``--lr-warmup-tokens`` or ``--lr-decay-tokens`` (tokens are then not samples x
+    ``--seq-length``, as Microsoft Megatron-DeepSpeed's AnnealingLR counts them)."""
+    plan = getattr(args, "seq_length_plan", None)
+    return (plan is not None and plan.truncates
+            and (args.lr_warmup_tokens is not None or args.lr_decay_tokens is not None))
+
+
+def _scheduler_tokens_from_args(args) -> dict:
+    """:func:`scheduler_steps_from_args` in trained tokens (:func:`_lr_in_tokens`): the spans
+    given in iterations or samples converted through the curriculum-aware batch schedule."""
+    bs = batch_schedule_from_args(args)
+    iters = train_iterations_from_args(args, bs)
+    samples = args.train_samples if args.train_samples is not None else bs.samples_at_iteration(iters)
+    train = float(bs.tokens_at_samples(samples))
+    if args.lr_decay_tokens is not None:
+        decay = float(args.lr_decay_tokens)
+    elif args.lr_decay_samples is not None:
+        decay = float(bs.tokens_at_samples(args.lr_decay_samples))
+    elif args.lr_decay_iters is not None:
+        decay = float(bs.tokens_at_iterations(args.lr_decay_iters))
+    else:
+        decay = train
+    if args.lr_warmup_fraction is not None:
+        warmup = args.lr_warmup_fraction * decay
+    elif args.lr_warmup_tokens is not None:
+        warmup = float(args.lr_warmup_tokens)
+    elif args.lr_warmup_samples:
+        warmup = float(bs.tokens_at_samples(args.lr_warmup_samples))
+    else:
+        warmup = float(bs.tokens_at_iterations(args.lr_warmup_iters or 0))
+    if args.lr_wsd_decay_samples:
+        wsd = float(bs.tokens_at_samples(args.lr_wsd_decay_samples))
+    else:
+        wsd = float(bs.tokens_at_iterations(args.lr_wsd_decay_iters)) if args.lr_wsd_decay_iters else None
+    return {"lr_warmup_steps": warmup, "lr_decay_steps": decay, "wsd_decay_steps": wsd,
+            "wd_incr_steps": args.train_iters * args.global_batch_size
+            if args.train_samples is None else args.train_samples}
+
+
 def run_shape_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:
     """What the schedules' values depend on besides their own flags: the length of training
     (iterations; samples = ``--train-samples`` or the samples of those iterations), the batch
@@ -142,24 +191,32 @@ def run_shape_from_args(args, batch_schedule: Optional[BatchSchedule] = None) ->
     bs = batch_schedule or batch_schedule_from_args(args)
     iters = train_iterations_from_args(args, bs)
     samples = args.train_samples if args.train_samples is not None else bs.samples_at_iteration(iters)
-    return {"train_iters": int(iters), "train_samples": int(samples),
-            "global_batch_size": int(bs.global_batch_size),
-            "rampup_batch_size": [int(x) for x in bs.rampup] if bs.rampup else None,
-            "batch_size_steps": [list(step) for step in bs.steps] if bs.steps else None,
-            "seq_length": int(bs.seq_length)}
+    shape = {"train_iters": int(iters), "train_samples": int(samples),
+             "global_batch_size": int(bs.global_batch_size),
+             "rampup_batch_size": [int(x) for x in bs.rampup] if bs.rampup else None,
+             "batch_size_steps": [list(step) for step in bs.steps] if bs.steps else None,
+             "seq_length": int(bs.seq_length)}
+    if bs.seq_plan is not None:  # absent without a curriculum: checkpoints stay as they were
+        shape["seq_length_schedule"] = dict(bs.seq_plan.spec)
+    return shape
 
 
 def schedule_context_from_run_shape(shape: Dict[str, Any]) -> ScheduleContext:
-    """The :class:`ScheduleContext` of a :func:`run_shape_from_args` dict (also a checkpoint's)."""
+    """The :class:`ScheduleContext` of a :func:`run_shape_from_args` dict (also a checkpoint's):
+    with a ``seq_length_schedule``, its tokens are those the curriculum trains."""
     bs = BatchSchedule(global_batch_size=int(shape["global_batch_size"]),
                        rampup=tuple(shape["rampup_batch_size"]) if shape["rampup_batch_size"] else None,
                        seq_length=int(shape["seq_length"]),
                        # absent from checkpoints written before --step-batch-size-schedule
                        steps=tuple(map(tuple, shape["batch_size_steps"]))
                        if shape.get("batch_size_steps") else None)
+    if shape.get("seq_length_schedule") is not None:
+        spec = seq_length_spec(shape["seq_length_schedule"], "the sequence-length curriculum")
+        plan = seq_length_plan(spec, bs, int(shape["train_iters"]), bs.seq_length)
+        bs = replace(bs, seq_plan=plan)
     samples = float(shape["train_samples"])
     return ScheduleContext(bs, {"iterations": float(shape["train_iters"]), "samples": samples,
-                                "tokens": samples * bs.seq_length})
+                                "tokens": float(bs.tokens_at_samples(samples))})
 
 
 def schedule_context_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> ScheduleContext:
@@ -172,38 +229,38 @@ def _power_tokens(args, bs: BatchSchedule, iters: Optional[int], samples: Option
     if tokens is not None:
         return float(tokens)
     if samples is not None:
-        return float(samples) * bs.seq_length
+        return float(bs.tokens_at_samples(samples))
     if iters is not None:
-        return float(bs.samples_at_iteration(int(iters))) * bs.seq_length
+        return float(bs.tokens_at_iterations(int(iters)))
     return None
 
 
 def power_spans_from_args(args, bs: BatchSchedule) -> Tuple[float, float, float]:
     """(warmup, decay_end, decay_length) in tokens for ``--lr-decay-style power``; iteration flags
-    are converted through the batch schedule (rampup aware), samples times ``--seq-length``."""
-    seq = bs.seq_length
+    are converted through the batch schedule (rampup aware), samples to the tokens they train
+    (times ``--seq-length``, or the sequence-length curriculum's lengths)."""
     end = _power_tokens(args, bs, args.lr_decay_iters, args.lr_decay_samples,
                         args.lr_decay_tokens)
     if end is None:
-        end = (float(args.train_samples) * seq if args.train_samples is not None
-               else float(bs.samples_at_iteration(args.train_iters)) * seq)
+        end = (float(bs.tokens_at_samples(args.train_samples)) if args.train_samples is not None
+               else float(bs.tokens_at_iterations(args.train_iters)))
     if args.lr_warmup_fraction is not None:
         warmup = args.lr_warmup_fraction * end
     elif args.lr_warmup_tokens is not None:
         warmup = float(args.lr_warmup_tokens)
     elif args.lr_warmup_iters:
-        warmup = float(bs.samples_at_iteration(args.lr_warmup_iters)) * seq
+        warmup = float(bs.tokens_at_iterations(args.lr_warmup_iters))
     else:
-        warmup = float(args.lr_warmup_samples or 0) * seq
+        warmup = float(bs.tokens_at_samples(args.lr_warmup_samples or 0))
     decay = 0.0
     if args.power_scheduler_decay_tokens:
         decay = float(args.power_scheduler_decay_tokens)
     elif args.power_scheduler_decay_samples:
-        decay = float(args.power_scheduler_decay_samples) * seq
+        decay = float(bs.tokens_at_samples(args.power_scheduler_decay_samples))
     elif args.power_scheduler_decay_iters:
-        end_iter = int(bs.iterations_at_samples(end / seq))
+        end_iter = int(bs.iterations_at_samples(bs.samples_at_tokens(end)))
         start_iter = max(end_iter - int(args.power_scheduler_decay_iters), 0)
-        decay = end - float(bs.samples_at_iteration(start_iter)) * seq
+        decay = end - float(bs.tokens_at_iterations(start_iter))
     return warmup, end, decay
 
 
@@ -244,6 +301,8 @@ def scheduler_params_from_args(args, batch_schedule: Optional[BatchSchedule] = N
                       power_decay_tokens=decay, power_decay_style=args.power_scheduler_decay_style)
         return params
     params.update(lr_warmup_steps=steps["lr_warmup_steps"], lr_decay_steps=steps["lr_decay_steps"])
+    if _lr_in_tokens(args):
+        params["lr_unit"] = "tokens"  # the spans above are trained tokens
     if args.lr_decay_style == "WSD":
         params.update(wsd_decay_steps=steps["wsd_decay_steps"],
                       lr_wsd_decay_style=args.lr_wsd_decay_style)
@@ -257,10 +316,11 @@ _STYLE_KIND = {"linear": "linear", "cosine": "cosine", "inverse-square-root": "i
 def build_schedules(params: Dict[str, Any], context: ScheduleContext) -> Tuple[Schedule, Schedule]:
     """(lr schedule, weight-decay schedule) from :func:`scheduler_params_from_args`'s dict."""
     p = params
+    unit = p.get("lr_unit") or "samples"  # tokens: --lr-*-tokens under a sequence-length curriculum
     if p.get("lr_schedule") is not None:
         lr = build_schedule(p["lr_schedule"], context)
     elif p["lr_decay_style"] == "constant":
-        lr = build_schedule({"type": "constant", "unit": "samples", "value": p["max_lr"],
+        lr = build_schedule({"type": "constant", "unit": unit, "value": p["max_lr"],
                              "warmup": p["lr_warmup_steps"], "warmup_from": p["init_lr"]}, context)
     elif p["lr_decay_style"] == "power":
         lr = build_schedule({"type": "power", "unit": "tokens", "max": p["max_lr"], "a": p["power_a"],
@@ -269,7 +329,7 @@ def build_schedules(params: Dict[str, Any], context: ScheduleContext) -> Tuple[S
                              "decay": p["power_decay_tokens"],
                              "decay_style": p["power_decay_style"]}, context)
     elif p["lr_decay_style"] in _STYLE_KIND:
-        config = {"type": _STYLE_KIND[p["lr_decay_style"]], "unit": "samples", "from": p["max_lr"],
+        config = {"type": _STYLE_KIND[p["lr_decay_style"]], "unit": unit, "from": p["max_lr"],
                   "to": p["min_lr"], "warmup": p["lr_warmup_steps"], "warmup_from": p["init_lr"],
                   "span": p["lr_decay_steps"]}
         if p["lr_decay_style"] == "WSD":
@@ -289,13 +349,14 @@ def build_schedules(params: Dict[str, Any], context: ScheduleContext) -> Tuple[S
     return lr, wd
 
 
-def progress_in(unit: str, iterations, samples, seq_length: int):
-    """Progress in ``unit`` given completed iterations and consumed samples (vectorised)."""
+def progress_in(unit: str, iterations, samples, batch_schedule: Optional[BatchSchedule]):
+    """Progress in ``unit`` given completed iterations and consumed samples (vectorised); tokens
+    are those trained (``batch_schedule.tokens_at_samples``; samples without a batch schedule)."""
     if unit == "iterations":
         return np.asarray(iterations, dtype=np.float64)
-    if unit == "samples":
+    if unit == "samples" or batch_schedule is None:
         return np.asarray(samples, dtype=np.float64)
-    return np.asarray(samples, dtype=np.float64) * seq_length
+    return batch_schedule.tokens_at_samples(samples)
 
 
 def _differs(a, b) -> bool:
@@ -345,14 +406,14 @@ class OptimizerParamScheduler:
 
     def _build(self) -> None:
         self.lr_schedule, self.wd_schedule = build_schedules(self.params, self.context)
-        self._seq = self.context.batch_schedule.seq_length if self.context.batch_schedule else 1
 
     # ---- values ----
     def values_at(self, iterations, samples) -> Tuple[np.ndarray, np.ndarray]:
         """(lr, weight decay) before the ``lr_mult``/``wd_mult`` multipliers, after ``iterations``
         completed iterations that consumed ``samples`` samples (vectorised)."""
-        lr = self.lr_schedule(progress_in(self.lr_schedule.unit, iterations, samples, self._seq))
-        wd = self.wd_schedule(progress_in(self.wd_schedule.unit, iterations, samples, self._seq))
+        bs = self.context.batch_schedule
+        lr = self.lr_schedule(progress_in(self.lr_schedule.unit, iterations, samples, bs))
+        wd = self.wd_schedule(progress_in(self.wd_schedule.unit, iterations, samples, bs))
         return lr, wd
 
     def get_lr(self, param_group: Optional[dict] = None) -> float:

@@ -61,7 +61,7 @@ class ScheduleContext:
     def for_training(cls, batch_schedule: BatchSchedule, train_iters: int) -> "ScheduleContext":
         samples = batch_schedule.samples_at_iteration(train_iters)
         return cls(batch_schedule, {"iterations": float(train_iters), "samples": float(samples),
-                                    "tokens": float(samples) * batch_schedule.seq_length})
+                                    "tokens": float(batch_schedule.tokens_at_samples(samples))})
 
     def span(self, unit: str) -> float:
         """Length, in ``unit``, that a schedule without an explicit ``span`` runs over."""

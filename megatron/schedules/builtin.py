@@ -314,13 +314,15 @@ class Power(_Warmup):
 
     def _samples_tokens(self, p):
         """(samples, tokens) of the run at progress ``p`` in the schedule's unit (absolute)."""
+        bs = self._batch_schedule
         if self.unit == "iterations":
-            samples = self._batch_schedule.samples_at_iterations(np.rint(p).astype(np.int64))
-            samples = samples.astype(np.float64)
-            return samples, samples * self._seq
+            samples = bs.samples_at_iterations(np.rint(p).astype(np.int64)).astype(np.float64)
+            return samples, bs.tokens_at_samples(samples)
+        if bs is None:  # a 'batch_size' and no run: tokens are samples x 1
+            return (p, p * self._seq) if self.unit == "samples" else (p / self._seq, p)
         if self.unit == "samples":
-            return p, p * self._seq
-        return p / self._seq, p
+            return p, bs.tokens_at_samples(p)
+        return bs.samples_at_tokens(p), p
 
     def power_lr(self, p):
         """``max(to, min(max, beta * a * n**b))`` at progress ``p`` of this schedule (relative

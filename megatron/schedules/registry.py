@@ -4,7 +4,8 @@ every built-in kind registered. Import the schedule language from here.
 The language itself (:class:`Schedule`, :class:`ScheduleContext`, :func:`register_schedule`,
 :func:`build_schedule`) is megatron/schedules/base.py; the kinds register themselves on import:
 ``builtin.py`` (constant, linear, cosine, inverse-square-root, wsd, power, step, piecewise-linear)
-and ``staged.py`` (staged), both imported here. A new kind's module is imported here too (or by
+``staged.py`` (staged) and ``seqlen.py`` (DeepSpeed's curriculum kinds fixed_linear, fixed_root,
+fixed_discrete), all imported here. A new kind's module is imported here too (or by
 ``builtin.py``)::
 
     @register_schedule("my-kind")
@@ -14,7 +15,7 @@ and ``staged.py`` (staged), both imported here. A new kind's module is imported 
         def values(self, progress):                     # progress: float64 array in self.unit
             return ...
 """
-from megatron.schedules import builtin, staged  # noqa: F401,E402  (register the built-in kinds)
+from megatron.schedules import builtin, seqlen, staged  # noqa: F401,E402  (register the built-in kinds)
 from megatron.schedules.base import (  # noqa: F401
     REQUIRED,
     Schedule,

@@ -6,13 +6,18 @@ consumed samples (megatron-core's ``RampupBatchsizeNumMicroBatchesCalculator`` r
 Megatron-LM's ``--step-batch-size-schedule 'T0:B0 T1:B1 ...'`` it is Bi from Ti tokens on. Either
 way the mapping between iterations and samples is not linear; everything that converts goes
 through :class:`BatchSchedule`.
+
+Tokens are the tokens trained: samples x ``--seq-length``, or, under a truncating
+sequence-length curriculum (megatron/schedules/seqlen.py), the sum over iterations of global
+batch x that iteration's length (Microsoft Megatron-DeepSpeed's ``consumed_train_tokens``).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from megatron.schedules.seqlen_plan import SeqLengthPlan
 from megatron.utils.typed_config import config_from_args
 
 UNITS = ("iterations", "samples", "tokens")
@@ -37,12 +42,15 @@ class BatchSchedule:
         steps: ``((threshold_samples, batch), ...)`` (first threshold 0, increasing; the last
             batch is ``global_batch_size``): the batch is the one of the last threshold reached
             by the consumed samples (Megatron-LM's step batch size schedule); ``None`` without.
+        seq_plan: the sequence-length curriculum's lengths per iteration, or ``None``; a
+            truncating one makes tokens the sum of global batch x length over iterations.
     """
 
     global_batch_size: int
     rampup: Optional[Sequence[int]] = None
     seq_length: int = 1
     steps: Optional[Tuple[Tuple[int, int], ...]] = None
+    seq_plan: Optional[SeqLengthPlan] = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.steps is not None:
@@ -148,11 +156,49 @@ class BatchSchedule:
         iterations)."""
         return self.batch_sizes_at_samples(self.samples_at_iterations(iterations))
 
+    def _token_table(self) -> Optional[np.ndarray]:
+        """Tokens trained before iteration ``i`` for i in [0, len(plan)] under a truncating
+        sequence-length plan (None without one)."""
+        plan = self.seq_plan
+        if plan is None or not plan.truncates:
+            return None
+        table = getattr(self, "_tokens_before", None)
+        if table is None:
+            n = plan.lengths.size
+            batches = np.diff(self.samples_at_iterations(np.arange(n + 1, dtype=np.int64)))
+            table = np.concatenate([[0], np.cumsum(batches * plan.lengths)]).astype(np.float64)
+            table.setflags(write=False)
+            object.__setattr__(self, "_tokens_before", table)
+        return table
+
     def tokens_at_samples(self, samples) -> np.ndarray:
-        return np.asarray(samples, dtype=np.float64) * self.seq_length
+        """Tokens trained once ``samples`` samples are consumed (vectorised, float64): samples x
+        ``seq_length``, or under a truncating plan the tokens of the whole iterations before plus
+        the samples into the current one x its length."""
+        s = np.asarray(samples, dtype=np.float64)
+        table = self._token_table()
+        if table is None:
+            return s * self.seq_length
+        n = table.size - 1
+        it = np.minimum(self.iterations_at_samples(s), n)
+        start = self.samples_at_iterations(it).astype(np.float64)
+        return table[it] + (s - start) * self.seq_plan.lengths_at(np.minimum(it, n - 1))
 
     def samples_at_tokens(self, tokens) -> np.ndarray:
-        return np.asarray(tokens, dtype=np.float64) / self.seq_length
+        """The inverse of :meth:`tokens_at_samples` (vectorised, float64; fractional samples
+        inside an iteration)."""
+        t = np.asarray(tokens, dtype=np.float64)
+        table = self._token_table()
+        if table is None:
+            return t / self.seq_length
+        n = table.size - 1
+        it = np.clip(np.searchsorted(table, t, side="right") - 1, 0, n)
+        start = self.samples_at_iterations(it).astype(np.float64)
+        return start + (t - table[it]) / self.seq_plan.lengths_at(np.minimum(it, n - 1))
+
+    def tokens_at_iterations(self, iterations) -> np.ndarray:
+        """Tokens trained in the first ``iterations`` iterations (vectorised, float64)."""
+        return self.tokens_at_samples(self.samples_at_iterations(np.asarray(iterations)))
 
     def convert(self, values, from_unit: str, to_unit: str) -> np.ndarray:
         """Convert progress ``values`` between ``iterations``, ``samples`` and ``tokens``.
@@ -187,8 +233,10 @@ class BatchSchedule:
         return floor if self.samples_at_iteration(floor) >= samples else floor + 1
 
     def tokens(self, samples: int) -> int:
-        """Tokens in ``samples`` samples of ``seq_length`` tokens."""
-        return int(samples) * self.seq_length
+        """Tokens trained in the first ``samples`` samples (:meth:`tokens_at_samples`)."""
+        if self._token_table() is None:
+            return int(samples) * self.seq_length
+        return int(round(float(self.tokens_at_samples(int(samples)))))
 
 
 def train_iterations_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
@@ -222,12 +270,14 @@ class BatchConfig:
     """The batch flags after validation (fields are their argparse dests): ``--global-batch-size``
     (samples), ``--rampup-batch-size START INCREMENT SAMPLES`` (or None), ``batch_size_steps``
     (``--step-batch-size-schedule`` as validate_args parses it: ``[(threshold_samples, batch),
-    ...]``, or None) and ``--seq-length`` (tokens per sample)."""
+    ...]``, or None), ``--seq-length`` (tokens per sample) and ``seq_length_plan`` (the
+    sequence-length curriculum's :class:`SeqLengthPlan` validation made, or None)."""
 
     global_batch_size: int
     rampup_batch_size: Optional[Sequence]
     batch_size_steps: Optional[Sequence[Sequence[int]]]
     seq_length: int
+    seq_length_plan: Optional[SeqLengthPlan] = None
 
 
 def batch_schedule(config: BatchConfig) -> BatchSchedule:
@@ -239,6 +289,7 @@ def batch_schedule(config: BatchConfig) -> BatchSchedule:
                 else None),
         seq_length=config.seq_length,
         steps=tuple(tuple(step) for step in steps) if steps else None,
+        seq_plan=config.seq_length_plan,
     )
 
 
@@ -300,6 +351,10 @@ def parse_step_batch_size_schedule(text: str, seq_length: int) -> List[Tuple[int
 def token_budget_iterations(train_tokens: int, batch_schedule: BatchSchedule) -> int:
     """Iterations a ``--train-tokens`` budget allows: the smallest ``i`` whose consumed tokens
     (samples after ``i`` iterations x seq length, rampup aware) reach ``train_tokens``. This is
-    where Microsoft's loop (``while consumed_train_tokens < train_tokens``) stops."""
-    samples = math.ceil(int(train_tokens) / batch_schedule.seq_length)
+    where Microsoft's loop (``while consumed_train_tokens < train_tokens``) stops. Under a
+    truncating sequence-length plan the tokens are those trained (global batch x length)."""
+    if batch_schedule.seq_plan is None or not batch_schedule.seq_plan.truncates:
+        samples = math.ceil(int(train_tokens) / batch_schedule.seq_length)
+    else:
+        samples = math.ceil(float(batch_schedule.samples_at_tokens(int(train_tokens))) - 1e-9)
     return batch_schedule.iterations_for_samples(samples)

@@ -17,6 +17,7 @@ from megatron.metrics.writers import MetricsWriter, metrics_writer
 from megatron.model.attention_backends import check_backend_trains
 from megatron.optim.loss_normalization import normalization_line
 from megatron.parallel.initialize import initialize_distributed, set_seeds
+from megatron.parallel.pipe import is_pipe_engine
 from megatron.parallel.topology import layout_line
 from megatron.schedules.units import batch_schedule
 from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
@@ -26,6 +27,7 @@ from megatron.train.hooks import LoopHook, loop_hooks_from_args
 from megatron.train.loader import _loader
 from megatron.train.resume import _check_data_resume, _maybe_save, _restore, data_resume
 from megatron.train.run_control import kill_switch_found
+from megatron.train.seqlen_batches import SeqLengthBatches
 from megatron.train.stats import _IntervalStats, _log_iteration
 from megatron.train.steps import StepFunctions, _grad_norm, gpt_forward_step, step_functions
 from megatron.utils.rank_utils import all_reduce_small, print_rank_0
@@ -46,11 +48,19 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     stats = _IntervalStats(len(data.dataset_names))
     exit_request = ExitRequest(loop)
     iterator = _loader(data.train, state.consumed_samples, loop)
+    plan, trained_length = schedule.seq_plan, loop.seq_length
+    if plan is not None:  # the sequence-length curriculum cuts each micro batch
+        iterator = SeqLengthBatches(iterator, plan)
     engine.train()
     while state.iteration < loop.train_iters:
         batch_size = schedule.batch_size_at_samples(state.consumed_samples)
         if batch_size != engine.train_batch_size():
             engine.set_train_batch_size(batch_size)
+        if plan is not None:
+            length = iterator.start_iteration(state.iteration)
+            if length != trained_length and is_pipe_engine(engine):
+                engine.reset_activation_shape()  # the pipe's buffers are sized by the first batch
+            trained_length = length
         lr = optimizer.param_groups[0]["lr"]
         wd = optimizer.param_groups[0]["weight_decay"]
         num_micro_batches = batch_size // per_step
@@ -66,10 +76,13 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
         scheduler.step(increment=batch_size)
         stats.iterations += 1
         stats.samples += batch_size
+        stats.tokens += batch_size * (trained_length if plan is None or plan.truncates
+                                      else loop.seq_length)
         if state.iteration % loop.log_interval == 0:
             _log_iteration(loop, metrics, stats, state, lr, wd, _grad_norm(engine, stage0_norm),
                            data.dataset_names, batch_size, hooks,
-                           data.mix if metrics.enabled else None)
+                           data.mix if metrics.enabled else None, trained_length,
+                           schedule.tokens(state.consumed_samples))
             stats.reset()
         paused = time.perf_counter()  # evaluation and saving stay out of the per-iteration time
         if loop.eval_iters and data.eval_groups and state.iteration % loop.eval_interval == 0:

@@ -53,6 +53,7 @@ class _IntervalStats:
         self.iterations = 0
         self.start = time.perf_counter()
         self.samples = 0
+        self.tokens = 0  # trained: global batch x the iteration's sequence length
 
     def add_micro_batch(self, loss: torch.Tensor, per_sample: torch.Tensor,
                         dataset_id: Optional[torch.Tensor], weight: float = 1.0,
@@ -100,16 +101,22 @@ class _IntervalStats:
 
 def _log_iteration(loop: LoopConfig, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
                    grad_norm: Optional[float], dataset_names: List[str], batch_size: int,
-                   hooks: Sequence = (), mix=None) -> None:
+                   hooks: Sequence = (), mix=None, seq_length: Optional[int] = None,
+                   consumed_tokens: Optional[int] = None) -> None:
     """The log line and training record of the interval in ``stats`` (reduced over the replicas
     here), with each loop hook's fields (megatron/train/hooks.py; e.g. the MoE scalars, skipped
-    steps) and, given the run's ``mix``, the samples drawn per dataset."""
+    steps) and, given the run's ``mix``, the samples drawn per dataset. ``seq_length``: tokens per
+    sample the last iteration trained (default ``--seq-length``); ``consumed_tokens``: tokens
+    trained so far (default consumed samples x ``--seq-length``)."""
+    seq_length = loop.seq_length if seq_length is None else seq_length
+    if consumed_tokens is None:
+        consumed_tokens = state.consumed_samples * loop.seq_length
     loss, dataset_loss, dataset_count, dataset_tokens = stats.reduced()
     hook_fields = [hook.log_fields(stats.iterations) for hook in hooks]
     hook_record = {key: value for _, fields in hook_fields for key, value in fields.items()}
     elapsed = time.perf_counter() - stats.start
     ms_per_iter = 1000.0 * elapsed / max(stats.iterations, 1)
-    tokens_per_s = stats.samples * loop.seq_length / max(elapsed, 1e-9)
+    tokens_per_s = (stats.tokens or stats.samples * loop.seq_length) / max(elapsed, 1e-9)
     per_dataset = {name: (dataset_loss[i] / dataset_count[i]).item()
                    for i, name in enumerate(dataset_names) if dataset_count[i] > 0}
     all_tokens = float(dataset_tokens.sum())
@@ -120,6 +127,8 @@ def _log_iteration(loop: LoopConfig, metrics, stats: _IntervalStats, state: Trai
             f"tokens/s: {tokens_per_s:.1f} | global batch size: {batch_size:5d} | learning rate: "
             f"{lr:.6E} | lm loss: {loss:.6E} | grad norm: "
             f"{'n/a' if grad_norm is None else f'{grad_norm:.3f}'}")
+    if seq_length != loop.seq_length:  # Microsoft's "curriculum seqlen" segment
+        line += f" | seq length: {seq_length}"
     if per_dataset:
         line += " | " + " | ".join(f"{k} loss: {v:.4f}" for k, v in per_dataset.items())
     for segment, _ in hook_fields:
@@ -128,7 +137,7 @@ def _log_iteration(loop: LoopConfig, metrics, stats: _IntervalStats, state: Trai
     print_rank_0(line)
     metrics.train_record({
         "iteration": state.iteration, "consumed_samples": state.consumed_samples,
-        "consumed_tokens": state.consumed_samples * loop.seq_length, "lr": lr, "weight_decay": wd,
+        "consumed_tokens": consumed_tokens, "seq_length": seq_length, "lr": lr, "weight_decay": wd,
         "lm_loss": loss, "grad_norm": grad_norm, "per_dataset_loss": per_dataset,
         # each dataset's share of the interval's loss tokens, as the objective weighs them
         **({"loss_token_share": token_share} if token_share else {}),

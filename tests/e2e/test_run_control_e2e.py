@@ -124,10 +124,10 @@ def test_reset_progress_with_a_token_budget(killed_run, demo_data, tmp_path):
     lr, _ = lrs.build_schedules(lrs.scheduler_params_from_args(args, bs),
                                 lrs.schedule_context_from_args(args, bs))
     steps = np.arange(3)
-    want = lr(lrs.progress_in(lr.unit, steps, bs.samples_at_iterations(steps), SEQ))
+    want = lr(lrs.progress_in(lr.unit, steps, bs.samples_at_iterations(steps), bs))
     assert [r["lr"] for r in train] == pytest.approx(list(want), rel=1e-12)
     assert want[0] == 0.0 and want[1] == pytest.approx(1e-3)  # warmup again, then the peak
-    assert lr(lrs.progress_in(lr.unit, np.array([3]), bs.samples_at_iterations([3]), SEQ))[0] \
+    assert lr(lrs.progress_in(lr.unit, np.array([3]), bs.samples_at_iterations([3]), bs))[0] \
         == pytest.approx(1e-4)
     assert (f"--reset-progress: loaded the model and optimizer state of iteration {saved}"
             in proc.stdout)

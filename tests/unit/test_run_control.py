@@ -79,7 +79,7 @@ def _lr_values(args, iterations):
     lr, _ = lrs.build_schedules(lrs.scheduler_params_from_args(args, bs),
                                 lrs.schedule_context_from_args(args, bs))
     iterations = np.asarray(iterations)
-    return lr(lrs.progress_in(lr.unit, iterations, bs.samples_at_iterations(iterations), 64))
+    return lr(lrs.progress_in(lr.unit, iterations, bs.samples_at_iterations(iterations), bs))
 
 
 def test_train_tokens_is_the_end_of_training_for_the_lr_schedule():

@@ -395,6 +395,9 @@ class CurriculumIndex:
                 continue
             if unit not in ("samples", "tokens"):
                 return None
+            plan = self.batch_schedule.seq_plan
+            if unit == "tokens" and plan is not None and plan.truncates:
+                return None  # tokens are not samples x seq length under a truncating curriculum
             points = _linear_breakpoints(sched)
             if points is None:
                 return None
@@ -505,6 +508,9 @@ class CurriculumIndex:
                                self.batch_schedule.seq_length],
             "dtypes": [np.dtype(self.id_dtype).str, np.dtype(self.sample_dtype).str],
         }
+        plan = self.batch_schedule.seq_plan
+        if plan is not None and plan.truncates:  # token progress follows the trained lengths
+            desc["seq_length_plan"] = plan.digest()
         self.description = json.dumps(desc, sort_keys=True, default=str)
         return hashlib.sha256(self.description.encode()).hexdigest()[:32]
 

@@ -3,6 +3,7 @@ number or a schedule of :mod:`megatron.schedules.registry`) into a function of t
 (the one place that talks to the registry), :func:`_linear_breakpoints` finds where a
 piecewise-linear schedule bends (the index's fast path), and :class:`_Progress` converts a global
 sample index to iterations / samples / tokens (rampup aware)."""
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -37,7 +38,7 @@ def weight_schedule(config: Any, context: WeightContext):
     schedule_context = ScheduleContext(
         batch_schedule=context.batch_schedule,
         total={"iterations": float(context.num_iterations), "samples": samples,
-               "tokens": samples * context.batch_schedule.seq_length})
+               "tokens": float(context.batch_schedule.tokens_at_samples(samples))})
     return build_schedule(config, schedule_context)
 
 
@@ -96,5 +97,7 @@ class _Progress:
         if unit == "samples":
             return int(n)
         if unit == "tokens":
+            if self.bs.seq_plan is not None and self.bs.seq_plan.truncates:
+                return math.ceil(float(self.bs.samples_at_tokens(int(n))) - 1e-9)
             return -(-int(n) // int(self.bs.seq_length))
         return self.bs.samples_at_iteration(int(n))

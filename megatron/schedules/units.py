@@ -296,7 +296,10 @@ def batch_schedule(config: BatchConfig) -> BatchSchedule:
 def batch_schedule_from_args(args) -> BatchSchedule:
     """:func:`batch_schedule` of the validated flags in ``args`` (a namespace without one of
     :class:`BatchConfig`'s fields is a ConfigError naming it)."""
-    return batch_schedule(config_from_args(BatchConfig, args))
+    # the plan is derived by validation (megatron/config/seqlen_flags.py), not a flag: a namespace
+    # from before that check (or a tool's) has none
+    return batch_schedule(config_from_args(BatchConfig, args,
+                                           seq_length_plan=getattr(args, "seq_length_plan", None)))
 
 
 _SUFFIXES = {"K": 10 ** 3, "M": 10 ** 6, "B": 10 ** 9, "T": 10 ** 12}

@@ -5,7 +5,9 @@ per-iteration losses, so layouts can be compared with the single-rank run.
 All layouts use the same data (a curriculum over the session's ``demo_data``: ``web`` at weight 1,
 ``code`` from weight 1 falling to 0.2 by iteration 10, with two named validation groups evaluated at
 iterations 10 and 20, so per-dataset losses and validation groups are compared under every layout
-too), seed, model and global batch, dropout 0, and default vocabulary flags: the byte-level
+too), seed, model and global batch, dropout 0, a sequence-length warmup (:data:`SEQ_WARMUP`: 16
+tokens per sample, then 24, the full 32 from iteration 13, so every layout trains k changing and a
+resume at iteration 10 is in the middle of it) and default vocabulary flags: the byte-level
 vocabulary (258 tokens) pads to 384 rows under TP 1 and 512 under TP 2 (a multiple of
 --make-vocab-size-divisible-by 128 x TP), and the padding rows take no probability
 (megatron/model/vocab_padding.py), so every layout is the same model. ``--clip-grad`` is below every
@@ -37,6 +39,11 @@ valid:
   - {{name: code, path: {code}, split: '0.98:1'}}
 """
 EVAL_INTERVAL = 10
+# The layouts' sequence-length curriculum (docs/seqlen_curriculum.md): linear from 16 tokens to
+# --seq-length 32 over 12 iterations in multiples of 8: 16 (iterations 1-6), 24 (7-12), then 32.
+# Multiples of 8 suit every layout here (TP 2 with --sequence-parallel, Ulysses SP 2, both).
+SEQ_WARMUP = ["--seq-length-schedule", "{type: linear, from: 16, span: 12, multiple_of: 8}"]
+SEQ_WARMUP_LENGTHS = [16] * 6 + [24] * 6 + [32] * 8
 
 
 def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAYOUT_ITERS) -> List[str]:
@@ -54,7 +61,7 @@ def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAY
         "--data-blend-config", str(blend), "--data-cache-path", str(run_dir / "cache"),
         "--eval-interval", str(EVAL_INTERVAL), "--eval-iters", "1",
         "--log-interval", "1", "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "11",
-        *extra]
+        *SEQ_WARMUP, *extra]
 
 
 def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
@@ -81,9 +88,15 @@ def valid_records(run_dir) -> List[dict]:
 
 def assert_curriculum_records_match(run_dir, reference_dir, rel: float = 1e-4) -> None:
     """Per-dataset training losses and every validation group's loss of the run in ``run_dir``
-    equal the reference run's (in ``reference_dir``) within ``rel``."""
+    equal the reference run's (in ``reference_dir``) within ``rel``; both trained the
+    :data:`SEQ_WARMUP` lengths, and their consumed tokens are global batch x length summed."""
     got, ref = train_records(run_dir), train_records(reference_dir)
     assert len(got) == len(ref)
+    lengths = SEQ_WARMUP_LENGTHS[:len(ref)]
+    for records in (got, ref):
+        assert [r["seq_length"] for r in records] == lengths
+        assert [r["consumed_tokens"] for r in records] == [
+            GLOBAL_BATCH * sum(lengths[:i + 1]) for i in range(len(records))]
     for g, r in zip(got, ref, strict=True):
         assert set(g["per_dataset_loss"]) == set(r["per_dataset_loss"]) == {"web", "code"}, g
         for name, value in r["per_dataset_loss"].items():

@@ -194,9 +194,9 @@ def t0_flags(toy, run_dir, extra=()):
         "--data-cache-path", str(run_dir / "cache"), "--log-interval", "1",
         "--eval-interval", "10", "--eval-iters", "1", "--metrics-jsonl", str(run_dir / "metrics.jsonl"),
         "--prefix-lm", "--norm-target-loss",
-        # a sequence-length warmup: 32 tokens per packed sample, then 64, 96, 128 (packed
+        # a sequence-length warmup: 64 tokens per packed sample, then 96, 128 (packed
         # segments and prefixes truncated with the tokens: megatron/train/seqlen_batches.py)
-        "--seq-length-schedule", "{type: linear, from: 32, span: 10, multiple_of: 32}", *extra]
+        "--seq-length-schedule", "{type: linear, from: 64, span: 10, multiple_of: 32}", *extra]
 
 
 @pytest.fixture(scope="module")

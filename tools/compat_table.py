@@ -116,6 +116,37 @@ _MS_SP = _flags("""
     --tensorboard-queue-size --train-samples --train-tokens --use-flash-attn-triton
     --use-flash-attn-v2 --use-rotary-position-embeddings --vocab-file --weight-decay
     --zero-stage""")
+_MS_SLW = _flags("""
+    --adam-beta1 --adam-beta2 --checkpoint-activations --clip-grad --data-impl --data-path
+    --deepspeed --deepspeed-activation-checkpointing --deepspeed_config --eval-interval
+    --eval-iters --exit-duration-in-mins --fp16 --global-batch-size --hidden-size --hysteresis
+    --init-method-std --load --log-batch-size-to-tensorboard --log-interval
+    --log-optimizer-states-to-tensorboard --log-timers-to-tensorboard
+    --log-validation-ppl-to-tensorboard --lr --lr-decay-style --lr-decay-tokens
+    --lr-warmup-tokens --max-position-embeddings --merge-file --micro-batch-size --min-lr
+    --no-async-tensor-model-parallel-allreduce --no-pipeline-parallel --num-attention-heads
+    --num-layers --num-workers --override-opt_param-scheduler --pipeline-model-parallel-size
+    --rotary-percent --save --save-interval --seed --seq-length --split
+    --tensor-model-parallel-size --tensorboard-dir --tensorboard-queue-size --train-samples
+    --train-tokens --use-rotary-position-embeddings --vocab-file --weight-decay --zero-stage""")
+# The base script also passes --train-doc-idx-path, --train-sample-idx-path and
+# --train-shuffle-idx-path (index maps of DeepSpeed's offline data analysis) whenever CL is on:
+# not flags of this project, left out of the compat script and of this list
+# (examples/compat/microsoft_data_efficiency_seqlen.sh says why).
+_MS_DE = _flags("""
+    --adam-beta1 --adam-beta2 --checkpoint-activations --clip-grad
+    --data-efficiency-curriculum-learning --data-impl --data-path --deepspeed
+    --deepspeed-activation-checkpointing --deepspeed_config --eval-interval --eval-iters
+    --exit-duration-in-mins --fp16 --global-batch-size --hidden-size --hysteresis
+    --init-method-std --load --log-batch-size-to-tensorboard --log-interval
+    --log-optimizer-states-to-tensorboard --log-timers-to-tensorboard
+    --log-validation-ppl-to-tensorboard --lr --lr-decay-style --lr-decay-tokens
+    --lr-warmup-tokens --max-position-embeddings --merge-file --micro-batch-size --min-lr
+    --no-pipeline-parallel --num-attention-heads --num-layers --num-workers
+    --override-opt_param-scheduler --pipeline-model-parallel-size --random-ltd --save
+    --save-interval --seed --seq-length --split --tensor-model-parallel-size --tensorboard-dir
+    --tensorboard-queue-size --train-samples --train-tokens --vocab-file --weight-decay
+    --zero-stage""")
 # The MoE scripts: --mlp-type is PR-MoE's, --mos and the teacher flags the _MoS scripts'
 _MS_MOE = _flags("""
     --adam-beta1 --adam-beta2 --checkpoint-activations --clip-grad --create-moe-param-group
@@ -166,6 +197,11 @@ SOURCES: Tuple[Source, ...] = (
            "ds_pretrain_gpt_{125M_MoE64,350M_MoE128,1.3B_MoE128}.sh, PR-MoE "
            "(ds_pretrain_gpt_{350M_PR-MoE32or64,1.3B_PR-MoE64or128}.sh) and their _MoS twins",
            "microsoft_moe_pretrain.sh", _MS_MOE),
+    Source("MS SLW", "microsoft/Megatron-DeepSpeed examples_deepspeed/curriculum_learning/"
+           "ds_pretrain_gpt_1.3B_rope_slw.sh", "microsoft_curriculum_slw.sh", _MS_SLW),
+    Source("MS DE", "microsoft/Megatron-DeepSpeed examples_deepspeed/data_efficiency/gpt/pretrain/"
+           "ds_pretrain_gpt_1.3B_dense_{run,base_script}.sh", "microsoft_data_efficiency_seqlen.sh",
+           _MS_DE),
     Source("other", "other scripts of these forks (BigScience's earlier configurations, a "
            "Microsoft-fork 175B run, Megatron-LM's precision flags and phased data mixes)", "",
            _OTHER),

@@ -2,17 +2,20 @@
 Megatron-DeepSpeed scripts' flags at tiny sizes. Every flag of every script parses (in-process,
 fast); each script trains 3 iterations through the ``deepspeed`` launcher with 2 CPU ranks, with
 what its flags promise (batch rampups, token budgets, a finetune from the pretraining checkpoint
-with reset counters, an eval-only run); flags this project does not build are refused in one line
-that names them and the replacement.
+with reset counters, an eval-only run, DeepSpeed's sequence-length curricula); flags this project
+does not build are refused in one line that names them and the replacement.
 
 All scripts share one module-scoped data directory (tools/make_compat_data.py). A script writes its
 entry point and flags instead of launching when ``COMPAT_ARGS_FILE`` is set (examples/compat/common.sh).
 """
+import glob
+import itertools
+import json
 import os
 import re
 import subprocess
 import sys
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -32,6 +35,8 @@ SCRIPTS = {
     "ms_llama2": ("microsoft_llama2_pretrain.sh", {}),
     "ms_sequence_parallel": ("microsoft_sequence_parallel.sh", {}),
     "ms_moe": ("microsoft_moe_pretrain.sh", {}),
+    "ms_curriculum_slw": ("microsoft_curriculum_slw.sh", {}),
+    "ms_data_efficiency": ("microsoft_data_efficiency_seqlen.sh", {}),
 }
 ITERATION_LINE = re.compile(r" iteration +(\d+)/ +(\d+) \|")
 
@@ -126,7 +131,8 @@ def test_flag_set_must_be_known(compat_data, tmp_path):
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("name", ["gpt3_2026", "ms_gpt", "ms_moe"])
+@pytest.mark.parametrize("name", ["gpt3_2026", "ms_gpt", "ms_moe", "ms_curriculum_slw",
+                                  "ms_data_efficiency"])
 def test_original_fp16_is_refused_on_cpu_in_one_line(name, compat_data, tmp_path, monkeypatch,
                                                      capsys):
     """PRECISION=fp16 restores the original's --fp16 (and, for Microsoft's, the JSON's fp16
@@ -143,6 +149,23 @@ def test_original_fp16_is_refused_on_cpu_in_one_line(name, compat_data, tmp_path
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--fp16" in err and "--bf16" in err, err
+    if name in ("ms_curriculum_slw", "ms_data_efficiency"):  # the template as Microsoft fills it
+        _, config = written_deepspeed_config(str(tmp_path))
+        assert config["fp16"]["enabled"] is True and "bf16" not in config
+
+
+@pytest.mark.launch
+def test_ms_data_efficiency_refuses_random_ltd(compat_data, tmp_path, monkeypatch, capsys):
+    """The data-efficiency script keeps random-LTD off, as the original's "CL seqlen truncation"
+    setup; LTD_ENABLED=true (the original's ltd_enabled) adds --random-ltd, which stops the run in
+    one line naming it."""
+    flags = script_flags("ms_data_efficiency", compat_data, str(tmp_path), LTD_ENABLED="true")
+    assert "--random-ltd" in flags
+    with pytest.raises(SystemExit) as exit_info:
+        parse_in_process(flags, monkeypatch)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--random-ltd" in err, err
 
 
 REFUSED = [  # extra flags given to the sequence-parallel script, and the flags among them
@@ -348,6 +371,67 @@ def test_microsoft_llama2(compat_data, tmp_path):
 def test_microsoft_sequence_parallel(compat_data, tmp_path):
     records = trained("ms_sequence_parallel", compat_data, str(tmp_path))
     assert [r["consumed_tokens"] for r in records] == [128, 256, 384]
+
+
+def written_deepspeed_config(out_dir: str) -> Tuple[str, dict]:
+    """The path and content of the DeepSpeed JSON a script filled in from its template."""
+    path, = glob.glob(os.path.join(out_dir, "ds_config_*.json"))
+    with open(path) as f:
+        return path, json.load(f)
+
+
+# name -> (the keys of the consumed section in the script's JSON, its start-up note after
+# "--deepspeed_config PATH: ", the lengths of the 3 iterations, the layout in the start-up line)
+SEQLEN_CURRICULA = {
+    # the legacy section (fixed_linear, 16 to 64 tokens over 3 steps) through the pipe engine,
+    # which resizes its buffers at each new length
+    "ms_curriculum_slw": (("curriculum_learning",),
+                          "curriculum_learning (fixed_linear, 16 to 64 tokens): trained here as "
+                          "the native schedule", [32, 48, 64], "pipeline-parallel 2"),
+    # --data-efficiency-curriculum-learning's seqlen_truncate metric (fixed_root, root 1, 16 to 64
+    # tokens over 4 steps) without the pipe engine
+    "ms_data_efficiency": (("data_efficiency", "data_sampling", "curriculum_learning",
+                            "curriculum_metrics", "seqlen_truncate"),
+                           "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics."
+                           "seqlen_truncate (fixed_root, 16 to 64 tokens, mode truncate): trained "
+                           "here as the native schedule", [24, 40, 48], "data-parallel 2"),
+}
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("name", sorted(SEQLEN_CURRICULA))
+def test_microsoft_seqlen_curriculum(name, compat_data, tmp_path):
+    """Microsoft's sequence-length curriculum scripts train the lengths of DeepSpeed's
+    ``CurriculumScheduler`` for their JSON's section (asked before each iteration with the
+    iteration's number, as Microsoft's loop does), changing every iteration; the start-up note
+    names the consumed section; every training record and log line has the iteration's length;
+    the consumed tokens are global batch x length, and --train-tokens ends the run after the 3
+    shorter iterations."""
+    from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
+
+    keys, note, expected, layout = SEQLEN_CURRICULA[name]
+    out = str(tmp_path)
+    records = trained(name, compat_data, out)
+    path, section = written_deepspeed_config(out)
+    with open(os.path.join(out, "launch.log")) as f:
+        log = f.read()
+    note_line, = [line for line in log.splitlines() if f"--deepspeed_config {path}: {note}" in line]
+    assert "left out of the config DeepSpeed sees" in note_line, note_line
+    assert layout in log
+    for key in keys:
+        section = section[key]
+    scheduler = CurriculumScheduler(section)
+    lengths = [scheduler.update_difficulty(iteration) for iteration in (1, 2, 3)]
+    assert lengths == expected
+    assert [r["seq_length"] for r in records] == lengths
+    tokens = list(itertools.accumulate(r["global_batch_size"] * r["seq_length"] for r in records))
+    assert [r["consumed_tokens"] for r in records] == tokens
+    assert f"--train-tokens {tokens[-1]}: training stops after iteration 3 " in log
+    lines = [line for line in log.splitlines() if ITERATION_LINE.search(line)]
+    assert len(lines) == 3, lines
+    for line, length in zip(lines, lengths, strict=True):  # Microsoft's "curriculum seqlen"
+        segment = f" | seq length: {length} |" if length < 64 else " | seq length:"
+        assert (segment in line) == (length < 64), (length, line)
 
 
 # --------------------------------------------------------------------------- docs/compatibility.md

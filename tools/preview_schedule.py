@@ -18,6 +18,18 @@ earlier edits), the rest as the resume would draw them (an edited mix needs
 ``--override-data-mix``, as in training); ``"resume_iteration"`` says where the two meet,
 ``"mix_changes"`` lists the iterations where the mix was edited (the new mix's among them) and
 ``"epochs"`` counts every dataset the run has drawn by its end.
+
+With a sequence-length curriculum (``--seq-length-schedule``, the ``seq_length_schedule`` key of
+``--lr-schedule-config``, or the ``curriculum_learning`` / ``data_efficiency`` section of
+``--deepspeed_config``: megatron/config/seqlen_flags.py) it adds ``"seq_length"`` (``k[i]``, the
+tokens per sample of the step taken after ``i`` completed iterations, indexed as ``lr``; the last
+entry, after the run's last step, is the plan's last length, as iterations past a plan train),
+``"consumed_tokens"`` (tokens trained before each step, from the batch schedule: under
+``truncate`` the sum of global batch x k over the steps before, under ``split`` samples x
+``--seq-length``; indexed as ``consumed_samples``, so the last entry is the run's total) and
+``"seq_length_savings"`` (:func:`seq_length_savings`: what the curriculum saves against training
+every step at the full ``--seq-length``), also printed. Without a curriculum the preview is what
+it was (none of these keys).
 Everything is vectorised, so 1e6 iterations take about a second.
 
 Structure for extensions: :func:`preview` returns the dict (more keys may be added by other
@@ -41,8 +53,9 @@ import numpy as np  # noqa: E402
 
 from megatron.config.arguments import validate_args  # noqa: E402
 from megatron.config.parser import get_parser  # noqa: E402
-from megatron.errors import ArgumentError  # noqa: E402
+from megatron.errors import ArgumentError, ConfigError  # noqa: E402
 from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args  # noqa: E402
+from megatron.tokenizer import tokenizer_setup  # noqa: E402
 from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
 
@@ -180,10 +193,121 @@ def run_mixture_arrays(args, train_iters: int) -> Optional[dict]:
     return mixture_arrays(args, train_iters)
 
 
+def seq_length_arrays(args, iterations: np.ndarray) -> Optional[dict]:
+    """``seq_length`` (k of the step after ``i`` completed iterations, for every ``i`` in
+    ``iterations``; past the plan its last length) and ``consumed_tokens`` (tokens trained before
+    that step: :meth:`BatchSchedule.tokens_at_iterations`) under the run's sequence-length
+    curriculum, and ``seq_length_savings`` (:func:`seq_length_savings`). None without one."""
+    plan = getattr(args, "seq_length_plan", None)
+    if plan is None:
+        return None
+    bs = batch_schedule_from_args(args)
+    lengths = plan.lengths_at(iterations)
+    # integer sums of batch x k: exact in float64 below 2**53 tokens
+    tokens = np.rint(bs.tokens_at_iterations(iterations)).astype(np.int64)
+    samples = bs.samples_at_iterations(iterations)
+    return {"seq_length": lengths, "consumed_tokens": tokens,
+            "seq_length_savings": seq_length_savings(args, np.diff(samples), lengths[:-1])}
+
+
+def matmul_params_per_token(args, vocab_size: Optional[int]) -> int:
+    """N of the dense FLOPs 6 N per trained token: the weights of the matrix multiplications one
+    token goes through, from the model flags. Per layer: attention ``h (q + 2 kv) + q h`` (q =
+    heads x kv channels, kv = query groups x kv channels), the MLP ``(1 + glu) h f + f h`` (glu: 1
+    with ``--swiglu``), on an MoE layer instead the router ``h E`` and top-k experts of
+    ``--moe-ffn-hidden-size`` plus the shared expert; then the output layer ``V h`` (``vocab_size``
+    V, padded; left out when None). Embedding lookups, norms and biases are not multiplications."""
+    h, layers = args.hidden_size, args.num_layers
+    q = args.num_attention_heads * args.kv_channels
+    kv = args.num_query_groups * args.kv_channels
+    glu = 2 if args.swiglu else 1
+
+    def mlp(f):
+        return glu * h * f + f * h
+
+    attention = h * (q + 2 * kv) + q * h
+    experts = getattr(args, "num_experts", None)
+    if experts:
+        freq = args.moe_layer_freq
+        pattern = ([1 if i % freq == 0 else 0 for i in range(layers)] if isinstance(freq, int)
+                   else list(freq))
+        shared = args.moe_shared_expert_intermediate_size
+        moe = h * experts + args.moe_router_topk * mlp(args.moe_ffn_hidden_size) + (
+            mlp(shared) if shared else 0)
+        n_moe = sum(1 for x in pattern if x)
+    else:
+        moe, n_moe = 0, 0
+    return (layers * attention + (layers - n_moe) * mlp(args.ffn_hidden_size) + n_moe * moe
+            + (vocab_size or 0) * h)
+
+
+def _padded_vocab_size(args) -> Optional[int]:
+    """The embedding rows the run's tokenizer gives (None, with a warning, when the tokenizer
+    cannot be built here: its files are elsewhere)."""
+    try:
+        return int(tokenizer_setup(args).padded_vocab_size)
+    except (ConfigError, OSError) as e:
+        print(f"warning: seq_length_savings: the tokenizer cannot be built ({e}); the output "
+              "layer's V x h is left out of the model's parameters", file=sys.stderr)
+        return None
+
+
+def seq_length_savings(args, batches: np.ndarray, lengths: np.ndarray) -> dict:
+    """What the curriculum saves against the same steps at the full ``--seq-length`` S, for a run
+    whose step ``i`` has global batch ``batches[i]`` and length ``lengths[i]`` = k:
+
+    * ``tokens``: tokens trained, ``sum(batch x t)`` with t = k under ``truncate`` (each sample
+      keeps k tokens) and t = S under ``split`` (each sample is cut into S / k samples: no token is
+      dropped); ``full_length_tokens``: ``sum(batch x S)``; ``tokens_saved_fraction``: ``1 -
+      tokens / full_length_tokens`` (0 under ``split``).
+    * ``estimated_time_saved_fraction``: ``1 - cost / full-length cost`` under this model: a step's
+      time is proportional to its FLOPs (the same throughput at every k; short sequences often run
+      at a lower one, so real savings are smaller), and a token trained in a sequence of k tokens
+      costs Megatron's FLOPs per token (Narayanan et al. 2021, ``72 l h^2 (1 + s / 6h + V / 12lh)``
+      per token): ``6 N`` for the dense part (N: :func:`matmul_params_per_token`, ``12 l h^2 + V h``
+      for the plain GPT) plus ``12 l q k`` for attention (QK^T and the weighted sum over k keys,
+      forward and backward, the whole k x k matrix as Megatron counts it; q = heads x kv channels,
+      ``--hidden-size`` by default). So a step costs ``batch x t x (1 + k / C)`` with the attention
+      constant ``C = 6 N / (12 l q) = N / (2 l q)`` tokens (``attention_constant``, with
+      ``model_params`` N and ``vocab_size`` V, None when the tokenizer cannot be built). Full
+      recomputation multiplies both parts by 4/3 and changes no fraction. Under ``split`` tokens
+      are not saved but attention is (shorter sequences).
+    """
+    plan = args.seq_length_plan
+    full = int(plan.full_length)
+    b = np.asarray(batches, dtype=np.float64)
+    k = np.asarray(lengths, dtype=np.float64)
+    per_sample = k if plan.truncates else np.full_like(k, full)
+    tokens = int(np.rint(np.sum(b * per_sample)))
+    full_tokens = int(np.sum(np.asarray(batches, dtype=np.int64)) * full)
+    vocab = _padded_vocab_size(args)
+    n = matmul_params_per_token(args, vocab)
+    c = n / (2.0 * args.num_layers * args.num_attention_heads * args.kv_channels)
+    cost = float(np.sum(b * per_sample * (1.0 + k / c)))
+    full_cost = float(full_tokens) * (1.0 + full / c)
+    return {"tokens": tokens, "full_length_tokens": full_tokens,
+            "tokens_saved_fraction": 1.0 - tokens / full_tokens if full_tokens else 0.0,
+            "estimated_time_saved_fraction": 1.0 - cost / full_cost if full_cost else 0.0,
+            "model_params": int(n), "vocab_size": vocab, "attention_constant": c}
+
+
+def describe_savings(savings: dict, mode: str) -> str:
+    """The savings summary as one line."""
+    return (f"sequence-length curriculum (mode {mode}): {savings['tokens']:,} tokens trained of "
+            f"{savings['full_length_tokens']:,} at the full --seq-length "
+            f"({100 * savings['tokens_saved_fraction']:.1f}% saved); estimated time saved "
+            f"{100 * savings['estimated_time_saved_fraction']:.1f}% (a step costs tokens x (1 + k / "
+            f"{savings['attention_constant']:.0f}): 6 N FLOPs per token with N = "
+            f"{savings['model_params']:,} plus 12 x layers x heads x kv-channels x k for attention)")
+
+
 def preview(args) -> dict:
-    """The preview as a JSON-ready dict: schedule lists, and the mixture keys when the run has a
-    curriculum blend."""
+    """The preview as a JSON-ready dict: schedule lists, the sequence-length keys when the run has
+    a sequence-length curriculum, and the mixture keys when it has a curriculum blend."""
     arrays = schedule_arrays(args)
+    seqlen = seq_length_arrays(args, arrays["iteration"])
+    if seqlen is not None:
+        arrays.update(seqlen)
     mixture = run_mixture_arrays(args, len(arrays["iteration"]) - 1)
     if mixture is not None:
         arrays.update(mixture)
@@ -220,8 +344,19 @@ def _plot_mixture(ax, data):
     ax.legend(fontsize=7, loc="upper right", title="dashed: target", title_fontsize=7)
 
 
+def _plot_seq_length(ax, data):
+    ax.step(data["iteration"], data["seq_length"], where="post", color="tab:green")
+    ax.set_ylabel("seq length (tokens)")
+    ax.set_ylim(bottom=0)
+    savings = data.get("seq_length_savings")
+    if savings:
+        ax.annotate(f"tokens saved {100 * savings['tokens_saved_fraction']:.1f}%, est. time saved "
+                    f"{100 * savings['estimated_time_saved_fraction']:.1f}%", (0.99, 0.05),
+                    xycoords="axes fraction", ha="right", fontsize=7)
+
+
 PANELS: List[Tuple[str, Callable]] = [("lr", _plot_lr), ("weight_decay", _plot_wd),
-                                      ("mixture", _plot_mixture)]
+                                      ("seq_length", _plot_seq_length), ("mixture", _plot_mixture)]
 """(key, draw(ax, data)): a panel is drawn when ``key`` is in the preview dict."""
 
 
@@ -236,8 +371,8 @@ def _thin(value, keep: np.ndarray):
 
 
 def plot_preview(data: dict, path: str, title: Optional[str] = None) -> None:
-    """One panel per :data:`PANELS` entry present in ``data`` (LR, WD, data mixture), against
-    iterations, written as a PNG."""
+    """One panel per :data:`PANELS` entry present in ``data`` (LR, WD, sequence length, data
+    mixture), against iterations, written as a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -298,6 +433,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
     start = time.perf_counter()
     args = parse_preview_args(argv)
     arrays = schedule_arrays(args)
+    seqlen = seq_length_arrays(args, arrays["iteration"])
+    if seqlen is not None:
+        arrays.update(seqlen)
+        print(describe_savings(seqlen["seq_length_savings"], args.seq_length_plan.mode),
+              file=sys.stderr)
     mixture = run_mixture_arrays(args, len(arrays["iteration"]) - 1)
     if mixture is not None:
         arrays.update(mixture)

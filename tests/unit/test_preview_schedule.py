@@ -185,3 +185,169 @@ def test_preview_under_ulysses_counts_data_parallel_ranks_only(tmp_path):
     with pytest.raises(SystemExit):
         preview_schedule.parse_preview_args(flags + ["--world-size", "6",
                                                      "--ds-sequence-parallel-size", "3"])
+
+
+# ------------------------------------------------------------ the sequence-length curriculum
+SEQ = BASE + ["--seq-length", "64"]  # a later flag wins: 64 tokens per sample at full length
+VOCAB = 384  # the default byte-level tokenizer's 258 tokens padded to a multiple of 128
+N_PARAMS = 2 * 12 * 64 ** 2 + VOCAB * 64  # 2 layers of hidden 64 (ffn 4h) and the output layer
+
+
+def _seq_preview(flags):
+    return preview_schedule.preview(preview_schedule.parse_preview_args(SEQ + flags))
+
+
+def _batches(data):
+    return np.diff(data["consumed_samples"])
+
+
+def _ds_config(tmp_path, section, name="ds.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+                                "curriculum_learning": {"enabled": True, **section}}))
+    return str(path)
+
+
+LEGACY = [
+    {"curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64,
+     "schedule_type": "fixed_linear",
+     "schedule_config": {"total_curriculum_step": 30, "difficulty_step": 8}},
+    {"curriculum_type": "seqlen", "min_difficulty": 10, "max_difficulty": 64,
+     "schedule_type": "fixed_root",
+     "schedule_config": {"total_curriculum_step": 25, "difficulty_step": 16, "root_degree": 2}},
+    {"curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 64,
+     "schedule_type": "fixed_discrete",
+     "schedule_config": {"difficulty": [16, 32, 64], "max_step": [5, 12]}},
+]
+
+
+@pytest.mark.parametrize("section", LEGACY, ids=[s["schedule_type"] for s in LEGACY])
+def test_preview_seq_length_is_deepspeeds_curriculum_scheduler(tmp_path, section):
+    """A --deepspeed_config with a legacy curriculum_learning section (the preview reads it
+    without DeepSpeed): seq_length[i] is what DeepSpeed's CurriculumScheduler gives step i when
+    asked update_difficulty(i + 1) before every step, as Microsoft's loop asks it; the entry after
+    the last step repeats the last trained length."""
+    from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
+
+    iters = 40
+    data = _seq_preview(f"--train-iters {iters} --lr 1e-3 --deepspeed --deepspeed_config "
+                        f"{_ds_config(tmp_path, section)}".split())
+    scheduler = CurriculumScheduler(dict(section))
+    expected = [scheduler.update_difficulty(i + 1) for i in range(iters)]
+    assert len(set(expected)) > 2                                # the curriculum moves in the run
+    assert data["seq_length"][:iters] == expected
+    assert len(data["seq_length"]) == len(data["lr"]) == iters + 1
+    assert data["seq_length"][iters] == expected[-1]
+
+
+def test_preview_consumed_tokens_by_hand(tmp_path):
+    """Batch 4 at --seq-length 64, 16 tokens for steps 1-2, 32 for steps 3-4, 64 after: tokens
+    trained before each step, the total, and the savings fraction written out."""
+    section = {"curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 64,
+               "schedule_type": "fixed_discrete",
+               "schedule_config": {"difficulty": [16, 32, 64], "max_step": [2, 4]}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+                                "curriculum_learning": {"enabled": True, **section}}))
+    data = _seq_preview(f"--train-iters 6 --lr 1e-3 --deepspeed_config {path}".split())
+    assert data["seq_length"] == [16, 16, 32, 32, 64, 64, 64]
+    assert data["consumed_tokens"] == [0, 64, 128, 256, 384, 640, 896]
+    savings = data["seq_length_savings"]
+    assert savings["tokens"] == 896 and savings["full_length_tokens"] == 6 * 4 * 64
+    assert savings["tokens_saved_fraction"] == pytest.approx(1 - 896 / 1536)
+
+
+RAMPED = ("--global-batch-size 16 --rampup-batch-size 4 4 96 --train-iters 30 --lr 1e-3".split()
+          + ["--seq-length-schedule", "{type: linear, from: 8, span: 20, multiple_of: 8}"])
+
+
+def test_preview_consumed_tokens_are_batch_times_length(tmp_path):
+    """Under a batch-size rampup and a native truncating schedule, consumed_tokens is the
+    cumulative sum of global batch x k (the batches from stepping the batch schedule), and the
+    savings are 1 - sum(batch x k) / sum(batch x S) in tokens and, under the documented cost
+    model (6 N FLOPs per token + 12 x layers x hidden x k for attention), in time."""
+    data = _seq_preview(RAMPED)
+    samples, _, _ = stepped("--seq-length 64 --global-batch-size 16 --rampup-batch-size 4 4 96 "
+                            "--train-iters 30 --lr 1e-3")
+    assert data["consumed_samples"] == samples
+    batches = np.diff(samples)
+    assert sorted(set(batches.tolist())) == [4, 8, 12, 16]
+    k = np.asarray(data["seq_length"][:-1])
+    assert k[0] == 8 and k[-1] == 64 and np.all(k % 8 == 0)
+    assert data["consumed_tokens"] == [0] + np.cumsum(batches * k).tolist()
+    savings = data["seq_length_savings"]
+    assert savings["tokens"] == int(np.sum(batches * k))
+    assert savings["full_length_tokens"] == int(np.sum(batches * 64))
+    assert savings["tokens_saved_fraction"] == pytest.approx(
+        1 - np.sum(batches * k) / np.sum(batches * 64))
+    assert savings["model_params"] == N_PARAMS and savings["vocab_size"] == VOCAB
+    flops = batches * k * (6 * N_PARAMS + 12 * 2 * 64 * k)
+    full = batches * 64 * (6 * N_PARAMS + 12 * 2 * 64 * 64)
+    assert savings["estimated_time_saved_fraction"] == pytest.approx(1 - flops.sum() / full.sum())
+    assert savings["attention_constant"] == pytest.approx(N_PARAMS / (2 * 2 * 64))
+
+
+def test_preview_split_mode_saves_attention_not_tokens():
+    """mode split cuts each sample into --seq-length / k samples of k tokens: every step trains
+    batch x S tokens (none saved), lengths divide S, and only the attention term is saved."""
+    data = _seq_preview("--global-batch-size 8 --train-iters 40 --lr 1e-3".split() + [
+        "--seq-length-schedule", "{type: linear, from: 16, span: 30, mode: split, multiple_of: 8}"])
+    k = np.asarray(data["seq_length"][:-1])
+    assert set(k.tolist()) == {16, 32, 64} and np.all(64 % k == 0)
+    assert data["consumed_tokens"] == [s * 64 for s in data["consumed_samples"]]
+    savings = data["seq_length_savings"]
+    assert savings["tokens"] == savings["full_length_tokens"] == 40 * 8 * 64
+    assert savings["tokens_saved_fraction"] == 0.0
+    b = _batches(data)
+    flops = b * 64 * (6 * N_PARAMS + 12 * 2 * 64 * k)
+    full = b * 64 * (6 * N_PARAMS + 12 * 2 * 64 * 64)
+    assert savings["estimated_time_saved_fraction"] == pytest.approx(1 - flops.sum() / full.sum())
+    assert savings["estimated_time_saved_fraction"] > 0
+
+
+def test_preview_seq_length_spellings_agree(tmp_path):
+    """The same curriculum as --seq-length-schedule, as the seq_length_schedule key of
+    --lr-schedule-config and as DeepSpeed's legacy section gives the same preview keys."""
+    section = LEGACY[0]
+    native = {"type": "fixed_linear", "min_difficulty": 8, "max_difficulty": 64,
+              "total_curriculum_step": 30, "difficulty_step": 8}
+    config = tmp_path / "s.yaml"
+    config.write_text("lr_schedule:\n  - {start: 0, schedule: {type: constant, value: 1.0e-3}}\n"
+                      f"seq_length_schedule: {json.dumps(native)}\n")
+    common = "--global-batch-size 8 --train-iters 50 --lr 1e-3".split()
+    runs = [_seq_preview(common + ["--seq-length-schedule", json.dumps(native)]),
+            _seq_preview(common + ["--lr-schedule-config", str(config)]),
+            _seq_preview(common + ["--deepspeed_config", _ds_config(tmp_path, section)])]
+    keys = ("seq_length", "consumed_tokens", "seq_length_savings")
+    for data in runs[1:]:
+        assert {k: data[k] for k in keys} == {k: runs[0][k] for k in keys}
+    assert runs[0]["seq_length_savings"]["tokens_saved_fraction"] > 0.2
+
+
+def test_preview_seq_length_output_files(tmp_path, capsys):
+    """main: the JSON holds the keys, the summary line is printed, and the plot gains a panel
+    (3 panels of 2.6 in at 100 dpi: 780 px high); without a curriculum none of it appears."""
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    preview_schedule.main(SEQ + RAMPED + ["--output-json", str(out), "--output-png", str(png)])
+    data = _strict_json(out.read_text())
+    assert len(data["seq_length"]) == len(data["consumed_tokens"]) == len(data["iteration"]) == 31
+    saved = data["seq_length_savings"]["tokens_saved_fraction"]
+    err = capsys.readouterr().err
+    assert f"({100 * saved:.1f}% saved)" in err and "estimated time saved" in err
+    assert int.from_bytes(png.read_bytes()[20:24], "big") == 780
+    plain = preview_schedule.main(SEQ + "--global-batch-size 8 --train-iters 30 --lr 1e-3 "
+                                        "--output-png".split() + [str(png)])
+    assert set(plain) == {"iteration", "consumed_samples", "lr", "weight_decay"}
+    assert "sequence-length curriculum" not in capsys.readouterr().err
+    assert int.from_bytes(png.read_bytes()[20:24], "big") == 520
+
+
+def test_preview_savings_without_the_tokenizer_files(tmp_path, capsys):
+    """A tokenizer whose files are not on this machine: the preview still runs, the output layer
+    is left out of N (vocab_size None) and a warning says so."""
+    data = _seq_preview("--global-batch-size 8 --train-iters 20 --lr 1e-3".split() + [
+        "--seq-length-schedule", "{type: linear, from: 16, span: 10}",
+        "--vocab-file", str(tmp_path / "vocab.json"), "--merge-file", str(tmp_path / "merges.txt")])
+    savings = data["seq_length_savings"]
+    assert savings["vocab_size"] is None and savings["model_params"] == 2 * 12 * 64 ** 2
+    assert "the output layer's V x h is left out" in capsys.readouterr().err

@@ -129,13 +129,10 @@ _MS_SLW = _flags("""
     --rotary-percent --save --save-interval --seed --seq-length --split
     --tensor-model-parallel-size --tensorboard-dir --tensorboard-queue-size --train-samples
     --train-tokens --use-rotary-position-embeddings --vocab-file --weight-decay --zero-stage""")
-# The base script also passes --train-doc-idx-path, --train-sample-idx-path and
-# --train-shuffle-idx-path (index maps of DeepSpeed's offline data analysis) whenever CL is on:
-# not flags of this project, left out of the compat script and of this list
-# (examples/compat/microsoft_data_efficiency_seqlen.sh says why).
 _MS_DE = _flags("""
     --adam-beta1 --adam-beta2 --checkpoint-activations --clip-grad
     --data-efficiency-curriculum-learning --data-impl --data-path --deepspeed
+    --train-doc-idx-path --train-sample-idx-path --train-shuffle-idx-path
     --deepspeed-activation-checkpointing --deepspeed_config --eval-interval --eval-iters
     --exit-duration-in-mins --fp16 --global-batch-size --hidden-size --hysteresis
     --init-method-std --load --log-batch-size-to-tensorboard --log-interval

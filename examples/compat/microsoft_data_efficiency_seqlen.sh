@@ -16,10 +16,10 @@
 # config DeepSpeed sees, which one start-up line says. Random-LTD stays off as in that setup
 # (ltd_enabled false: no --random-ltd, the template's data_routing section disabled); this project
 # refuses --random-ltd (LTD_ENABLED=true adds it and the run stops in one line saying so).
-# Left out: the three index-file flags the base script adds whenever CL is on
-# (--train-doc-idx-path, --train-sample-idx-path, --train-shuffle-idx-path: the Pile index maps of
-# DeepSpeed's offline data analysis, which only the analysis-based metrics such as "voc" need;
-# this project builds its own index maps and does not know these flags), and the two-metric branch
+# The three index-file flags the base script adds whenever CL is on (--train-doc-idx-path,
+# --train-sample-idx-path, --train-shuffle-idx-path: the Pile index maps of DeepSpeed's offline
+# data analysis, which only the analysis-based metrics such as "voc" read) are accepted without
+# effect: the index maps here are built from --data-path and --seed. Left out: the two-metric branch
 # (ds_config_gpt_2clmetrics_TEMPLATE.json: its vocabulary-rarity metric needs that offline
 # analysis and is refused here). Kept otherwise: the token-based budget (--train-tokens ends the
 # run; --train-samples is large enough, as the original), token-based LR warmup/decay,
@@ -105,6 +105,9 @@ seed=1234
 precision=${PRECISION:-bf16}  # the original: fp16 (see above)
 num_workers=0
 data_path="$COMPAT_DATA/gpt2/web_text_document"
+doc_idx_path="${data_path}_train_indexmap_exact1ep_64sl_1234s_doc_idx.npy"
+sample_idx_path="${data_path}_train_indexmap_exact1ep_64sl_1234s_sample_idx.npy"
+shuffle_idx_path="${data_path}_train_indexmap_exact1ep_64sl_1234s_shuffle_idx.npy"
 vocab_path="$COMPAT_DATA/tokenizers/gpt2/vocab.json"
 merge_path="$COMPAT_DATA/tokenizers/gpt2/merges.txt"
 prescale_grad="true"
@@ -177,9 +180,11 @@ if [ "${ltd_enabled}" = "true" ]; then
     megatron_options+=(--random-ltd)  # refused here (see above)
 fi
 if [ "${cl_enabled}" = "true" ]; then
-    # the original adds --train-doc-idx-path, --train-sample-idx-path and
-    # --train-shuffle-idx-path (offline data analysis' index maps) here: left out (see above)
-    megatron_options+=(--data-efficiency-curriculum-learning)
+    megatron_options+=(
+        --train-doc-idx-path "${doc_idx_path}"
+        --train-sample-idx-path "${sample_idx_path}"
+        --train-shuffle-idx-path "${shuffle_idx_path}"
+        --data-efficiency-curriculum-learning)
 fi
 
 # The original's fp16 on CPU: the template's fp16 section off and a bf16 one on (see above)

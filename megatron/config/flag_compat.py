@@ -143,6 +143,11 @@ COMPAT_FLAGS: Tuple[CompatFlag, ...] = (
     _alias("--wandb-name", "--wandb-exp-name", (MLM,), True,
            "Weights & Biases run name (llm-jp's Megatron-LM fork); with --wandb-project."),
     # -------------------------------------------------------------------------------- inert
+    *(_inert(f"--train-{kind}-idx-path", (MS,), True,
+             f"Microsoft's data-efficiency scripts: the Pile's {kind} index map as DeepSpeed's "
+             "offline data analysis saved it, which only the analysis-based curriculum metrics "
+             "(refused) read; the index maps here are megatron-core's, built from --data-path "
+             "and --seed.") for kind in ("doc", "sample", "shuffle")),
     _inert("--tensorboard-queue-size", (BS, MLM, MS), True,
            "TensorBoard writer queue length; the writer here flushes on its own schedule."),
     _inert("--log-validation-ppl-to-tensorboard", (BS, MLM, MS), False,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU measurement of issue 19 on one H100/H200, in under 10 minutes (each step under
-# `timeout`; the limits add up to 600 s on one GPU), results in one folder:
+# Every GPU measurement of issue 19 on one H100/H200, in under 12 minutes (each step under
+# `timeout`; the limits add up to 690 s on one GPU), results in one folder:
 #   env.log          torch / CUDA / Transformer Engine / flash-attn versions, nvidia-smi
 #   attention*.json  fwd+bwd of each attention backend on packed and prefix-LM batches, first
 #                    (compiling) call excluded; TE per kernel family when TE imports
@@ -14,6 +14,10 @@
 #   throughput_moe.json  the MoE model at expert-parallel 2 (moe-ep2: each of 2 GPUs half the
 #                    experts, alltoall between them), per GPU against moe-ep1 in throughput.json;
 #                    only where 2 GPUs are visible (adds at most 110 s more), else skipped
+#   seqlen.json      the sequence-length curriculum (benchmarks/seqlen_curriculum.py): ms/iteration
+#                    and tokens/s of training k = 256, 512, 1024 tokens per sample (truncate mode)
+#                    against the full 2048, one run of 12 x 2048 (the ~1.3B's layers, half as many),
+#                    bf16, per-length warm-up iterations excluded (at most 90 s)
 #   sync_*.log       5 training steps under torch.cuda.set_sync_debug_mode("error")
 #   summary.md       all of it as tables (benchmarks/gpu/summarize.py), also printed at the end
 #
@@ -60,6 +64,7 @@ if [ "$DRY" = 1 ]; then
   THROUGHPUT_MOE=(--device cpu --tiny --gpus 2 --layouts moe-ep2 --iters 3 --warmup 1
                   --num-workers 1 --timeout 100)
   SP_GPUS=2
+  SEQLEN=(--device cpu --tiny --modes truncate --timeout 80)
   MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64
          --micro-batch-size 2 --global-batch-size 4)
   DATA_MB=0.5
@@ -73,6 +78,9 @@ else
                  --iters 10 --warmup 3 --num-workers 2 --timeout 95)
   THROUGHPUT_MOE=(--device cuda --gpus 2 --layouts moe-ep2 --iters 12 --warmup 4 --num-workers 2
                   --timeout 100)
+  SEQLEN=(--device cuda --bf16 --num-layers 12 --hidden-size 2048 --heads 16 --seq-length 2048
+          --lengths 256 512 1024 2048 --modes truncate --micro-batch-size 4 --iters 4 --warmup 2
+          --rounds 1 --num-workers 2 --timeout 80)
   SP_GPUS="$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)"
   MODEL=(--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
          --micro-batch-size 4 --global-batch-size 8 --bf16)
@@ -114,6 +122,8 @@ if [ "$SP_GPUS" -ge 2 ]; then
 else
   echo "[run_all] $SP_GPUS GPU(s) visible: the Ulysses SP 2 and MoE EP 2 throughput steps need 2, skipped"
 fi
+
+step seqlen 90 "$PY" benchmarks/seqlen_curriculum.py "${SEQLEN[@]}" --json "$OUT/seqlen.json"
 
 step data 20 "$PY" -c "import sys; sys.path.insert(0, '.'); from tools.make_demo_data import make_demo_data; make_demo_data('$OUT/data', size_mb=$DATA_MB, verbose=False)"
 TRAIN=("${MODEL[@]}" --train-iters 5 --lr 1e-4 --data-path "$OUT/data/web_text_document"

@@ -1,8 +1,9 @@
 """The summary of one benchmarks/gpu/run_all.sh run: reads the results folder (``throughput.json``,
-``throughput_sp.json`` and ``throughput_moe.json`` where the 2-GPU steps ran,
+``throughput_sp.json`` and ``throughput_moe.json`` where the 2-GPU steps ran, ``seqlen.json``,
 ``attention*.json``, the ``sync_*.log`` files, ``steps.tsv``) and prints, and writes as
 ``summary.md``, tokens/s/GPU and MFU (for the MoE layouts, of the active experts, with their
-settings), each attention backend against SDPA-dense per batch kind, and whether the sync-debug
+settings), ms/iteration and tokens/s of the sequence-length curriculum's lengths against the full
+length, each attention backend against SDPA-dense per batch kind, and whether the sync-debug
 runs found a host synchronisation.
 
     python benchmarks/gpu/summarize.py RESULTS_DIR
@@ -36,6 +37,40 @@ def _throughput(out: str, name: str = "throughput") -> List[str]:
                      f"expert-parallel {r['expert_parallel']}, {r['dispatcher']} dispatcher, "
                      f"{r['experts_gemm']}; model FLOPs and MFU count the top-{r['moe_topk']} "
                      "experts only (Megatron-LM's num_floating_point_operations)")
+    return lines
+
+
+def _seqlen(out: str) -> List[str]:
+    """benchmarks/seqlen_curriculum.py's ``seqlen.json``: per mode, each k against S."""
+    path = os.path.join(out, "seqlen.json")
+    if not os.path.exists(path):
+        return ["seqlen: no result (see seqlen.log)"]
+    data = json.load(open(path))
+    c = data["config"]
+    lines = [f"### Sequence-length curriculum: k tokens per sample against S = {c['seq_length']}: "
+             f"{data['device']}, {c['num_layers']} x {c['hidden_size']}, micro batch "
+             f"{c['micro_batch_size']} x {c['accumulation']}{', bf16' if c.get('bf16') else ''} "
+             f"(launch {c['launch']}, median of {c['iters']} iterations per length and round after "
+             f"{c['warmup']} dropped)", "",
+             "| mode | k | tokens/iteration | ms/iteration | time vs S | tokens/s | tokens/s vs S | "
+             "model FLOPs vs S |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for mode, entry in data["modes"].items():
+        for k, r in sorted(entry["rows"].items(), key=lambda item: int(item[0])):
+            lines.append(f"| {mode} | {k} | {r['tokens_per_iteration']:,} | {r['ms_per_iteration']:.1f} | "
+                         f"{r['time_vs_full']:.2f}x | {r['tokens_per_second']:,.0f} | "
+                         f"{r['tokens_per_s_vs_full']:.2f}x | {r['flops_vs_full']:.3f}x |")
+    estimates = data.get("warmup_estimate", {})
+    if estimates:
+        lines.append("")
+    for mode, e in estimates.items():
+        spec = e["spec"]
+        line = (f"- estimate, {mode}: a fixed_linear warmup from {spec['min_difficulty']} over the "
+                f"first {spec['total_curriculum_step']} of {e['run_iterations']} iterations trains "
+                f"{e['tokens'] / e['tokens_full']:.3f}x the tokens of S throughout in "
+                f"{e['seconds_same_iterations'] / e['seconds_full']:.3f}x the time")
+        if mode == "truncate":
+            line += f"; the same tokens in {e['seconds_same_tokens'] / e['seconds_full']:.3f}x the time"
+        lines.append(line + " (from the measured per-length times)")
     return lines
 
 
@@ -98,7 +133,7 @@ def main(argv=None) -> int:
         if os.path.exists(os.path.join(out, f"{name}.json")):
             two_gpu += _throughput(out, name) + [""]
     text = "\n".join(["## GPU benchmarks", ""] + _throughput(out) + [""] + two_gpu
-                     + _attention(out) + _sync(out) + _steps(out)) + "\n"
+                     + _seqlen(out) + [""] + _attention(out) + _sync(out) + _steps(out)) + "\n"
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(text)
     print(text)

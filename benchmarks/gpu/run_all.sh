@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU measurement of issue 19 on one H100/H200, in under 12 minutes (each step under
-# `timeout`; the limits add up to 690 s on one GPU), results in one folder:
+# Every GPU measurement of issue 19 on one H100/H200, in under 10 minutes (each step under
+# `timeout`; the limits add up to 600 s on one GPU, the device tool's limit for one command), results in one folder:
 #   env.log          torch / CUDA / Transformer Engine / flash-attn versions, nvidia-smi
 #   attention*.json  fwd+bwd of each attention backend on packed and prefix-LM batches, first
 #                    (compiling) call excluded; TE per kernel family when TE imports
@@ -16,8 +16,8 @@
 #                    only where 2 GPUs are visible (adds at most 110 s more), else skipped
 #   seqlen.json      the sequence-length curriculum (benchmarks/seqlen_curriculum.py): ms/iteration
 #                    and tokens/s of training k = 256, 512, 1024 tokens per sample (truncate mode)
-#                    against the full 2048, one run of 12 x 2048 (the ~1.3B's layers, half as many),
-#                    bf16, per-length warm-up iterations excluded (at most 90 s)
+#                    against the full 2048, one run of 8 x 2048 (the ~1.3B's width, a third of its layers),
+#                    bf16, per-length warm-up iterations excluded (at most 60 s)
 #   sync_*.log       5 training steps under torch.cuda.set_sync_debug_mode("error")
 #   summary.md       all of it as tables (benchmarks/gpu/summarize.py), also printed at the end
 #
@@ -78,9 +78,9 @@ else
                  --iters 10 --warmup 3 --num-workers 2 --timeout 95)
   THROUGHPUT_MOE=(--device cuda --gpus 2 --layouts moe-ep2 --iters 12 --warmup 4 --num-workers 2
                   --timeout 100)
-  SEQLEN=(--device cuda --bf16 --num-layers 12 --hidden-size 2048 --heads 16 --seq-length 2048
+  SEQLEN=(--device cuda --bf16 --num-layers 8 --hidden-size 2048 --heads 16 --seq-length 2048
           --lengths 256 512 1024 2048 --modes truncate --micro-batch-size 4 --iters 4 --warmup 2
-          --rounds 1 --num-workers 2 --timeout 80)
+          --rounds 1 --num-workers 2 --timeout 50)
   SP_GPUS="$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)"
   MODEL=(--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
          --micro-batch-size 4 --global-batch-size 8 --bf16)
@@ -100,18 +100,18 @@ if torch.cuda.is_available():
     print(subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout)
 EOF
 
-step attention 125 "$PY" benchmarks/gpu/attention_backends.py "${ATTENTION[@]}" \
+step attention 120 "$PY" benchmarks/gpu/attention_backends.py "${ATTENTION[@]}" \
   --json "$OUT/attention.json"
 if "$PY" -c "import transformer_engine.pytorch" > /dev/null 2>&1; then
   for kernel in flash fused unfused; do  # one process each: TE reads its switches once
-    step "attention_te_$kernel" 40 "$PY" benchmarks/gpu/attention_backends.py "${ATTENTION[@]}" \
+    step "attention_te_$kernel" 35 "$PY" benchmarks/gpu/attention_backends.py "${ATTENTION[@]}" \
       --backends te --te-kernel "$kernel" --json "$OUT/attention_te_$kernel.json"
   done
 else
   echo "[run_all] Transformer Engine does not import: no per-kernel TE runs"
 fi
 
-step throughput 210 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT[@]}" \
+step throughput 185 "$PY" benchmarks/gpu/layouts_throughput.py "${THROUGHPUT[@]}" \
   --json "$OUT/throughput.json"
 
 if [ "$SP_GPUS" -ge 2 ]; then
@@ -123,13 +123,13 @@ else
   echo "[run_all] $SP_GPUS GPU(s) visible: the Ulysses SP 2 and MoE EP 2 throughput steps need 2, skipped"
 fi
 
-step seqlen 90 "$PY" benchmarks/seqlen_curriculum.py "${SEQLEN[@]}" --json "$OUT/seqlen.json"
+step seqlen 60 "$PY" benchmarks/seqlen_curriculum.py "${SEQLEN[@]}" --json "$OUT/seqlen.json"
 
-step data 20 "$PY" -c "import sys; sys.path.insert(0, '.'); from tools.make_demo_data import make_demo_data; make_demo_data('$OUT/data', size_mb=$DATA_MB, verbose=False)"
+step data 15 "$PY" -c "import sys; sys.path.insert(0, '.'); from tools.make_demo_data import make_demo_data; make_demo_data('$OUT/data', size_mb=$DATA_MB, verbose=False)"
 TRAIN=("${MODEL[@]}" --train-iters 5 --lr 1e-4 --data-path "$OUT/data/web_text_document"
        --split 98,1,1 --eval-iters 0 --log-interval 1000 --data-cache-path "$OUT/cache")
-step sync_causal 55 "$PY" benchmarks/gpu/sync_debug_steps.py "${DEVICE[@]}" -- "${TRAIN[@]}"
-step sync_packed 55 "$PY" benchmarks/gpu/sync_debug_steps.py "${DEVICE[@]}" -- "${TRAIN[@]}" \
+step sync_causal 50 "$PY" benchmarks/gpu/sync_debug_steps.py "${DEVICE[@]}" -- "${TRAIN[@]}"
+step sync_packed 50 "$PY" benchmarks/gpu/sync_debug_steps.py "${DEVICE[@]}" -- "${TRAIN[@]}" \
   --reset-attention-mask --reset-position-ids
 
 "$PY" benchmarks/gpu/summarize.py "$OUT"

@@ -346,9 +346,13 @@ def seq_length_plan(spec: SeqLengthSpec, batch_schedule, iterations: int,
 
 def describe_plan(plan: SeqLengthPlan) -> str:
     """One start-up line: the mode, the first and last lengths and where the full length starts."""
-    full = np.flatnonzero(plan.lengths >= plan.full_length)
-    reach = (f"--seq-length {plan.full_length} from iteration {int(full[0]) + 1}" if full.size
-             else f"never reaching --seq-length {plan.full_length} in this run")
+    shorter = np.flatnonzero(plan.lengths < plan.full_length)
+    if not shorter.size:
+        reach = f"--seq-length {plan.full_length} at every iteration"
+    elif shorter[-1] + 1 < plan.lengths.size:
+        reach = f"--seq-length {plan.full_length} from iteration {int(shorter[-1]) + 2} on"
+    else:
+        reach = f"never reaching --seq-length {plan.full_length} for good in this run"
     how = ("each sample keeps its first k tokens" if plan.truncates
            else "each sample is cut into --seq-length / k samples of k tokens")
     return (f"sequence-length curriculum ({plan.spec.get('type', 'staged')}, mode {plan.mode}: "

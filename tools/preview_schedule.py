@@ -301,9 +301,9 @@ def describe_savings(savings: dict, mode: str) -> str:
             f"{savings['model_params']:,} plus 12 x layers x heads x kv-channels x k for attention)")
 
 
-def preview(args) -> dict:
-    """The preview as a JSON-ready dict: schedule lists, the sequence-length keys when the run has
-    a sequence-length curriculum, and the mixture keys when it has a curriculum blend."""
+def _preview_arrays(args) -> dict:
+    """The preview's arrays: schedule lists, the sequence-length keys when the run has a
+    sequence-length curriculum, and the mixture keys when it has a curriculum blend."""
     arrays = schedule_arrays(args)
     seqlen = seq_length_arrays(args, arrays["iteration"])
     if seqlen is not None:
@@ -311,7 +311,12 @@ def preview(args) -> dict:
     mixture = run_mixture_arrays(args, len(arrays["iteration"]) - 1)
     if mixture is not None:
         arrays.update(mixture)
-    return json.loads(_json_value(arrays))
+    return arrays
+
+
+def preview(args) -> dict:
+    """The preview (:func:`_preview_arrays`) as a JSON-ready dict."""
+    return json.loads(_json_value(_preview_arrays(args)))
 
 
 def _plot_lr(ax, data):
@@ -432,16 +437,12 @@ def _write_json(data: dict, path: str) -> None:
 def main(argv: Optional[List[str]] = None) -> dict:
     start = time.perf_counter()
     args = parse_preview_args(argv)
-    arrays = schedule_arrays(args)
-    seqlen = seq_length_arrays(args, arrays["iteration"])
-    if seqlen is not None:
-        arrays.update(seqlen)
-        print(describe_savings(seqlen["seq_length_savings"], args.seq_length_plan.mode),
+    arrays = _preview_arrays(args)
+    if "seq_length_savings" in arrays:
+        print(describe_savings(arrays["seq_length_savings"], args.seq_length_plan.mode),
               file=sys.stderr)
-    mixture = run_mixture_arrays(args, len(arrays["iteration"]) - 1)
-    if mixture is not None:
-        arrays.update(mixture)
-        for warning in warn_repeated(mixture["epochs"], args.warn_epochs):
+    if "epochs" in arrays:  # the mixture's
+        for warning in warn_repeated(arrays["epochs"], args.warn_epochs):
             print(warning, file=sys.stderr)
     if args.output_json:
         _write_json(arrays, args.output_json)

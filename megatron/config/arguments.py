@@ -17,7 +17,7 @@ from megatron.config.compat_flags import inert_flags
 from megatron.config.data_flags import validate_data
 from megatron.config.deepspeed_config import validate_deepspeed_config, validate_deepspeed_json
 from megatron.config.logging_flags import validate_logging
-from megatron.config.lr_flags import validate_lr_units
+from megatron.config.lr_flags import read_schedule_file, validate_lr_units
 from megatron.config.model_flags import build_transformer_config, resolve_attention_backend, validate_model
 from megatron.config.moe_flags import validate_moe_args
 from megatron.config.parallel_flags import validate_layout, validate_pipe_accumulation
@@ -54,10 +54,12 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("model", (), lambda: validate_model(args, notes)),
               ("training", (), lambda: validate_training(args, notes)),
               ("skip step", (), lambda: validate_skip_step_args(args, notes)),
-              ("seq length", ("deepspeed json", "batch", "training"),
+              ("schedule file", (), lambda: read_schedule_file(args)),
+              ("seq length", ("deepspeed json", "batch", "training", "schedule file"),
                lambda: validate_seq_length_curriculum(args, notes)),
               ("run control", ("batch", "training", "seq length"), lambda: validate_run_control(args)),
-              ("lr", ("batch", "training", "run control"), lambda: validate_lr_units(args)),
+              ("lr", ("batch", "training", "run control", "schedule file"),
+               lambda: validate_lr_units(args)),
               ("data", (), lambda: validate_data(args, require_data)),
               ("tokenizer", (), lambda: validate_tokenizer(args)),
               ("deepspeed", ("batch", "training"), lambda: validate_deepspeed_config(args, notes)),

@@ -72,6 +72,18 @@ def _given_flags(args, *dests: str) -> List[str]:
     return [f"--{d.replace('_', '-')} {getattr(args, d)}" for d in dests if getattr(args, d)]
 
 
+def read_schedule_file(args) -> None:
+    """``args.lr_schedule_config_dict``: the ``--lr-schedule-config`` file (None without the flag),
+    read once for the checks that use it (the LR schedule's, the sequence-length curriculum's)."""
+    args.lr_schedule_config_dict = None
+    if args.lr_schedule_config is not None:
+        from megatron.optim import learning_rates as lrs  # lazy: it imports logging (~10 ms); not --help
+        try:
+            args.lr_schedule_config_dict = lrs.load_schedule_config(args.lr_schedule_config)
+        except ValueError as e:
+            raise ArgumentError(str(e)) from None
+
+
 def validate_lr_units(args) -> None:
     """Iteration-based runs take *-iters warmup/decay flags, sample-based runs *-samples; the
     BigScience *-tokens flags go with either. Errors name only the flags the user gave."""
@@ -153,12 +165,6 @@ def _validate_lr_schedule(args) -> None:
                 "phase: the power law runs to the end of training. Give its length with "
                 "--power-scheduler-decay-iters/-samples/-tokens (it then ends at "
                 f"{given[0].split()[0]}), or drop {given[0].split()[0]}")
-    args.lr_schedule_config_dict = None
-    if args.lr_schedule_config is not None:
-        try:
-            args.lr_schedule_config_dict = lrs.load_schedule_config(args.lr_schedule_config)
-        except ValueError as e:
-            raise ArgumentError(str(e)) from None
     where = (f"--lr-schedule-config {args.lr_schedule_config}" if args.lr_schedule_config
              else f"--lr-decay-style {args.lr_decay_style}")
     bs = batch_schedule_from_args(args)

@@ -18,8 +18,7 @@ Spellings, at most one per run:
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.errors import ArgumentError, ConfigError
-from megatron.optim.learning_rates import load_schedule_config
-from megatron.schedules.base import ScheduleContext, ScheduleError, build_schedule
+from megatron.schedules.base import ScheduleContext, ScheduleError, build_schedule, get_schedule_class, known_kinds
 from megatron.schedules.seqlen import (
     SeqLengthSpec,
     describe_plan,
@@ -27,7 +26,7 @@ from megatron.schedules.seqlen import (
     seq_length_spec,
     seq_length_spec_from_deepspeed,
 )
-from megatron.schedules.units import BatchSchedule, batch_schedule_from_args, train_iterations_from_args
+from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
 
 SEQLEN_METRICS = {"seqlen_truncate": "truncate", "seqlen_reshape": "split"}
 
@@ -61,10 +60,11 @@ def _parse_inline(text: str) -> Any:
 
 
 def _with_full_length(spec: SeqLengthSpec, seq_length: int) -> SeqLengthSpec:
-    """A native mapping of a kind with a ``to`` key and no ``to`` ends at ``--seq-length``."""
+    """A native mapping of a kind with a ``to`` key (the registry's) and no ``to`` ends at
+    ``--seq-length``."""
     schedule = spec.schedule
-    if isinstance(schedule, dict) and "to" not in schedule and schedule.get("type") in (
-            "linear", "cosine", "inverse-square-root", "wsd"):
+    if isinstance(schedule, dict) and "to" not in schedule and schedule.get("type") in known_kinds() \
+            and "to" in get_schedule_class(schedule["type"]).keys:
         return SeqLengthSpec({**schedule, "to": seq_length}, spec.mode, spec.multiple_of, spec.source)
     return spec
 
@@ -73,12 +73,11 @@ def _native_specs(args) -> List[SeqLengthSpec]:
     specs = []
     if args.seq_length_schedule is not None:
         specs.append(seq_length_spec(_parse_inline(args.seq_length_schedule), "--seq-length-schedule"))
-    if args.lr_schedule_config is not None:
-        config = load_schedule_config(args.lr_schedule_config)
-        if "seq_length_schedule" in config:
-            specs.append(seq_length_spec(config["seq_length_schedule"],
-                                         f"--lr-schedule-config {args.lr_schedule_config}: "
-                                         "seq_length_schedule"))
+    config = args.lr_schedule_config_dict  # read by the "schedule file" check
+    if config is not None and "seq_length_schedule" in config:
+        specs.append(seq_length_spec(config["seq_length_schedule"],
+                                     f"--lr-schedule-config {args.lr_schedule_config}: "
+                                     "seq_length_schedule"))
     return [_with_full_length(spec, args.seq_length) for spec in specs]
 
 
@@ -192,10 +191,9 @@ def validate_seq_length_curriculum(args, notes: List[str]) -> None:
         if args.train_tokens is not None and _depends_on_run_length(spec):
             raise ConfigError(f"{spec.source}: with --train-tokens the run's length depends on the "
                               "curriculum; give the schedule an explicit 'span'")
-        bs = batch_schedule_from_args(args)  # no plan yet: global batch per iteration
-        plain = BatchSchedule(bs.global_batch_size, bs.rampup, bs.seq_length, bs.steps)
-        plan = seq_length_plan(spec, plain, train_iterations_from_args(args, plain),
-                               args.seq_length, layout_rules(args))
+        bs = batch_schedule_from_args(args)  # args.seq_length_plan is None: no plan yet
+        plan = seq_length_plan(spec, bs, train_iterations_from_args(args, bs), args.seq_length,
+                               layout_rules(args))
     except ConfigError as e:
         raise ArgumentError(str(e)) from None
     args.seq_length_plan = plan

@@ -111,36 +111,60 @@ def lr_span_flags(args) -> Dict[str, str]:
 
 
 def scheduler_steps_from_args(args) -> dict:
-    """Warmup, decay, WSD-decay and weight-decay-increment spans in samples (Megatron-LM's rule:
-    iteration flags times ``--global-batch-size``). BigScience's ``--lr-warmup-tokens`` /
-    ``--lr-decay-tokens`` are ``tokens / --seq-length`` samples, with ``--train-iters`` or
-    ``--train-samples`` runs alike."""
+    """Warmup, decay and WSD-decay spans of the built-in LR styles, and the weight-decay-increment
+    span (samples), from the flags.
+
+    The LR spans are in samples (Megatron-LM's rule: iteration flags times
+    ``--global-batch-size``; BigScience's ``--lr-warmup-tokens`` / ``--lr-decay-tokens`` are
+    ``tokens / --seq-length`` samples, with ``--train-iters`` or ``--train-samples`` runs alike),
+    or, under a truncating sequence-length curriculum with a ``-tokens`` flag
+    (:func:`_lr_in_tokens`), in trained tokens: the spans given in iterations or samples converted
+    through the curriculum-aware batch schedule."""
     gbs, seq = args.global_batch_size, args.seq_length
     if _lr_in_tokens(args):
-        return _scheduler_tokens_from_args(args)
-    train = args.train_iters * gbs if args.train_samples is None else args.train_samples
+        bs = batch_schedule_from_args(args)
+
+        def from_tokens(t):
+            return float(t)
+
+        def from_samples(s):
+            return float(bs.tokens_at_samples(s))
+
+        def from_iters(i):
+            return float(bs.tokens_at_iterations(i))
+    else:
+        def from_tokens(t):
+            return t / seq
+
+        def from_samples(s):
+            return s
+
+        def from_iters(i):
+            return i * gbs
+    samples = args.train_iters * gbs if args.train_samples is None else args.train_samples
+    train = from_iters(args.train_iters) if args.train_samples is None else from_samples(samples)
     if args.lr_decay_tokens is not None:
-        decay = args.lr_decay_tokens / seq
+        decay = from_tokens(args.lr_decay_tokens)
     elif args.lr_decay_samples is not None:
-        decay = args.lr_decay_samples
+        decay = from_samples(args.lr_decay_samples)
     elif args.lr_decay_iters is not None:
-        decay = args.lr_decay_iters * gbs
+        decay = from_iters(args.lr_decay_iters)
     else:
         decay = train
     if args.lr_warmup_fraction is not None:
         warmup = args.lr_warmup_fraction * decay
     elif args.lr_warmup_tokens is not None:
-        warmup = args.lr_warmup_tokens / seq
+        warmup = from_tokens(args.lr_warmup_tokens)
     elif args.lr_warmup_samples:
-        warmup = args.lr_warmup_samples
+        warmup = from_samples(args.lr_warmup_samples)
     else:
-        warmup = (args.lr_warmup_iters or 0) * gbs
+        warmup = from_iters(args.lr_warmup_iters or 0)
     if args.lr_wsd_decay_samples:
-        wsd = args.lr_wsd_decay_samples
+        wsd = from_samples(args.lr_wsd_decay_samples)
     else:
-        wsd = args.lr_wsd_decay_iters * gbs if args.lr_wsd_decay_iters else None
+        wsd = from_iters(args.lr_wsd_decay_iters) if args.lr_wsd_decay_iters else None
     return {"lr_warmup_steps": warmup, "lr_decay_steps": decay, "wsd_decay_steps": wsd,
-            "wd_incr_steps": train}
+            "wd_incr_steps": samples}
 
 
 def _lr_in_tokens(args) -> bool:
@@ -150,38 +174,6 @@ def _lr_in_tokens(args) -> bool:
     plan = getattr(args, "seq_length_plan", None)
     return (plan is not None and plan.truncates
             and (args.lr_warmup_tokens is not None or args.lr_decay_tokens is not None))
-
-
-def _scheduler_tokens_from_args(args) -> dict:
-    """:func:`scheduler_steps_from_args` in trained tokens (:func:`_lr_in_tokens`): the spans
-    given in iterations or samples converted through the curriculum-aware batch schedule."""
-    bs = batch_schedule_from_args(args)
-    iters = train_iterations_from_args(args, bs)
-    samples = args.train_samples if args.train_samples is not None else bs.samples_at_iteration(iters)
-    train = float(bs.tokens_at_samples(samples))
-    if args.lr_decay_tokens is not None:
-        decay = float(args.lr_decay_tokens)
-    elif args.lr_decay_samples is not None:
-        decay = float(bs.tokens_at_samples(args.lr_decay_samples))
-    elif args.lr_decay_iters is not None:
-        decay = float(bs.tokens_at_iterations(args.lr_decay_iters))
-    else:
-        decay = train
-    if args.lr_warmup_fraction is not None:
-        warmup = args.lr_warmup_fraction * decay
-    elif args.lr_warmup_tokens is not None:
-        warmup = float(args.lr_warmup_tokens)
-    elif args.lr_warmup_samples:
-        warmup = float(bs.tokens_at_samples(args.lr_warmup_samples))
-    else:
-        warmup = float(bs.tokens_at_iterations(args.lr_warmup_iters or 0))
-    if args.lr_wsd_decay_samples:
-        wsd = float(bs.tokens_at_samples(args.lr_wsd_decay_samples))
-    else:
-        wsd = float(bs.tokens_at_iterations(args.lr_wsd_decay_iters)) if args.lr_wsd_decay_iters else None
-    return {"lr_warmup_steps": warmup, "lr_decay_steps": decay, "wsd_decay_steps": wsd,
-            "wd_incr_steps": args.train_iters * args.global_batch_size
-            if args.train_samples is None else args.train_samples}
 
 
 def run_shape_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:

@@ -196,6 +196,13 @@ class BatchSchedule:
         start = self.samples_at_iterations(it).astype(np.float64)
         return start + (t - table[it]) / self.seq_plan.lengths_at(np.minimum(it, n - 1))
 
+    def samples_for_tokens(self, tokens: int) -> int:
+        """The fewest consumed samples whose trained tokens reach ``tokens`` (the inverse of
+        :meth:`tokens_at_samples`, rounded up; integer arithmetic without a truncating plan)."""
+        if self._token_table() is None:
+            return math.ceil(int(tokens) / self.seq_length)
+        return math.ceil(float(self.samples_at_tokens(int(tokens))) - 1e-9)
+
     def tokens_at_iterations(self, iterations) -> np.ndarray:
         """Tokens trained in the first ``iterations`` iterations (vectorised, float64)."""
         return self.tokens_at_samples(self.samples_at_iterations(np.asarray(iterations)))
@@ -356,8 +363,4 @@ def token_budget_iterations(train_tokens: int, batch_schedule: BatchSchedule) ->
     (samples after ``i`` iterations x seq length, rampup aware) reach ``train_tokens``. This is
     where Microsoft's loop (``while consumed_train_tokens < train_tokens``) stops. Under a
     truncating sequence-length plan the tokens are those trained (global batch x length)."""
-    if batch_schedule.seq_plan is None or not batch_schedule.seq_plan.truncates:
-        samples = math.ceil(int(train_tokens) / batch_schedule.seq_length)
-    else:
-        samples = math.ceil(float(batch_schedule.samples_at_tokens(int(train_tokens))) - 1e-9)
-    return batch_schedule.iterations_for_samples(samples)
+    return batch_schedule.iterations_for_samples(batch_schedule.samples_for_tokens(train_tokens))

@@ -49,6 +49,7 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     exit_request = ExitRequest(loop)
     iterator = _loader(data.train, state.consumed_samples, loop)
     plan, trained_length = schedule.seq_plan, loop.seq_length
+    trained_tokens = schedule.tokens(state.consumed_samples)
     if plan is not None:  # the sequence-length curriculum cuts each micro batch
         iterator = SeqLengthBatches(iterator, plan)
     engine.train()
@@ -76,13 +77,12 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
         scheduler.step(increment=batch_size)
         stats.iterations += 1
         stats.samples += batch_size
-        stats.tokens += batch_size * (trained_length if plan is None or plan.truncates
-                                      else loop.seq_length)
+        tokens_before, trained_tokens = trained_tokens, schedule.tokens(state.consumed_samples)
+        stats.tokens += trained_tokens - tokens_before
         if state.iteration % loop.log_interval == 0:
             _log_iteration(loop, metrics, stats, state, lr, wd, _grad_norm(engine, stage0_norm),
-                           data.dataset_names, batch_size, hooks,
-                           data.mix if metrics.enabled else None, trained_length,
-                           schedule.tokens(state.consumed_samples))
+                           data.dataset_names, batch_size, trained_length, trained_tokens, hooks,
+                           data.mix if metrics.enabled else None)
             stats.reset()
         paused = time.perf_counter()  # evaluation and saving stay out of the per-iteration time
         if loop.eval_iters and data.eval_groups and state.iteration % loop.eval_interval == 0:

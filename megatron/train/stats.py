@@ -53,7 +53,7 @@ class _IntervalStats:
         self.iterations = 0
         self.start = time.perf_counter()
         self.samples = 0
-        self.tokens = 0  # trained: global batch x the iteration's sequence length
+        self.tokens = 0  # trained (the batch schedule's tokens, sequence-length curriculum aware)
 
     def add_micro_batch(self, loss: torch.Tensor, per_sample: torch.Tensor,
                         dataset_id: Optional[torch.Tensor], weight: float = 1.0,
@@ -101,22 +101,18 @@ class _IntervalStats:
 
 def _log_iteration(loop: LoopConfig, metrics, stats: _IntervalStats, state: TrainingState, lr: float, wd: float,
                    grad_norm: Optional[float], dataset_names: List[str], batch_size: int,
-                   hooks: Sequence = (), mix=None, seq_length: Optional[int] = None,
-                   consumed_tokens: Optional[int] = None) -> None:
+                   seq_length: int, consumed_tokens: int, hooks: Sequence = (), mix=None) -> None:
     """The log line and training record of the interval in ``stats`` (reduced over the replicas
     here), with each loop hook's fields (megatron/train/hooks.py; e.g. the MoE scalars, skipped
     steps) and, given the run's ``mix``, the samples drawn per dataset. ``seq_length``: tokens per
-    sample the last iteration trained (default ``--seq-length``); ``consumed_tokens``: tokens
-    trained so far (default consumed samples x ``--seq-length``)."""
-    seq_length = loop.seq_length if seq_length is None else seq_length
-    if consumed_tokens is None:
-        consumed_tokens = state.consumed_samples * loop.seq_length
+    sample the last iteration trained; ``consumed_tokens``: tokens trained so far (the batch
+    schedule's, megatron/schedules/units.py)."""
     loss, dataset_loss, dataset_count, dataset_tokens = stats.reduced()
     hook_fields = [hook.log_fields(stats.iterations) for hook in hooks]
     hook_record = {key: value for _, fields in hook_fields for key, value in fields.items()}
     elapsed = time.perf_counter() - stats.start
     ms_per_iter = 1000.0 * elapsed / max(stats.iterations, 1)
-    tokens_per_s = (stats.tokens or stats.samples * loop.seq_length) / max(elapsed, 1e-9)
+    tokens_per_s = stats.tokens / max(elapsed, 1e-9)
     per_dataset = {name: (dataset_loss[i] / dataset_count[i]).item()
                    for i, name in enumerate(dataset_names) if dataset_count[i] > 0}
     all_tokens = float(dataset_tokens.sum())

@@ -3,7 +3,6 @@ number or a schedule of :mod:`megatron.schedules.registry`) into a function of t
 (the one place that talks to the registry), :func:`_linear_breakpoints` finds where a
 piecewise-linear schedule bends (the index's fast path), and :class:`_Progress` converts a global
 sample index to iterations / samples / tokens (rampup aware)."""
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -97,7 +96,5 @@ class _Progress:
         if unit == "samples":
             return int(n)
         if unit == "tokens":
-            if self.bs.seq_plan is not None and self.bs.seq_plan.truncates:
-                return math.ceil(float(self.bs.samples_at_tokens(int(n))) - 1e-9)
-            return -(-int(n) // int(self.bs.seq_length))
+            return self.bs.samples_for_tokens(n)
         return self.bs.samples_at_iteration(int(n))

@@ -13,7 +13,10 @@ preprocessed once per tokenizer (tools/preprocess_data.py, ``--append-eod``):
                                  GPT-2 BPE files with ``<|endoftext|>``: ``--vocab-file --merge-file``
   text/{web,code}.jsonl          the demo web and code text (tools/make_demo_data.py), one
                                  paragraph per document, so that even the 0.1 % test split of
-                                 Megatron-LM's ``--split 949,50,1`` holds documents
+                                 Megatron-LM's ``--split 949,50,1`` holds documents; the last
+                                 one is a short closing line (:data:`CLOSING_PARAGRAPH`), so
+                                 that test split holds fewer tokens than one sample, as on a
+                                 user's first small corpus (its epochs span several passes)
   {hf,spm,gpt2}/{web,code}_text_document   that text, per tokenizer
   mtf_hf/{train,valid,heldout}_TASK_{inputs,targets}_document   the toy multitask set (HF tokenizer)
   splits/tr11-{train,valid}-splits.txt     BigScience ``--*-weighted-split-paths-path`` files in
@@ -44,7 +47,9 @@ DEFAULT_SIZE_MB = 0.15          # demo text per domain (600 to 1200 paragraphs)
 DEFAULT_EXAMPLES_PER_TASK = 60  # toy multitask examples per training task
 TEXT_DOMAINS = ("web", "code")
 MANIFEST = "manifest.json"
-VERSION = 2
+VERSION = 3
+# the last document of every text domain: fewer tokens than one sample of the scripts' 64
+CLOSING_PARAGRAPH = "The end."
 
 
 def _tokenizer_flags(tokenizers: Dict[str, str]) -> Dict[str, List[str]]:
@@ -95,6 +100,7 @@ def _write_paragraphs(output_dir: str, size_mb: float) -> Dict[str, str]:
     for domain in TEXT_DOMAINS:
         docs = generate_domain(domain, int(size_mb * 1024 * 1024))
         paragraphs = [p for doc in docs for p in doc.split("\n\n") if p.strip()]
+        paragraphs.append(CLOSING_PARAGRAPH)
         paths[domain] = os.path.join(output_dir, f"{domain}.jsonl")
         atomic_write_text(paths[domain], "".join(json.dumps({"text": p}, ensure_ascii=False) + "\n"
                                                  for p in paragraphs))

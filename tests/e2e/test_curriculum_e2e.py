@@ -1,6 +1,6 @@
-"""End to end: pretrain_gpt.py with weighted split paths through the deepspeed launcher with 2 CPU
-ranks, every validation group evaluated and logged on its own; a blend file's run that ends off a
-batch boundary. (A blend file trained and resumed under an edited mix, with its groups evaluated
+"""End to end: a blend file's run through the deepspeed launcher with 2 CPU ranks that ends off a
+batch boundary. (Weighted split paths with every validation group evaluated and logged on its own:
+tests/e2e/test_small_corpus_splits.py.) (A blend file trained and resumed under an edited mix, with its groups evaluated
 on their own and an offline Weights & Biases run holding the same records:
 tests/e2e/test_mix_edit_e2e.py; a bad blend file stops the entry point with one error line:
 tests/e2e/test_bad_inputs.py::test_entry_point_bad_blend_file.)"""
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers.launch import read_jsonl, run_deepspeed, run_ranks
+from helpers.launch import read_jsonl, run_ranks
 
 pytestmark = pytest.mark.launch
 
@@ -37,21 +37,6 @@ def blend_file(demo_data, path):
     }
     path.write_text(json.dumps(config))
     return path
-
-
-def test_weighted_split_paths_end_to_end(demo_data, tmp_path):
-    groups = tmp_path / "valid_groups.txt"
-    groups.write_text(f'"VALID_WEB: 1 0.95:1 {demo_data["web"]}" "VALID_CODE: 1 0.95:1 {demo_data["code"]}"\n')
-    flags = base_flags(tmp_path) + [
-        "--train-weighted-split-paths",
-        f"TRAIN: 0.6 0:0.95 {demo_data['web']}, 0.4 0:0.95 {demo_data['code']}",
-        "--valid-weighted-split-paths-path", str(groups)]
-    run_deepspeed("pretrain_gpt.py", flags)
-    records = read_jsonl(tmp_path / "m.jsonl")
-    evals = [(r["iteration"], r["group"]) for r in records if r.get("split") == "valid"]
-    assert evals == [(4, "VALID_WEB"), (4, "VALID_CODE"), (8, "VALID_WEB"), (8, "VALID_CODE")]
-    assert all(r["lm_loss"] > 0 for r in records if r.get("split") == "valid")
-    assert set(records[0]["per_dataset_loss"]) <= {"web", "code"}
 
 
 def test_train_samples_off_a_batch_boundary_finishes_saves_and_evaluates(demo_data, tmp_path):

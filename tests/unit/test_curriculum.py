@@ -609,3 +609,69 @@ def test_data_path_blends_are_megatron_cores_within_an_epoch(data, tmp_path):
             a, b = mine[i], theirs[i]
             assert int(a["dataset_id"]) == int(b["dataset_id"]), i
             assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["labels"], b["labels"])
+
+
+@given(tokens=st.integers(1, 5000), seq=st.integers(1, 600), extra=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_passes_per_epoch_is_the_fewest_that_hold_a_sample(tokens, seq, extra):
+    """An epoch of a dataset is the fewest passes e >= 1 over its tokens with at least one sample
+    of seq + extra tokens (megatron-core's GPTDataset._get_num_epochs for one sample)."""
+    from megatron.data.curriculum.constituents import passes_per_epoch
+
+    e = passes_per_epoch(tokens, seq, extra)
+    assert (e * tokens - int(extra)) // seq >= 1
+    assert e == 1 or ((e - 1) * tokens - int(extra)) // seq < 1
+
+
+def _short_tail_corpus(prefix, last=7):
+    rng = np.random.default_rng(3)
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for k in range(600):
+        n = last if k == 599 else int(rng.integers(5, 40))
+        b.add_document(rng.integers(0, 250, n).astype(np.uint16), [n])
+    b.finalize(prefix + ".idx")
+    return prefix
+
+
+def test_split_shorter_than_one_sample_spans_passes_as_megatron_core(tmp_path):
+    """--data-path P --split 949,50,1 on 600 documents whose last one (the test split) holds 7
+    tokens, fewer than one sample of 16: the test split's epochs are 3 passes over it (1 sample
+    each); its first epoch's sample is megatron-core's BlendedMegatronDatasetBuilder's test
+    sample for the same one-sample request, and every sample reads that document only, across
+    passes."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+
+    from megatron.config.parser import parse_args
+    from megatron.data.builder import build_pretraining_data, gpt_dataset_config
+
+    prefix = _short_tail_corpus(str(tmp_path / "small_text_document"))
+    args = parse_args(["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+                       "--seq-length", str(SEQ), "--micro-batch-size", "2", "--global-batch-size",
+                       "4", "--train-iters", "4", "--lr", "1e-3", "--eval-interval", "2",
+                       "--eval-iters", "1", "--data-path", prefix, "--split", "949,50,1",
+                       "--data-cache-path", str(tmp_path / "cache")])
+    tokenizer = ByteLevelTokenizer()
+    ours = build_pretraining_data(args, tokenizer)
+    test = {g.name: g.dataset for g in ours.eval_groups}["test"]
+    c = test.constituents[0]
+    assert (c.doc_begin, c.doc_end, c.tokens, c.passes, c.samples_per_epoch) == (599, 600, 7, 3, 1)
+    ref = BlendedMegatronDatasetBuilder(GPTDataset, [1, 1, 1], lambda: True,
+                                        gpt_dataset_config(args, tokenizer)).build()[2]
+    assert len(ref) == 1 and torch.equal(test[0]["tokens"], ref[0]["tokens"])
+    low_level = IndexedDataset(prefix)  # kept: its tokens are views of its memory map
+    tokens = low_level.get(599)
+    for i in range(len(test)):
+        docs = test.datasets[0].sample_documents(i)
+        assert {d for d, _, _ in docs} == {599} and sum(b - a + 1 for _, a, b in docs) == SEQ + 1
+        sample = np.concatenate([tokens[a:b + 1] for _, a, b in docs])
+        assert np.array_equal(test[i]["tokens"].numpy(), sample[:-1])
+
+
+def test_empty_split_is_refused_naming_what_to_change(data):
+    """Only a range that selects no document (or no token) is refused: one error naming the
+    range and what to change."""
+    blend = parse_blend_config({"valid": [{"name": "v", "path": data["c"], "split": "0.999:1"}]},
+                               "v.yaml").valid[0]
+    with pytest.raises(BlendConfigError) as err:
+        resolve_constituents(blend, SEQ)
+    assert "selects no document" in str(err.value) and "--split" in str(err.value)

@@ -1,6 +1,12 @@
 """The constituent datasets of a curriculum: :class:`Constituent` (a prefix and a document range,
 its samples per epoch and files' fingerprint) and :func:`resolve_constituents`, the distinct
-datasets of a split blend."""
+datasets of a split blend.
+
+An epoch of a dataset is one pass over its documents, except for a dataset of fewer tokens than
+one sample (a one-document test split of Megatron-LM's ``--split 949,50,1`` on a small corpus):
+there an epoch is the fewest passes whose tokens hold a sample (:func:`passes_per_epoch`), and its
+samples run from one pass into the next, as megatron-core's ``GPTDataset`` builds samples over its
+document index repeated for as many epochs as the samples need."""
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -9,7 +15,7 @@ import numpy as np
 from megatron.data.blend_config import BlendConfigError, SplitBlend, check_dataset_prefix
 from megatron.data.mix_ledger import gpt_files_fingerprint, ledger_key
 
-__all__ = ["Constituent", "resolve_constituents"]
+__all__ = ["Constituent", "passes_per_epoch", "resolve_constituents", "short_dataset_note"]
 
 
 @dataclass(frozen=True)
@@ -17,7 +23,8 @@ class Constituent:
     """One dataset of the curriculum: a prefix and a document range [doc_begin, doc_end).
     ``samples_per_epoch`` is None for datasets whose epochs differ in length (packed T0 data);
     ``fingerprint`` tells its files apart from others at the same path (the data ledger,
-    megatron/data/mix_ledger.py)."""
+    megatron/data/mix_ledger.py); ``passes`` is the passes over its documents one epoch makes
+    (:func:`passes_per_epoch`: 1 unless the range holds fewer tokens than one sample)."""
 
     path: str
     split: Tuple[float, float]
@@ -28,6 +35,7 @@ class Constituent:
     tokens: int
     samples_per_epoch: Optional[int]
     fingerprint: str = ""
+    passes: int = 1
 
     @property
     def ledger_key(self) -> Tuple[str, float, float, str]:
@@ -37,6 +45,28 @@ class Constituent:
 
 def _samples_per_epoch(tokens: int, seq_length: int, add_extra_token: bool = True) -> int:
     return max(0, (int(tokens) - int(add_extra_token)) // int(seq_length))
+
+
+def passes_per_epoch(tokens: int, seq_length: int, add_extra_token: bool = True) -> int:
+    """The passes over a dataset of ``tokens`` tokens that one of its epochs makes: 1 when the
+    dataset holds a sample (``seq_length + add_extra_token`` tokens), else the fewest passes whose
+    tokens together hold one (megatron-core's ``GPTDataset._get_num_epochs`` for one sample).
+    ``tokens`` must be positive."""
+    need = int(seq_length) + int(add_extra_token)
+    return max(1, -(-need // int(tokens)))
+
+
+def short_dataset_note(constituent: "Constituent", split: str, seq_length: int,
+                       add_extra_token: bool = True) -> str:
+    """The start-up note of a dataset shorter than one sample (``constituent.passes > 1``): what
+    its ``split`` ("train", "valid", "test") draws instead of stopping."""
+    c = constituent
+    return (f"{split} data {c.path!r} (documents {c.doc_begin}:{c.doc_end}) has {c.tokens} "
+            f"tokens, less than one sample of seq_length {seq_length} "
+            f"({int(seq_length) + int(add_extra_token)} tokens): each of its epochs is {c.passes} "
+            f"passes over its documents ({c.samples_per_epoch} sample"
+            f"{'s' if c.samples_per_epoch != 1 else ''}), samples running from one pass into the "
+            "next, as megatron-core's GPTDataset builds them")
 
 
 def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bool = True,
@@ -62,18 +92,20 @@ def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bo
             if end <= beg:
                 raise BlendConfigError(f"{entry.where}.split: range {entry.split[0]:g}:"
                                        f"{entry.split[1]:g} of {entry.path!r} ({n} documents) "
-                                       "selects no document: a stage with nothing to draw")
+                                       "selects no document: a stage with nothing to draw; give "
+                                       "it a wider range (--split) or more documents")
             tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
-            spe = _samples_per_epoch(tokens, seq_length, add_extra_token)
-            if spe <= 0:
+            if tokens <= 0:
                 raise BlendConfigError(f"{entry.where}: {entry.path!r} (documents {beg}:{end}) has "
-                                       f"{tokens} tokens, less than one sample of seq_length "
-                                       f"{seq_length}: nothing to draw")
+                                       "no token: a stage with nothing to draw; give it a wider "
+                                       "range (--split) or more data")
+            passes = passes_per_epoch(tokens, seq_length, add_extra_token)
+            spe = _samples_per_epoch(passes * tokens, seq_length, add_extra_token)
             name = entry.name if entry.name not in names else entry.qualified_name
             base, k = name, 2
             while name in names:
                 name, k = f"{base}#{k}", k + 1
             names.add(name)
             out[entry.key] = Constituent(entry.path, entry.split, name, beg, end, n, tokens, spe,
-                                         gpt_files_fingerprint(entry.path))
+                                         gpt_files_fingerprint(entry.path), passes)
     return list(out.values())

@@ -10,10 +10,11 @@ import numpy as np
 import torch
 
 from megatron.data.blend_config import SplitBlend
-from megatron.data.curriculum.constituents import Constituent, resolve_constituents
+from megatron.data.curriculum.constituents import Constituent, resolve_constituents, short_dataset_note
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import EpochShuffledSamples
 from megatron.schedules.units import BatchSchedule
+from megatron.utils.rank_utils import print_rank_0
 
 __all__ = ["Continuation", "CurriculumDataset", "gpt_epoch_source", "build_mix_dataset",
            "build_curriculum_dataset", "build_blend_config_datasets"]
@@ -97,7 +98,9 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
                      low_level: Dict[str, Any]):
     """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
     :class:`~megatron.data.epoch_order.EpochShuffledSamples` over a megatron-core ``GPTDataset``
-    of its documents built for exactly one epoch."""
+    of its documents built for exactly one epoch (``constituent.passes`` passes over them for a
+    dataset shorter than one sample: megatron-core sizes them from the samples asked; a start-up
+    note on rank 0 says so)."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -108,6 +111,9 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
     one_epoch = GPTDataset(low_level[c.path], label, indices, int(c.samples_per_epoch),
                            _split_enum(split), gpt_config)
+    if c.passes > 1:
+        print_rank_0(short_dataset_note(c, split, gpt_config.sequence_length,
+                                        gpt_config.add_extra_token_to_sequence))
     return EpochShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
 
 

@@ -32,11 +32,12 @@ import json
 import math
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import yaml
 
+from megatron.data.cache_key import NOT_KEYED
 from megatron.errors import ConfigError
 
 __all__ = [
@@ -75,8 +76,8 @@ class BlendEntry:
     weight: Optional[Weight] = 1.0
     split: Tuple[float, float] = (0.0, 1.0)
     repetitions: Optional[float] = None
-    where: str = ""
-    loss_weight: float = 1.0
+    where: str = field(default="", metadata=NOT_KEYED)
+    loss_weight: float = field(default=1.0, metadata=NOT_KEYED)
 
     @property
     def key(self) -> Tuple[str, float, float]:
@@ -108,7 +109,7 @@ class BlendStage:
     kind: str
     entries: Tuple[BlendEntry, ...]
     until: Optional[Tuple[str, int]] = None
-    where: str = ""
+    where: str = field(default="", metadata=NOT_KEYED)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class SplitBlend:
     stages: Tuple[BlendStage, ...]
     name: Optional[str] = None
     sequential: bool = False
-    where: str = ""
+    where: str = field(default="", metadata=NOT_KEYED)
 
 
 @dataclass(frozen=True)

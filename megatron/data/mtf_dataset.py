@@ -40,8 +40,6 @@ target tokens; with ``norm_target_loss`` ``sum(loss_mask)`` is the number of tar
 batch, so the loss is the mean over targets of each target's mean token loss: every target counts
 equally, whatever its length.
 """
-import hashlib
-import json
 import os
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -51,12 +49,15 @@ import torch
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from megatron.data.blend_config import indexed_dataset_problem
+from megatron.data.cache_key import cache_key
 from megatron.errors import ConfigError
 from megatron.utils.atomic_io import atomic_path
 
 INPUTS_KEY = "inputs"
 TARGETS_KEY = "targets"
 PACKING_VERSION = 1
+# the pack index's cache key rule (v2: the declared KEY_INPUTS); entries of another rule are not read
+PACK_INDEX_KEY_VERSION = "mtf-pack-index-v2"
 
 
 class MTFFileNotFoundError(ConfigError, FileNotFoundError):
@@ -288,11 +289,18 @@ class MTFDataset(torch.utils.data.Dataset):
                           "the first target token, which nothing precedes)", stacklevel=2)
 
     # ---------------------------------------------------------------- index
+    # What the pack index's build reads, each hashed whole into its cache key
+    # (megatron/data/cache_key.py): the files (their fingerprint), the document range, the pairs
+    # kept (those with a target) and their lengths after truncation, the length, the seed, the
+    # samples asked and the packing rule's version (it seeds the epochs' orders too).
+    KEY_INPUTS = ("pair", "lo", "hi", "documents", "pair_lengths", "seq_length", "seed",
+                  "num_samples", "packing_version")
+    packing_version = PACKING_VERSION
+
     def _cache_key(self) -> str:
-        desc = {"version": PACKING_VERSION, "files": self.pair.fingerprint(), "lo": self.lo,
-                "hi": self.hi, "skip": "empty-targets", "seq_length": self.seq_length, "seed": self.seed,
-                "num_samples": self.num_samples}
-        return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
+        """The pack index's cache key: the SHA-256 (24 hex digits) of :attr:`KEY_INPUTS`."""
+        return cache_key(PACK_INDEX_KEY_VERSION,
+                         {name: getattr(self, name) for name in self.KEY_INPUTS}, length=24)[0]
 
     def _load_or_build(self, cache_dir: Optional[str]):
         if cache_dir:
@@ -313,7 +321,7 @@ class MTFDataset(torch.utils.data.Dataset):
 
     def pack_epoch(self, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
         """Packs of one epoch, in sample order: (document indices relative to the range, offsets)."""
-        rng = np.random.default_rng([self.seed, epoch, PACKING_VERSION])
+        rng = np.random.default_rng([self.seed, epoch, self.packing_version])
         docs = self.documents[rng.permutation(len(self.documents))]
         items, offsets = pack_lengths(self.pair_lengths[docs], self.seq_length)
         order = rng.permutation(len(offsets) - 1)

@@ -66,6 +66,10 @@ class SeqLengthPlan:
         lengths = np.concatenate([np.full(int(c), int(k), dtype=np.int64) for k, c in obj["runs"]])
         return cls(int(obj["full_length"]), obj["mode"], lengths, dict(obj.get("spec") or {}))
 
+    def fingerprint(self) -> str:
+        """What a data index built over this plan is keyed on (:meth:`digest`)."""
+        return self.digest()
+
     def digest(self) -> str:
         """A short hash of the lengths and mode (cache keys of data built from token progress)."""
         h = hashlib.sha256(self.mode.encode())

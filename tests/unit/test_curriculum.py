@@ -675,3 +675,31 @@ def test_empty_split_is_refused_naming_what_to_change(data):
     with pytest.raises(BlendConfigError) as err:
         resolve_constituents(blend, SEQ)
     assert "selects no document" in str(err.value) and "--split" in str(err.value)
+
+
+def test_linear_fast_path_cuts_each_stage_at_its_own_breakpoints():
+    """Two sequential stages giving datasets a and b other samples-unit ramps: each stage's
+    segments are cut at its own schedules' breakpoints (a stage once took another stage's
+    schedule for its second dataset from the schedule memo), so the fast path tracks the same
+    per-sample target as evaluating every sample."""
+    def ramp(points):
+        return {"type": "linear", "unit": "samples", "points": points}
+
+    blend = {"sequential": [
+        {"blend": [{"path": "a", "weight": ramp({0: 1, 400: 5})},
+                   {"path": "b", "weight": ramp({0: 5, 400: 1})}], "until": {"samples": 400}},
+        {"blend": [{"path": "a", "weight": ramp({400: 1, 600: 9, 800: 1})},
+                   {"path": "b", "weight": ramp({400: 9, 500: 0.1, 800: 9})}]}]}
+    out = {}
+    try:
+        for fast in (True, False):
+            CurriculumIndex.linear_fast_path = fast
+            out[fast] = _fake_index(blend, 800, 4)
+    finally:
+        CurriculumIndex.linear_fast_path = True
+    for idx in out.values():
+        err = _prefix_error(idx)
+        assert err.max() <= 2.0 + 1e-9 and (-err).max() <= 1.0 + 1e-9, (err.max(), err.min())
+    c = {k: np.cumsum(np.eye(2, dtype=np.int64)[np.asarray(v.dataset_index)], axis=0)
+         for k, v in out.items()}
+    assert np.abs(c[True] - c[False]).max() <= 2

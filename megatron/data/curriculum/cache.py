@@ -1,7 +1,7 @@
 """The curriculum index's on-disk cache: one directory per index (``curriculum-<key>`` under the
 cache dir) holding ``dataset_index.npy``, ``dataset_sample_index.npy``, ``description.json`` (what
-the key hashes) and ``meta.json`` (written last: a complete directory), published atomically;
-:func:`_strip_where` drops from the blend what does not shape the index before it is hashed."""
+the key hashes, megatron/data/cache_key.py) and ``meta.json`` (written last: a complete
+directory), published atomically."""
 import json
 import os
 import shutil
@@ -11,15 +11,6 @@ from typing import List
 import numpy as np
 
 __all__ = ["cache_directory", "try_load_index", "save_index"]
-
-
-def _strip_where(obj):
-    """``obj`` without what does not shape the index: error locations and loss weights."""
-    if isinstance(obj, dict):
-        return {str(k): _strip_where(v) for k, v in obj.items() if k not in ("where", "loss_weight")}
-    if isinstance(obj, (list, tuple)):
-        return [_strip_where(v) for v in obj]
-    return obj
 
 
 def cache_directory(cache_dir: str, key: str) -> str:

@@ -10,13 +10,14 @@ import numpy as np
 import torch
 
 from megatron.data.blend_config import SplitBlend
+from megatron.data.cache_key import array_digest
 from megatron.data.curriculum.constituents import Constituent, resolve_constituents, short_dataset_note
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import EpochShuffledSamples
 from megatron.schedules.units import BatchSchedule
 from megatron.utils.rank_utils import print_rank_0
 
-__all__ = ["Continuation", "CurriculumDataset", "gpt_epoch_source", "build_mix_dataset",
+__all__ = ["Continuation", "CurriculumDataset", "gpt_source_label", "gpt_epoch_source", "build_mix_dataset",
            "build_curriculum_dataset", "build_blend_config_datasets"]
 
 
@@ -94,6 +95,17 @@ def _split_enum(split: str):
     return {"train": Split.train, "valid": Split.valid, "test": Split.test}[split]
 
 
+def gpt_source_label(constituent: Constituent, lengths: np.ndarray) -> str:
+    """The name megatron-core's ``GPTDataset`` of ``constituent`` is built under: its path, its
+    split range, and a digest of its documents' lengths (``lengths``). megatron-core keys its
+    cached document, sample and shuffle indices on this name, the samples, the split and its
+    config, not on the files: with the lengths in it, a dataset rewritten at the same path never
+    reads the indices of the old one."""
+    c = constituent
+    label = c.path if c.split == (0.0, 1.0) else f"{c.path}[{c.split[0]:g}:{c.split[1]:g}]"
+    return f"{label} (lengths {array_digest(lengths)['sha256'][:16]})"
+
+
 def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
                      low_level: Dict[str, Any]):
     """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
@@ -107,8 +119,8 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     c = constituent
     if c.path not in low_level:
         low_level[c.path] = IndexedDataset(c.path, multimodal=False, mmap=True)
-    label = c.path if c.split == (0.0, 1.0) else f"{c.path}[{c.split[0]:g}:{c.split[1]:g}]"
     indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
+    label = gpt_source_label(c, low_level[c.path].sequence_lengths[c.doc_begin:c.doc_end])
     one_epoch = GPTDataset(low_level[c.path], label, indices, int(c.samples_per_epoch),
                            _split_enum(split), gpt_config)
     if c.passes > 1:

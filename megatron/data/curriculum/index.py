@@ -47,19 +47,20 @@ The kernel (``curriculum_index.cpp``, loaded by kernel.py) is built at first use
 torch.utils.cpp_extension (once per environment, in ``$TORCH_EXTENSIONS_DIR``); without a compiler
 a (slow) Python version of the same loops gives the same index. The index takes 5 bytes per
 sample (uint8 id for < 256 datasets, int32 dataset-sample id for < 2**31 samples); it is cached
-on disk (cache.py).
+on disk (cache.py) under a key hashed from every input the build reads
+(:attr:`CurriculumIndex.KEY_INPUTS`, megatron/data/cache_key.py).
 """
-import hashlib
-import json
+import inspect
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from megatron.data.blend_config import BlendConfigError, BlendEntry, BlendStage, SplitBlend
-from megatron.data.curriculum.cache import _strip_where, cache_directory, save_index, try_load_index
+from megatron.data.cache_key import cache_key
+from megatron.data.curriculum.cache import cache_directory, save_index, try_load_index
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.kernel import _kernel_source_digest, _KernelState
 from megatron.data.curriculum.weights import WeightContext, _linear_breakpoints, _Progress, weight_schedule
@@ -69,12 +70,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CurriculumIndex"]
 
-INDEX_VERSION = "curriculum-index-v2"  # v2: piecewise-linear samples/tokens fast path
+# v2: piecewise-linear samples/tokens fast path; v3: the key hashes KEY_INPUTS (the whole batch
+# schedule, its steps included), so no entry of an earlier version is ever read
+INDEX_VERSION = "curriculum-index-v3"
 CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
 class _StagePlan:
+    number: int         # the stage's position in the blend
     stage: BlendStage
     begin: int          # global sample range [begin, end)
     end: int
@@ -171,8 +175,9 @@ class CurriculumIndex:
         return counts
 
     # -- planning ------------------------------------------------------------------------------
-    def _schedule(self, s: int, e: int, entry: BlendEntry):
-        key = (s, e)
+    def _schedule(self, dataset: int, stage: int, entry: BlendEntry):
+        """The weight schedule of ``entry``, dataset ``dataset`` in stage number ``stage``."""
+        key = (dataset, stage)
         if key not in self._schedules:
             try:
                 self._schedules[key] = weight_schedule(entry.weight, self.context)
@@ -186,7 +191,7 @@ class CurriculumIndex:
     def _plan(self) -> List[_StagePlan]:
         plans, begin = [], 0
         where = self.blend.where
-        for _k, stage in enumerate(self.blend.stages):
+        for k, stage in enumerate(self.blend.stages):
             ids = tuple(self._key_index[e.key] for e in stage.entries)
             if stage.kind == "epochized_blend":
                 if any(not self.constituents[i].samples_per_epoch for i in ids):
@@ -219,7 +224,7 @@ class CurriculumIndex:
                             "nothing to draw")
             lo, hi = max(begin, self.begin), min(end, self.num_samples)
             if lo < hi:
-                plans.append(_StagePlan(stage, lo, hi, ids, caps))
+                plans.append(_StagePlan(k, stage, lo, hi, ids, caps))
             begin = end
             if stage.until is None and stage.kind == "blend":
                 break
@@ -249,7 +254,7 @@ class CurriculumIndex:
         units = set()
         for e, i in zip(plan.stage.entries, plan.ids, strict=True):
             if isinstance(e.weight, dict):
-                units.add(getattr(self._schedule(i, id(plan), e), "unit", "iterations"))
+                units.add(getattr(self._schedule(i, plan.number, e), "unit", "iterations"))
         if units & {"samples", "tokens"}:
             return "samples"
         return "iterations" if units else None
@@ -262,7 +267,7 @@ class CurriculumIndex:
             if e.weight is None:
                 out[k] = float(cap)
             elif isinstance(e.weight, dict):
-                sched = self._schedule(i, id(plan), e)
+                sched = self._schedule(i, plan.number, e)
                 unit = getattr(sched, "unit", "iterations")
                 if unit not in progress:
                     progress[unit] = self.progress.of(samples, unit)
@@ -388,15 +393,15 @@ class CurriculumIndex:
         for e, i in zip(plan.stage.entries, plan.ids, strict=True):
             if not isinstance(e.weight, dict):
                 continue
-            sched = self._schedule(i, id(plan), e)
+            sched = self._schedule(i, plan.number, e)
             unit = getattr(sched, "unit", "iterations")
             if unit == "iterations":
                 iterations = True
                 continue
             if unit not in ("samples", "tokens"):
                 return None
-            plan = self.batch_schedule.seq_plan
-            if unit == "tokens" and plan is not None and plan.truncates:
+            seq_plan = self.batch_schedule.seq_plan
+            if unit == "tokens" and seq_plan is not None and seq_plan.truncates:
                 return None  # tokens are not samples x seq length under a truncating curriculum
             points = _linear_breakpoints(sched)
             if points is None:
@@ -490,29 +495,39 @@ class CurriculumIndex:
         return self.drawn_before(self.num_samples) - self.base
 
     # -- cache ---------------------------------------------------------------------------------
+    # What the build reads, each hashed whole into the cache key (megatron/data/cache_key.py:
+    # dataclasses field by field, so a field added to the batch schedule, a constituent or a blend
+    # entry is keyed without being named here): the typed blend, the constituents (document
+    # ranges, tokens, samples per epoch and passes, the files' fingerprint), the run's samples, the
+    # whole batch schedule (rampup, steps, sequence-length plan), the seed, a continuation's start
+    # and ledger, the stage plans (a continuation's shortened epochized stages: what
+    # ``drawn_before`` contributes), the dtypes, the weight fast path's switch and the kernel.
+    KEY_INPUTS = ("blend", "constituents", "num_samples", "batch_schedule", "seed", "begin", "base",
+                  "plans", "id_dtype", "sample_dtype", "linear_fast_path", "kernel")
+    # constructor arguments that are not keyed, and why (tests check the two lists cover them all)
+    NOT_KEYED_ARGUMENTS = {
+        "cache_dir": "where the index is cached, not what it holds",
+        "write_cache": "whether this rank writes the cache",
+        "drawn_before": "read only for a continuation's epochized stage, whose caps 'plans' holds",
+        "build": "plans only: no index is built or cached",
+    }
+
+    @property
+    def kernel(self) -> str:
+        """The digest of the kernel's source (its build rule)."""
+        return _kernel_source_digest()
+
     def cache_key(self) -> str:
-        desc = {
-            "version": INDEX_VERSION,
-            "kernel": _kernel_source_digest(),
-            "blend": json.loads(json.dumps(_strip_where(asdict(self.blend)), sort_keys=True,
-                                           default=str)),
-            "constituents": [asdict(c) for c in self.constituents],
-            "num_samples": self.num_samples,
-            "seed": self.seed,
-            # a continuation: where it starts, the ledger there, its (possibly shortened) stages
-            "begin": self.begin,
-            "base": [int(x) for x in self.base],
-            "plans": [[p.begin, p.end, list(p.caps)] for p in self.plans] if self.begin else None,
-            "batch_schedule": [self.batch_schedule.global_batch_size,
-                               list(self.batch_schedule.rampup or []),
-                               self.batch_schedule.seq_length],
-            "dtypes": [np.dtype(self.id_dtype).str, np.dtype(self.sample_dtype).str],
-        }
-        plan = self.batch_schedule.seq_plan
-        if plan is not None and plan.truncates:  # token progress follows the trained lengths
-            desc["seq_length_plan"] = plan.digest()
-        self.description = json.dumps(desc, sort_keys=True, default=str)
-        return hashlib.sha256(self.description.encode()).hexdigest()[:32]
+        """The index's cache key: the SHA-256 (32 hex digits) of :attr:`KEY_INPUTS`; the JSON it
+        hashes is kept in ``self.description``."""
+        key, self.description = cache_key(INDEX_VERSION,
+                                          {name: getattr(self, name) for name in self.KEY_INPUTS})
+        return key
+
+    @classmethod
+    def constructor_arguments(cls) -> Tuple[str, ...]:
+        """The constructor's argument names (tests check each is keyed or says why not)."""
+        return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
 
     def _load_or_build(self, cache_dir: Optional[str]):
         key = self.cache_key()

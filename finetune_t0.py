@@ -18,8 +18,9 @@ quiet_known_warnings()
 from megatron.config.parser import parse_args
 from megatron.data.mtf_builder import build_mtf_data
 from megatron.data.train_data import TrainData
-from megatron.errors import ArgumentError, run_entry_point
+from megatron.errors import ArgumentError
 from megatron.model.gpt_model_pipe import gpt_model_for_layout
+from megatron.runtime.process_exit import run_entry_point
 from megatron.tokenizer import tokenizer_setup
 from megatron.train.loop import pretrain
 

@@ -12,8 +12,8 @@ from megatron.config.parser import parse_args
 from megatron.data.builder import build_pretraining_data
 from megatron.data.document_segments import with_document_segments
 from megatron.data.train_data import TrainData
-from megatron.errors import run_entry_point
 from megatron.model.gpt_model_pipe import gpt_model_for_layout
+from megatron.runtime.process_exit import run_entry_point
 from megatron.tokenizer import tokenizer_setup
 from megatron.train.loop import pretrain
 

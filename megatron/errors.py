@@ -1,14 +1,13 @@
 """User-facing errors: bad flags, files, blend configs or checkpoints.
 
 Entry points catch :class:`ConfigError` and print its message (which names the flag, file, key and
-value) instead of a stack trace; anything else is a bug and keeps its traceback.
+value) instead of a stack trace (megatron/runtime/process_exit.py ``run_entry_point``); anything
+else is a bug and keeps its traceback. A leaf: imports no module of the project.
 """
 import os
 import sys
 import time
-from typing import Callable, NoReturn
-
-from megatron.utils.process_exit import skip_shutdown_collection
+from typing import NoReturn
 
 # Exit statuses of the entry points (docs/robustness.md lists them).
 EXIT_CONFIG_ERROR = 1  # bad file, blend config, checkpoint, busy port ... (ConfigError)
@@ -71,15 +70,3 @@ def exit_with_error(message: str, status: int = EXIT_CONFIG_ERROR) -> NoReturn:
     sys.stderr.write(f"{prefix}error: {message}\n")  # one write: lines of ranks never run together
     sys.stderr.flush()
     sys.exit(status)
-
-
-def run_entry_point(main: Callable[[], object]) -> None:
-    """Run ``main()``; a :class:`ConfigError` prints ``error: MESSAGE`` once per launch (see
-    :func:`exit_with_error`) and exits with status 1. However it ends, the interpreter then exits
-    without its slow shutdown collection (:mod:`megatron.utils.process_exit`)."""
-    try:
-        main()
-    except ConfigError as e:
-        exit_with_error(str(e), EXIT_CONFIG_ERROR)
-    finally:
-        skip_shutdown_collection()

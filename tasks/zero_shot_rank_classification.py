@@ -184,6 +184,6 @@ def main(argv=None) -> Dict:
 
 
 if __name__ == "__main__":
-    from megatron.errors import run_entry_point
+    from megatron.runtime.process_exit import run_entry_point
 
     run_entry_point(main)  # a bad checkpoint or file: one "error: ..." line, exit 1

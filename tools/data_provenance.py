@@ -29,7 +29,8 @@ quiet_known_warnings()  # before megatron.core is imported
 
 import json  # noqa: E402
 
-from megatron.errors import ArgumentError, ConfigError, run_entry_point  # noqa: E402
+from megatron.errors import ArgumentError, ConfigError  # noqa: E402
+from megatron.runtime.process_exit import run_entry_point  # noqa: E402
 from megatron.utils.atomic_io import atomic_path  # noqa: E402
 
 

@@ -456,7 +456,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    from megatron.errors import run_entry_point
+    from megatron.runtime.process_exit import run_entry_point
 
     # a bad blend or schedule file (ConfigError): one "error: ..." line and exit status 1, as the
     # training entry points; bad flags still exit 2 with argparse's usage line

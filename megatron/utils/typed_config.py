@@ -1,7 +1,7 @@
 """Typed configs from parsed flags: a frozen dataclass whose field names are argparse dests,
 filled from a validated ``argparse.Namespace`` with no defaults (megatron-core's
 ``TransformerConfig`` and ``OptimizerConfig`` are filled the same way). A leaf: imports only
-megatron/errors.py."""
+megatron/errors.py (the lowest leaf, which imports nothing of the project)."""
 import dataclasses
 from typing import Type, TypeVar
 

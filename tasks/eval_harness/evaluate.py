@@ -40,7 +40,8 @@ from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
-from megatron.errors import ConfigError, run_entry_point  # noqa: E402
+from megatron.errors import ConfigError  # noqa: E402
+from megatron.runtime.process_exit import run_entry_point  # noqa: E402
 from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
 TASK_FILE_SUFFIXES = (".yaml", ".yml")

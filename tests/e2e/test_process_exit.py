@@ -1,4 +1,4 @@
-"""The entry points' fast exit (megatron/utils/process_exit.py): nothing is lost by skipping the
+"""The entry points' fast exit (megatron/runtime/process_exit.py): nothing is lost by skipping the
 interpreter's shutdown collection."""
 import subprocess
 import sys
@@ -12,7 +12,8 @@ pytestmark = pytest.mark.launch
 
 PROGRAM = textwrap.dedent("""
     import gc, sys
-    from megatron.errors import ConfigError, run_entry_point
+    from megatron.errors import ConfigError
+    from megatron.runtime.process_exit import run_entry_point
 
     class Holder:
         def __del__(self):  # what a writer that flushes when finalised does

@@ -10,7 +10,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import pretrain_gpt  # noqa: E402
-from megatron.errors import run_entry_point  # noqa: E402
+from megatron.runtime.process_exit import run_entry_point  # noqa: E402
 
 
 def kill_at(iteration: int):

@@ -338,7 +338,7 @@ def test_bad_flag_value_exits_2_naming_it(capsys, flag, value):
 def test_entry_point_prints_one_error_line(tiny, tmp_path, capsys, monkeypatch):
     """What ``python tasks/eval_harness/evaluate.py`` does with a bad input (run_entry_point):
     one ``error:`` line on stderr, exit status 1, no traceback."""
-    from megatron.errors import run_entry_point
+    from megatron.runtime.process_exit import run_entry_point
     from tasks.eval_harness import evaluate
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     argv = MODEL + ["--load", str(tmp_path / "nope"), "--tasks", str(tmp_path / "nope.yaml")]

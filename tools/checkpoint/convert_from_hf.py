@@ -40,7 +40,8 @@ import torch  # noqa: E402
 
 from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION  # noqa: E402
 from megatron.checkpoint.writer import write_checkpoint  # noqa: E402
-from megatron.errors import ConfigError, run_entry_point  # noqa: E402
+from megatron.errors import ConfigError  # noqa: E402
+from megatron.runtime.process_exit import run_entry_point  # noqa: E402
 
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                        "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,

@@ -41,8 +41,9 @@ import torch  # noqa: E402
 
 from megatron.checkpoint.model_args import resolve_tokenizer_paths  # noqa: E402
 from megatron.checkpoint.reader import CheckpointReader  # noqa: E402
-from megatron.errors import ConfigError, run_entry_point  # noqa: E402
+from megatron.errors import ConfigError  # noqa: E402
 from megatron.model.param_names import VOCAB_PARAMETERS  # noqa: E402
+from megatron.runtime.process_exit import run_entry_point  # noqa: E402
 from megatron.tokenizer.types import tokenizer_config  # noqa: E402
 
 # Tokenizer files transformers' AutoTokenizer reads from a model directory.

@@ -1,4 +1,5 @@
-"""A faster interpreter exit for the entry points.
+"""How the entry points end: :func:`run_entry_point` (a user error as one line, then a fast exit)
+and :func:`skip_shutdown_collection`, a faster interpreter exit.
 
 At exit CPython clears every module and runs its cycle collector over what is left: with torch,
 megatron-core and DeepSpeed imported that is a few million objects and about 1.5 s per process, paid
@@ -9,6 +10,9 @@ to the permanent generation (``gc.freeze``), which the shutdown collection skips
 and ``weakref.finalize`` callbacks still run; memory is returned to the OS as the process ends.
 """
 import gc
+from typing import Callable
+
+from megatron.errors import EXIT_CONFIG_ERROR, ConfigError, exit_with_error
 
 
 def skip_shutdown_collection() -> None:
@@ -16,3 +20,16 @@ def skip_shutdown_collection() -> None:
     while shutting down (call it once the process has nothing left to do but exit)."""
     gc.collect()
     gc.freeze()
+
+
+def run_entry_point(main: Callable[[], object]) -> None:
+    """Run ``main()``; a :class:`~megatron.errors.ConfigError` prints ``error: MESSAGE`` once per
+    launch (see :func:`megatron.errors.exit_with_error`) and exits with status 1. However it ends,
+    the interpreter then exits without its slow shutdown collection
+    (:func:`skip_shutdown_collection`)."""
+    try:
+        main()
+    except ConfigError as e:
+        exit_with_error(str(e), EXIT_CONFIG_ERROR)
+    finally:
+        skip_shutdown_collection()

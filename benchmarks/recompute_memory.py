@@ -44,7 +44,10 @@ def measure(opts, recompute_flags) -> dict:
     import torch
 
     torch.set_num_threads(opts.threads)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(opts.port))
+    from megatron.runtime.ports import launch_port  # ROOT is on the path from here on
+
+    # this process binds the port at once (a 1-rank group): no retry needed
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(opts.port or launch_port()))
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     from megatron.core import parallel_state
 
@@ -99,7 +102,8 @@ def main():
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="Interleaved rounds (best kept).")
-    parser.add_argument("--port", type=int, default=29613)
+    parser.add_argument("--port", type=int, default=None,
+                        help="the 1-rank groups' port (default: megatron.runtime.ports.launch_port)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child is not None:

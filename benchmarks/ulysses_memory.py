@@ -42,8 +42,10 @@ import time
 from statistics import median
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from launch import ROOT, free_port  # noqa: E402
+from launch import ROOT  # noqa: E402
 from memory import peak_rss_bytes, saved_for_backward  # noqa: E402
+
+from megatron.runtime.ports import launch_with_port_retry  # noqa: E402  (launch put ROOT on the path)
 
 SETTINGS = {"SP 1 (1 rank)": 1, "SP 2 (2 ranks)": 2}
 
@@ -147,21 +149,24 @@ def _shm_buffers(port: int):
 def launch(opts, ranks: int, work: str) -> dict:
     """Launch one setting; the per-rank records merged (largest over the ranks)."""
     out = tempfile.mkdtemp(dir=work)
-    port = free_port()
     launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     passed = [a for a in sys.argv[1:]]
-    cmd = [launcher, "--num_gpus", str(ranks), "--master_port", str(port),
-           os.path.abspath(__file__), *passed, "--worker", "--out", out]
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(opts.threads),
                TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=opts.timeout)
-    finally:  # the ranks unlink their buffers after start-up; a launch that died early may not
-        for path in _shm_buffers(port):
-            os.remove(path)
+
+    def run(port: int) -> subprocess.CompletedProcess:
+        cmd = [launcher, "--num_gpus", str(ranks), "--master_port", str(port),
+               os.path.abspath(__file__), *passed, "--worker", "--out", out]
+        try:
+            return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=opts.timeout)
+        finally:  # the ranks unlink their buffers after start-up; a launch that died early may not
+            for path in _shm_buffers(port):
+                os.remove(path)
+
+    proc = launch_with_port_retry(run)  # a port whose launch lost it first: once more on another
     if proc.returncode:
-        raise SystemExit(f"SP {ranks} failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n"
+        raise SystemExit(f"SP {ranks} failed: {' '.join(proc.args)}\n{proc.stdout[-3000:]}\n"
                          f"{proc.stderr[-3000:]}")
     records = []
     for r in range(ranks):

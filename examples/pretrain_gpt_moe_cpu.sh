@@ -36,4 +36,4 @@ FLAGS=(
 )
 "$PY" tools/preview_schedule.py --world-size 2 "${FLAGS[@]}" "$@" --output-json "$RUN/schedule_preview.json"
 if [ "${MOE_PREVIEW_ONLY:-0}" = 1 ]; then exit 0; fi
-"$DEEPSPEED" --num_gpus 2 --master_port "$(master_port)" pretrain_gpt.py "${FLAGS[@]}" "$@"
+launch_with_port_retry "$DEEPSPEED" --num_gpus 2 pretrain_gpt.py "${FLAGS[@]}" "$@"

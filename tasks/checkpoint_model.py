@@ -36,6 +36,7 @@ import torch
 
 from megatron.checkpoint.reader import CheckpointWeights
 from megatron.errors import CheckpointError, ConfigError
+from megatron.runtime.ports import launch_port
 
 # The spellings of the expert-parallel size (Megatron-LM's, Microsoft Megatron-DeepSpeed's)
 EXPERT_PARALLEL_FLAGS = ("--expert-model-parallel-size", "--moe-expert-parallel-size")
@@ -107,13 +108,9 @@ def init_single_process() -> None:
     from megatron.core import parallel_state
 
     if not torch.distributed.is_initialized():
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(port))
+        if "MASTER_PORT" not in os.environ:  # this process binds it at once: no retry needed
+            os.environ["MASTER_PORT"] = str(launch_port())
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1)

@@ -30,6 +30,8 @@ from typing import Dict, List
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))
 sys.path.insert(0, ROOT)
 
+from megatron.runtime.ports import launch_with_port_retry  # noqa: E402
+
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "64", "--transformer-impl", "local", "--hidden-dropout", "0",
          "--attention-dropout", "0", "--seed", "9"]
@@ -38,18 +40,14 @@ ITERS = 6
 
 def launch(script: str, flags: List[str], ranks: int) -> None:
     """``script`` with ``flags`` on ``ranks`` CPU ranks through the deepspeed launcher; raises
-    with the log's tail when it fails."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    with the log's tail when it fails. The port: megatron/runtime/ports.py's, retried once on
+    another should another process take it before the launcher binds it."""
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                TORCHDYNAMO_DISABLE=os.environ.get("TORCHDYNAMO_DISABLE", "1"))
     deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    proc = subprocess.run([deepspeed, "--num_gpus", str(ranks), "--master_port", str(port),
-                           os.path.join(ROOT, script)] + flags, cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+    proc = launch_with_port_retry(lambda port: subprocess.run(
+        [deepspeed, "--num_gpus", str(ranks), "--master_port", str(port),
+         os.path.join(ROOT, script)] + flags, cwd=ROOT, env=env, capture_output=True, text=True))
     if proc.returncode != 0:
         raise RuntimeError(f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}")

@@ -27,7 +27,6 @@ run: ``checkpoints/``, ``metrics.jsonl``), ``merged/iter_T/`` (one merged checkp
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -35,6 +34,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 sys.path.insert(0, ROOT)
 
 from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
+from megatron.runtime.ports import launch_with_port_retry  # noqa: E402
 
 quiet_known_warnings()
 
@@ -66,15 +66,21 @@ def train(args, data, run) -> None:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(os.path.dirname(os.path.dirname(
         sys.executable)), "torch_extensions"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    cmd = [launcher, "--num_gpus", "2", "--master_port", str(port), "pretrain_gpt.py",
-           *training_flags(args, data, run)]
-    print("training:", " ".join(cmd[5:]), flush=True)
-    with open(os.path.join(run, "train.log"), "w") as log:
-        subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    flags = ["pretrain_gpt.py", *training_flags(args, data, run)]
+    print("training:", " ".join(flags), flush=True)
+    log_path = os.path.join(run, "train.log")
+
+    def launch(port: int) -> subprocess.CompletedProcess:
+        # a port below the ephemeral range, retried once if taken first (megatron/runtime/ports.py)
+        cmd = [launcher, "--num_gpus", "2", "--master_port", str(port), *flags]
+        with open(log_path, "w") as log:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with open(log_path, errors="replace") as log:
+            return subprocess.CompletedProcess(cmd, proc.returncode, stdout=log.read())
+
+    proc = launch_with_port_retry(launch)
+    proc.check_returncode()
 
 
 def heldout_texts(data_dir: str) -> list:

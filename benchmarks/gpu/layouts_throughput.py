@@ -34,7 +34,6 @@ import argparse
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -121,12 +120,6 @@ def peak_tflops(device_name: str):
     return next((value for key, value in PEAK_TFLOPS if key in device_name), None)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def padded_vocab(raw: int, divisible_by: int, tp: int) -> int:
     multiple = divisible_by * tp
     return -(-raw // multiple) * multiple
@@ -176,15 +169,17 @@ def run_layout(opts, name: str, data_prefix: str, work: str):
         "--metrics-jsonl", metrics, "--tensor-model-parallel-size", str(tp),
         "--pipeline-model-parallel-size", str(pp), "--ds-sequence-parallel-size", str(sp),
         *([] if cpu else ["--bf16"]), *moe_flags(opts, name), *extra]
+    from megatron.runtime.ports import launch_with_port_retry  # main() put ROOT on the path
+
     launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    cmd = [launcher, "--num_gpus", str(opts.gpus), "--master_port", str(free_port()),
-           os.path.join(ROOT, "pretrain_gpt.py")] + flags
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if cpu:
         env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=opts.timeout)
+    try:  # a port below the ephemeral range; a launch whose port was taken first runs once more
+        proc = launch_with_port_retry(lambda port: subprocess.run(
+            [launcher, "--num_gpus", str(opts.gpus), "--master_port", str(port),
+             os.path.join(ROOT, "pretrain_gpt.py")] + flags, cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=opts.timeout))
     except subprocess.TimeoutExpired:
         print(f"{name}: timed out after {opts.timeout} s")
         return None

@@ -102,9 +102,9 @@ def main(argv=None) -> int:
                         ("MASTER_ADDR", "127.0.0.1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(name, value)
     if "MASTER_PORT" not in os.environ:
-        from benchmarks.launch import free_port
+        from megatron.runtime.ports import launch_port
 
-        os.environ["MASTER_PORT"] = str(free_port())
+        os.environ["MASTER_PORT"] = str(launch_port())
     if opts.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from megatron.runtime.known_warnings import quiet_known_warnings

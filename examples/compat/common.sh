@@ -24,5 +24,5 @@ compat_launch() {
     printf '%s\0' "$entry_point" "$@" > "$COMPAT_ARGS_FILE"
     return 0
   fi
-  "$DEEPSPEED" --num_gpus "$NUM_RANKS" --master_port "$(master_port)" "$entry_point" "$@"
+  launch_with_port_retry "$DEEPSPEED" --num_gpus "$NUM_RANKS" "$entry_point" "$@"
 }

@@ -29,7 +29,7 @@ echo "== 1. toy multitask data in $DATA"
 "$PY" tools/make_toy_multitask.py --output-dir "$DATA" --examples-per-task "$EXAMPLES_PER_TASK" --preprocess
 
 echo "== 2. pretrain on the toy text"
-"$DEEPSPEED" --num_gpus 2 --master_port "$(master_port)" pretrain_gpt.py "${MODEL[@]}" \
+launch_with_port_retry "$DEEPSPEED" --num_gpus 2 pretrain_gpt.py "${MODEL[@]}" \
     --micro-batch-size 4 --global-batch-size 16 --train-iters "$PRETRAIN_ITERS" \
     --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters "$WARMUP_ITERS" \
     --data-path "$DATA/pretrain_text_document" --split 90,5,5 \
@@ -38,7 +38,7 @@ echo "== 2. pretrain on the toy text"
 
 echo "== 3. multitask finetuning (--finetune --load: weights only)"
 TRAIN="TRAIN: 1 0:1 $DATA/train_sentiment, 1 0:1 $DATA/train_topic, 1 0:1 $DATA/train_copy, 1 0:1 $DATA/train_addition, 1 0:1 $DATA/train_contains"
-"$DEEPSPEED" --num_gpus 2 --master_port "$(master_port)" finetune_t0.py "${MODEL[@]}" \
+launch_with_port_retry "$DEEPSPEED" --num_gpus 2 finetune_t0.py "${MODEL[@]}" \
     --micro-batch-size 4 --global-batch-size 8 --train-iters "$FINETUNE_ITERS" \
     --optimizer adam --lr 1e-3 --lr-decay-style constant --weight-decay 0 \
     --train-weighted-split-paths "$TRAIN" \

@@ -12,6 +12,7 @@ from megatron.parallel.cuda_connections import apply_max_connections
 from megatron.parallel.topology import initialize_model_parallel
 from megatron.runtime import cpu_comm
 from megatron.runtime.jit_ops import build_done
+from megatron.runtime.ports import busy_port_message
 
 
 def default_backend() -> str:
@@ -66,10 +67,9 @@ def _init_deepspeed_distributed(args) -> None:
     except torch.distributed.DistNetworkError as e:
         if "EADDRINUSE" not in str(e):
             raise
-        raise ConfigError(
-            f"MASTER_PORT {os.environ['MASTER_PORT']} on {os.environ['MASTER_ADDR']} is already in "
-            f"use by another process; pick a free port: --master_port PORT for the deepspeed "
-            f"launcher, MASTER_PORT=PORT for the example scripts") from None
+        # one line, exit status 1: launchers retry on it once (megatron/runtime/ports.py)
+        raise ConfigError(busy_port_message(os.environ["MASTER_ADDR"],
+                                            os.environ["MASTER_PORT"])) from None
     finally:
         build_done(claim)
     if on_cpu:

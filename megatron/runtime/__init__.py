@@ -1,3 +1,3 @@
 """The process of a run below the parallel layouts: native ops built at first use, DeepSpeed's CPU
-all-reduce, warnings silenced at start-up. (Distributed start-up is megatron/parallel/initialize.py;
-the fast exit is megatron/utils/process_exit.py.)"""
+all-reduce, warnings silenced at start-up, the launch port and its one retry, how an entry point
+ends (process_exit.py). (Distributed start-up is megatron/parallel/initialize.py.)"""

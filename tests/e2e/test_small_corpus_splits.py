@@ -14,6 +14,7 @@ import json
 import numpy as np
 import pytest
 
+from helpers.curriculum import write_corpus
 from helpers.launch import read_jsonl, run_deepspeed
 
 pytestmark = pytest.mark.launch
@@ -21,17 +22,6 @@ pytestmark = pytest.mark.launch
 SEQ = 128
 ITERS = 3
 NOTE = "less than one sample of seq_length 128 (129 tokens): each of its epochs is"
-
-
-def _write_corpus(prefix: str, lengths, seed: int) -> str:
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    rng = np.random.default_rng(seed)
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for n in lengths:
-        builder.add_document(rng.integers(0, 250, int(n)).astype(np.uint16), [int(n)])
-    builder.finalize(prefix + ".idx")
-    return prefix
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +33,8 @@ def corpus(tmp_path_factory):
     out = {}
     for k, (name, last) in enumerate((("pile", 68), ("wiki", 30))):
         lengths = list(rng.integers(40, 300, 599)) + [last]
-        out[name] = _write_corpus(str(d / f"{name}_text_document"), lengths, k)
-    out["tiny"] = _write_corpus(str(d / "tiny_text_document"), [25, 15], 9)
+        out[name] = write_corpus(str(d / f"{name}_text_document"), lengths, k)
+    out["tiny"] = write_corpus(str(d / "tiny_text_document"), [25, 15], 9)
     return out
 
 

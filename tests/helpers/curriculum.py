@@ -10,6 +10,19 @@ from megatron.data.curriculum.index import CurriculumIndex
 from megatron.schedules.units import BatchSchedule
 
 
+def write_corpus(prefix: str, lengths, seed: int = 0) -> str:
+    """A megatron-core ``.bin/.idx`` dataset at ``prefix`` of one document per entry of ``lengths``
+    (random byte-level tokens, seeded); returns ``prefix``."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(seed)
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for n in lengths:
+        builder.add_document(rng.integers(0, 250, int(n)).astype(np.uint16), [int(n)])
+    builder.finalize(prefix + ".idx")
+    return prefix
+
+
 def fake_constituents(split_blend, spe=10 ** 6, seq=16):
     """One fake dataset (no files) per distinct path and range of ``split_blend``, holding ``spe``
     samples per epoch (an int, or {path: int}); its fingerprint is its file name."""

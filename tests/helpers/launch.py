@@ -11,7 +11,7 @@ import sys
 from typing import Dict, List, Set, Tuple
 
 from helpers.paths import ROOT
-from helpers.ports import free_port
+from megatron.runtime.ports import launch_with_port_retry
 
 
 def deepspeed_launcher() -> str:
@@ -19,28 +19,28 @@ def deepspeed_launcher() -> str:
     return os.path.join(os.path.dirname(sys.executable), "deepspeed")
 
 
-PORT_TAKEN = "is already in use by another process"  # megatron's one-line busy-port error
-
-
 def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: int = 600,
                   env: Dict[str, str] = None, check: bool = True,
                   master_port: int = None) -> subprocess.CompletedProcess:
     """Launch ``script`` with ``num_ranks`` CPU ranks (gloo) on ``master_port`` (default: a free
-    one; should another process take it before the launcher binds it, as tests running in parallel
-    may, the launch is repeated once on another); with ``check``, raise with the log when it
+    one below the ephemeral range; should another process take it before the launcher binds it,
+    the launch is repeated once on another, saying so in one line:
+    megatron.runtime.ports.launch_with_port_retry); with ``check``, raise with the log when it
     fails."""
     run_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     run_env.update(env or {})
-    for _attempt in range(1 if master_port else 2):
-        cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port",
-               str(master_port or free_port()), os.path.join(ROOT, script)] + flags
-        proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True,
+    cmds = []
+
+    def launch(port: int) -> subprocess.CompletedProcess:
+        cmds.append([deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port",
+                     str(port), os.path.join(ROOT, script)] + flags)
+        return subprocess.run(cmds[-1], cwd=ROOT, env=run_env, capture_output=True, text=True,
                               timeout=timeout)
-        if proc.returncode == 0 or PORT_TAKEN not in proc.stderr:
-            break
+
+    proc = launch_with_port_retry(launch, master_port)
     if check:
-        _raise_if_failed(cmd, proc)
+        _raise_if_failed(cmds[-1], proc)
     return proc
 
 
@@ -53,16 +53,21 @@ def _raise_if_failed(cmd: List[str], proc: subprocess.CompletedProcess) -> None:
 def run_single_process(script: str, flags: List[str], cwd=ROOT, timeout: int = 300,
                        check: bool = False) -> subprocess.CompletedProcess:
     """Run ``script`` as a plain 1-process job (rank 0 of 1: WORLD_SIZE, RANK, LOCAL_RANK and the
-    master address set as the launcher sets them, gloo on a free port), without the launcher's own
-    start-up (two Python processes importing DeepSpeed before the rank starts): for runs that stop
-    at start-up or need no second rank, such as the one-rank references the layouts are compared
-    with; with ``check``, raise with the log when it fails."""
-    env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", DS_ACCELERATOR="cpu",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    master address set as the launcher sets them, gloo on a free port, retried once on another as
+    :func:`run_deepspeed` does), without the launcher's own start-up (two Python processes
+    importing DeepSpeed before the rank starts): for runs that stop at start-up or need no second
+    rank, such as the one-rank references the layouts are compared with; with ``check``, raise
+    with the log when it fails."""
     cmd = [sys.executable, os.path.join(ROOT, script)] + flags
-    proc = subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
-                          timeout=timeout)
+
+    def launch(port: int) -> subprocess.CompletedProcess:
+        env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", DS_ACCELERATOR="cpu",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        return subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    proc = launch_with_port_retry(launch)
     if check:
         _raise_if_failed(cmd, proc)
     return proc

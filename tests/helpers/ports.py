@@ -1,9 +1,10 @@
-"""Ports: every launch and every in-process process group takes its own free one."""
-import socket
+"""Ports: every launch and every in-process process group takes its own free one, below the
+kernel's ephemeral range (megatron/runtime/ports.py says why)."""
+from megatron.runtime.ports import launch_port
 
 
 def free_port() -> int:
-    """A TCP port on localhost that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on localhost that nothing holds right now, drawn at random below the ephemeral
+    range (:func:`megatron.runtime.ports.launch_port`), where no outgoing connection can take it
+    before the launch binds it."""
+    return launch_port()

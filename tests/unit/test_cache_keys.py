@@ -14,9 +14,8 @@ import os
 import numpy as np
 import pytest
 import torch
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-from helpers.curriculum import fake_constituents
+from helpers.curriculum import fake_constituents, write_corpus
 from megatron.data.blend_config import parse_blend_config
 from megatron.data.curriculum import index as curriculum_index
 from megatron.data.curriculum.constituents import Constituent
@@ -165,20 +164,11 @@ def test_every_keyed_blend_entry_field_is_keyed_and_the_others_are_not():
         assert (key != base) == (name not in ("where", "loss_weight")), name
 
 
-def _write(prefix, lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for n in lengths:
-        b.add_document(rng.integers(0, 250, int(n)).astype(np.uint16), [int(n)])
-    b.finalize(prefix + ".idx")
-    return prefix
-
-
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     rng = np.random.default_rng(1)
-    return {name: _write(str(d / f"{name}_text_document"), rng.integers(20, 200, 120), k)
+    return {name: write_corpus(str(d / f"{name}_text_document"), rng.integers(20, 200, 120), k)
             for k, name in enumerate(("web", "code"))}
 
 
@@ -283,9 +273,9 @@ def test_a_dataset_rewritten_at_the_same_path_never_reads_the_old_indices(tmp_pa
     blend = parse_blend_config({"valid": [{"name": "v", "path": prefix}]}, "v.yaml",
                                check_files=False).valid[0]
     cache = tmp_path / "cache"
-    _write(prefix, [30, 50, 40, 60], seed=0)
+    write_corpus(prefix, [30, 50, 40, 60], seed=0)
     build_curriculum_dataset(blend, 6, _gpt_config(cache), BatchSchedule(2, None, SEQ))
-    _write(prefix, [60, 40, 50, 30], seed=0)  # same counts and total tokens: same fingerprint
+    write_corpus(prefix, [60, 40, 50, 30], seed=0)  # same counts and total tokens: same fingerprint
     after = build_curriculum_dataset(blend, 6, _gpt_config(cache), BatchSchedule(2, None, SEQ))
     fresh = build_curriculum_dataset(blend, 6, _gpt_config(tmp_path / "fresh"),
                                      BatchSchedule(2, None, SEQ))
@@ -300,7 +290,7 @@ def _mtf(tmp_path, **kwargs):
     if not os.path.exists(prefix + "_inputs_document.idx"):
         rng = np.random.default_rng(0)
         for part, lo, hi in (("inputs", 3, 20), ("targets", 1, 8)):
-            _write(f"{prefix}_{part}_document", rng.integers(lo, hi, 40), seed=hash(part) % 7)
+            write_corpus(f"{prefix}_{part}_document", rng.integers(lo, hi, 40), seed=hash(part) % 7)
     spec = dict(name="t0", prefix=prefix, seq_length=32, num_samples=30, seed=1,
                 doc_range=(0.0, 1.0), cache_dir=str(tmp_path / "cache"))
     spec.update(kwargs)

@@ -13,7 +13,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 from megatron.core.datasets.utils import Split
 
-from helpers.curriculum import fake_index
+from helpers.curriculum import fake_index, write_corpus
 from helpers.curriculum import megatron_blend_indices as build_blending_index  # the static peer
 from megatron.data.blend_config import BlendConfigError, parse_blend_config
 from megatron.data.curriculum import index as curriculum_index
@@ -624,13 +624,8 @@ def test_passes_per_epoch_is_the_fewest_that_hold_a_sample(tokens, seq, extra):
 
 
 def _short_tail_corpus(prefix, last=7):
-    rng = np.random.default_rng(3)
-    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for k in range(600):
-        n = last if k == 599 else int(rng.integers(5, 40))
-        b.add_document(rng.integers(0, 250, n).astype(np.uint16), [n])
-    b.finalize(prefix + ".idx")
-    return prefix
+    lengths = np.random.default_rng(3).integers(5, 40, 599).tolist() + [last]
+    return write_corpus(prefix, lengths, 3)
 
 
 def test_split_shorter_than_one_sample_spans_passes_as_megatron_core(tmp_path):

@@ -28,6 +28,7 @@ Errors are ``BlendConfigError`` (a ``ValueError``) naming the file, the key and 
 Checks that need the run length (all weights zero at some point, schedule values negative) happen
 when the curriculum index is built (``megatron.data.curriculum.index``).
 """
+import glob as globlib
 import json
 import math
 import os
@@ -45,8 +46,15 @@ __all__ = [
     "load_blend_config", "parse_blend_config", "parse_energon_metadataset", "is_energon_metadataset",
     "parse_split_range", "check_dataset_prefix",
     "short_dataset_name",
-    "indexed_dataset_problem",
+    "indexed_dataset_problem", "dataset_prefix_problem", "prefix_problems_message",
+    "range_tokens", "scaled_weight", "SCALED_WEIGHT_TYPE",
 ]
+
+SCALED_WEIGHT_TYPE = "scaled"
+"""The weight of one prefix of a group entry (``paths:``/``glob:``) whose group weight is a
+schedule: ``{type: scaled, unit, scale: FRACTION, schedule: GROUP_WEIGHT}`` (made by
+:func:`scaled_weight`, evaluated by ``megatron/data/curriculum/weights.py``; not for blend files)."""
+PROBLEMS_SHOWN = 5  # missing/corrupt prefixes named in one error; the rest are counted
 
 UNITS = ("iterations", "samples", "tokens")
 SCHEDULE_POINT_TYPES = ("linear", "step", "piecewise-linear", "piecewise_linear")
@@ -233,26 +241,108 @@ def indexed_dataset_problem(path: str) -> Optional[str]:
     return None
 
 
-def check_dataset_prefix(path: str, where: str) -> None:
-    """Raise naming ``where`` if ``path.bin`` or ``path.idx`` is missing, truncated or corrupt."""
+def dataset_prefix_problem(path: str) -> Optional[str]:
+    """What is wrong with the dataset prefix ``path`` (a missing ``.bin``/``.idx``, or what
+    :func:`indexed_dataset_problem` finds), or None when it is readable."""
     for ext in (".bin", ".idx"):
         if not os.path.isfile(path + ext):
-            raise _err(where, f"dataset file {path + ext!r} does not exist (path {path!r})")
-    problem = indexed_dataset_problem(path)
+            return f"dataset file {path + ext!r} does not exist (path {path!r})"
+    return indexed_dataset_problem(path)
+
+
+def prefix_problems_message(label: str, problems: Sequence[str], shown: int = PROBLEMS_SHOWN) -> str:
+    """One line for all the unreadable dataset prefixes of ``label`` (a flag or a blend file):
+    the single problem as it is, or their number, the first ``shown`` and how many more."""
+    if len(problems) == 1:
+        return f"{label}: {problems[0]}"
+    more = f"; ... and {len(problems) - shown} more" if len(problems) > shown else ""
+    return (f"{label}: {len(problems)} dataset prefixes are missing or unreadable (each needs a "
+            f".bin and an .idx from tools/preprocess_data.py): " + "; ".join(problems[:shown]) + more)
+
+
+def check_dataset_prefix(path: str, where: str) -> None:
+    """Raise naming ``where`` if ``path.bin`` or ``path.idx`` is missing, truncated or corrupt."""
+    problem = dataset_prefix_problem(path)
     if problem:
         raise _err(where, problem)
 
 
-def _resolve_path(path: Any, base_dir: Optional[str], where: str, check_files: bool) -> str:
+class _PrefixChecks:
+    """The dataset prefixes of one blend file, checked as they are parsed (when ``enabled``) and
+    reported together at the end (:meth:`raise_if_any`), so a file with a thousand missing shards
+    is one error naming the first few."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = bool(enabled)
+        self.problems: list = []  # (where, problem)
+
+    def check(self, path: str, where: str) -> bool:
+        """Whether ``path`` is readable (always True when checks are off); records why not."""
+        if not self.enabled:
+            return True
+        problem = dataset_prefix_problem(path)
+        if problem:
+            self.problems.append((where, problem))
+        return problem is None
+
+    def raise_if_any(self, source: str) -> None:
+        if not self.problems:
+            return
+        if len(self.problems) == 1:
+            raise _err(*self.problems[0])
+        strip = source + ": "
+        texts = [f"{w[len(strip):] if w.startswith(strip) else w}: {p}" for w, p in self.problems]
+        raise BlendConfigError(prefix_problems_message(source, texts))
+
+
+def _checks(check_files) -> _PrefixChecks:
+    return check_files if isinstance(check_files, _PrefixChecks) else _PrefixChecks(check_files)
+
+
+def _resolve_path(path: Any, base_dir: Optional[str], where: str, check_files) -> str:
     if not isinstance(path, str) or not path:
         raise _err(where, f"path must be a non-empty string, got {path!r}")
     resolved = path
     if (base_dir and not os.path.isabs(path) and not os.path.exists(path + ".idx")
             and os.path.exists(os.path.join(base_dir, path) + ".idx")):
         resolved = os.path.join(base_dir, path)
-    if check_files:
+    if isinstance(check_files, _PrefixChecks):
+        check_files.check(resolved, where)
+    elif check_files:
         check_dataset_prefix(resolved, where)
     return resolved
+
+
+def range_tokens(path: str, split: Tuple[float, float] = (0.0, 1.0)) -> int:
+    """Tokens of the documents of dataset prefix ``path`` in the fraction range ``split`` (the
+    range cut as megatron-core cuts it: sequences ``round(start x n)`` to ``round(end x n)``),
+    from the ``.idx`` alone: the byte pointers of the range's first and last sequence and the
+    last one's length, in items of the file's dtype (three small reads, however large the file)."""
+    with open(path + ".idx", "rb") as f:
+        _, code, nseq, _ = struct.unpack("<QBQQ", f.read(_IDX_HEADER_BYTES)[9:])
+        beg, end = int(round(split[0] * nseq)), int(round(split[1] * nseq))
+        if end <= beg:
+            return 0
+        f.seek(_IDX_HEADER_BYTES + (end - 1) * 4)
+        (last_len,) = struct.unpack("<i", f.read(4))
+        f.seek(_IDX_HEADER_BYTES + nseq * 4 + beg * 8)
+        (first_ptr,) = struct.unpack("<q", f.read(8))
+        f.seek(_IDX_HEADER_BYTES + nseq * 4 + (end - 1) * 8)
+        (last_ptr,) = struct.unpack("<q", f.read(8))
+    return int((last_ptr - first_ptr) // _IDX_DTYPE_SIZES[code] + last_len)
+
+
+def scaled_weight(weight: Optional[Weight], factor: float) -> Optional[Weight]:
+    """``weight`` times ``factor``: a number times it, None (an epochized entry's default) as is,
+    a schedule dict wrapped as ``{type: scaled, unit, scale, schedule}`` (:data:`SCALED_WEIGHT_TYPE`)."""
+    if weight is None:
+        return None
+    if not isinstance(weight, dict):
+        return float(weight) * float(factor)
+    if weight.get("type") == SCALED_WEIGHT_TYPE:
+        return dict(weight, scale=float(weight["scale"]) * float(factor))
+    return {"type": SCALED_WEIGHT_TYPE, "unit": weight.get("unit", "iterations"),
+            "scale": float(factor), "schedule": weight}
 
 
 def _number(value: Any, where: str, what: str) -> float:
@@ -316,25 +406,62 @@ def _parse_schedule(spec: Dict[str, Any], where: str, points_key: str = "points"
                 raise _err(f"{where}.{points_key}", f"points are not sorted in increasing order: "
                                                     f"{b:g} comes after {a:g} (points {points!r})")
         out["points"] = {x: y for x, y in zip(xs, ys, strict=True)}
-    try:  # unknown schedule types/keys: ask the schedule registry when it is there
+    _check_schedule_keys(spec, where)
+    _check_schedule_values(spec, where)
+    return out
+
+
+def _check_schedule_keys(spec: Dict[str, Any], where: str) -> None:
+    """Unknown schedule types and keys of ``spec``: asks the schedule registry when it is there."""
+    try:
         from megatron.schedules import registry  # lazy: numpy, only for schedule-valued weights
         from megatron.schedules.base import allowed_keys  # lazy: numpy, only for schedule-valued weights
     except ImportError:
-        registry = None
-    if registry is not None:
-        try:
-            cls = registry.get_schedule_class(spec["type"])
-        except ValueError as exc:
-            raise _err(where + ".type", str(exc)) from None
-        allowed = allowed_keys(cls)
-        for key in spec:
-            if key not in allowed:
-                raise _err(where, f"unknown key {key!r} (value {spec[key]!r}) for schedule type "
-                                  f"{spec['type']!r}; allowed keys: {', '.join(sorted(allowed))}")
-    for key in ("value", "from", "to", "start_value", "end_value", "min", "max"):
-        if key in spec and isinstance(spec[key], (int, float)) and spec[key] < 0:
-            raise _err(where + f".{key}", f"weight {spec[key]!r} is negative")
-    return out
+        return
+    if "type" not in spec:
+        raise _err(where, f"weight schedule {spec!r} has no 'type' (e.g. linear, step, cosine)")
+    try:
+        cls = registry.get_schedule_class(spec["type"])
+    except ValueError as exc:
+        raise _err(where + ".type", str(exc)) from None
+    allowed = allowed_keys(cls)
+    for key in spec:
+        if key not in allowed:
+            raise _err(where, f"unknown key {key!r} (value {spec[key]!r}) for schedule type "
+                              f"{spec['type']!r}; allowed keys: {', '.join(sorted(allowed))}")
+
+
+# the keys of a weight schedule (megatron/schedules/builtin.py and their aliases) whose values
+# are weights, so must be finite and non-negative
+_WEIGHT_VALUE_KEYS = ("value", "from", "to", "warmup_from", "start_value", "end_value", "min", "max",
+                      "learning_rate", "min_lr", "initial_lr", "final_lr")
+
+
+def _check_weight_value(value: Any, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return  # not a number: the schedule registry names it
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise _err(where, f"weight {value!r} is not allowed; weights must be finite and >= 0")
+
+
+def _check_schedule_values(spec: Dict[str, Any], where: str) -> None:
+    """The weight-valued keys of schedule ``spec`` (and of its ``stages``' schedules, with the
+    stages' keys) are finite and non-negative numbers."""
+    for key in _WEIGHT_VALUE_KEYS:
+        if key in spec:
+            _check_weight_value(spec[key], f"{where}.{key}")
+    stages = spec.get("stages")
+    if spec.get("type") != "staged" or not isinstance(stages, list):
+        return
+    for i, stage in enumerate(stages):
+        ws = f"{where}.stages[{i}]"
+        _check_keys(stage, ("start", "schedule", "value"), ws)
+        sub = stage.get("schedule", stage.get("value"))
+        if isinstance(sub, dict):
+            _check_schedule_keys(sub, ws + ".schedule")
+            _check_schedule_values(sub, ws + ".schedule")
+        else:
+            _check_weight_value(sub, ws + ".schedule")
 
 
 def _parse_until(value: Any, where: str) -> Tuple[str, int]:
@@ -348,21 +475,86 @@ def _parse_until(value: Any, where: str) -> Tuple[str, int]:
     return (unit, int(n))
 
 
+PATH_KEYS = ("path", "paths", "glob")
+"""An entry's dataset(s): one prefix, a list of prefixes or a glob of prefixes (a group)."""
+
+
+def _glob_prefixes(pattern: Any, base_dir: Optional[str], where: str) -> list:
+    """The prefixes whose ``.idx`` matches ``pattern + ".idx"``, sorted (relative patterns: the
+    working directory first, then the blend file's directory, as paths)."""
+    if not isinstance(pattern, str) or not pattern:
+        raise _err(where, f"glob must be a non-empty string such as \"data/*_text_document\", got "
+                          f"{pattern!r}")
+    found = sorted(m[:-len(".idx")] for m in globlib.glob(pattern + ".idx"))
+    if not found and base_dir and not os.path.isabs(pattern):
+        found = sorted(m[:-len(".idx")] for m in globlib.glob(os.path.join(base_dir, pattern) + ".idx"))
+    if not found:
+        looked = f" (looked here and under {base_dir})" if base_dir and not os.path.isabs(pattern) else ""
+        raise _err(where, f"glob {pattern!r} matches no dataset: no file matches {pattern + '.idx'!r}"
+                          f"{looked}; give a pattern of .bin/.idx prefixes, e.g. "
+                          "\"data/*_text_document\"")
+    return found
+
+
+def _group_members(item: Dict[str, Any], w: str, base_dir, checks: "_PrefixChecks") -> list:
+    """[(resolved prefix, where)] of an entry: its ``path``, or each prefix of its ``paths``/``glob``."""
+    keys = [k for k in PATH_KEYS if k in item]
+    if len(keys) != 1:
+        raise _err(w, f"give exactly one of {', '.join(PATH_KEYS)} (got "
+                      f"{', '.join(keys) or 'none'}): a dataset prefix, a list of prefixes or a glob")
+    key = keys[0]
+    if key == "path":
+        return [(_resolve_path(item["path"], base_dir, w + ".path", checks), w)]
+    if key == "paths":
+        paths = item["paths"]
+        if not isinstance(paths, list) or not paths:
+            raise _err(w + ".paths", f"paths must be a non-empty list of dataset prefixes, got "
+                                     f"{paths!r}")
+        members = [(_resolve_path(p, base_dir, f"{w}.paths[{j}]", checks), f"{w}.paths[{j}]")
+                   for j, p in enumerate(paths)]
+    else:
+        members = [(p, f"{w}.glob[{j}]")
+                   for j, p in enumerate(_glob_prefixes(item["glob"], base_dir, w + ".glob"))]
+        for p, wj in members:
+            checks.check(p, wj)
+    return members
+
+
+def _group_weights(members: list, weight: Optional[Weight], split: Tuple[float, float], w: str,
+                   checks: "_PrefixChecks") -> list:
+    """Each member's weight: the group's ``weight`` times the member's share of the group's
+    tokens in ``split`` (:func:`range_tokens`). With unreadable members (reported by ``checks``,
+    or files not checked) the shares are equal."""
+    if len(members) == 1:
+        return [weight]
+    if any(dataset_prefix_problem(p) for p, _ in members):
+        if checks.enabled:  # the missing prefixes are reported; the weights are never used
+            return [weight] * len(members)
+        return [scaled_weight(weight, 1.0 / len(members))] * len(members)
+    tokens = [range_tokens(p, split) for p, _ in members]
+    total = sum(tokens)
+    if total <= 0:
+        raise _err(w, f"the group's {len(members)} datasets hold no token in split "
+                      f"{split[0]:g}:{split[1]:g}: a group with nothing to draw")
+    return [scaled_weight(weight, t / total) for t in tokens]
+
+
 def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> Tuple[BlendEntry, ...]:
     if not isinstance(items, list):
         raise _err(where, f"{kind} must be a list of entries, got {type(items).__name__} {items!r}")
     if not items:
         raise _err(where, f"{kind} is empty: a stage with nothing to draw")
-    allowed = ("path", "weight", "split", "loss_weight") + (("repetitions",) if kind == "epochized_blend" else ())
+    checks = _checks(check_files)
+    allowed = PATH_KEYS + ("weight", "split", "loss_weight") + (("repetitions",) if kind == "epochized_blend" else ())
     entries, seen = [], {}
     for i, item in enumerate(items):
         w = f"{where}[{i}]"
         _check_keys(item, allowed, w)
-        if "path" not in item:
-            raise _err(w, "missing key 'path'")
+        if not any(k in item for k in PATH_KEYS):
+            raise _err(w, "missing key 'path' (or 'paths', 'glob' for a group of prefixes)")
         if kind == "blend" and "weight" not in item:
             raise _err(w, "missing key 'weight'")
-        path = _resolve_path(item["path"], base_dir, w + ".path", check_files)
+        members = _group_members(item, w, base_dir, checks)
         if "weight" in item:
             weight = _parse_weight(item["weight"], w + ".weight")
         else:  # epochized_blend default: proportional to the remaining samples
@@ -382,15 +574,19 @@ def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> 
             if not loss_weight > 0:
                 raise _err(w + ".loss_weight", f"loss_weight {item['loss_weight']!r} must be > 0 "
                                                "(a dataset not to learn from is left out)")
-        entry = BlendEntry(path=path, weight=weight, split=split, repetitions=reps, where=w,
-                           loss_weight=loss_weight)
-        if entry.key in seen:
-            raise _err(w + ".path", f"dataset {item['path']!r} (split {split[0]:g}:{split[1]:g}) "
-                                    f"is listed twice in this blend (also at {seen[entry.key]})")
-        seen[entry.key] = w
-        entries.append(entry)
-    if kind == "blend" and all(e.weight_is_static and e.weight == 0 for e in entries):
-        raise _err(where, "all weights are zero: a stage with nothing to draw")
+        weights = _group_weights(members, weight, split, w, checks)
+        for (path, wm), weight_m in zip(members, weights, strict=True):
+            entry = BlendEntry(path=path, weight=weight_m, split=split, repetitions=reps, where=wm,
+                               loss_weight=loss_weight)
+            if entry.key in seen:
+                raise _err(wm if wm != w else w + ".path",
+                           f"dataset {path!r} (split {split[0]:g}:{split[1]:g}) is listed twice in "
+                           f"this blend (also at {seen[entry.key]})")
+            seen[entry.key] = wm
+            entries.append(entry)
+    if all(e.weight_is_static and e.weight is not None and e.weight == 0 for e in entries):
+        raise _err(where, f"all weights are zero (static weight 0 for all {len(entries)} "
+                          "datasets): a stage with nothing to draw; give a dataset a weight > 0")
     return tuple(entries)
 
 
@@ -401,6 +597,7 @@ def _parse_split_blend(obj: Any, where: str, base_dir, check_files, name=None) -
     forms = [k for k in _BLEND_FORMS if isinstance(obj, dict) and k in obj]
     if len(forms) != 1:
         raise _err(where, f"give exactly one of {', '.join(_BLEND_FORMS)} (got {obj!r})")
+    _check_keys(obj, _BLEND_FORMS, where)  # nothing beside the form: `{blend: [...], foo: 1}`
     form = forms[0]
     if form in ("blend", "epochized_blend"):
         entries = _parse_entries(obj[form], form, f"{where}.{form}", base_dir, check_files)
@@ -463,8 +660,8 @@ def _parse_groups(obj: Any, split: str, where: str, base_dir, check_files) -> Tu
         if name in names:
             raise _err(w + ".name", f"group name {name!r} is used twice (also at {names[name]})")
         names[name] = w
-        if "path" in item:
-            _check_keys(item, ("name", "path", "split", "weight"), w)
+        if any(k in item for k in PATH_KEYS):
+            _check_keys(item, ("name",) + PATH_KEYS + ("split", "weight"), w)
             entry = {k: v for k, v in item.items() if k != "name"}
             entry.setdefault("weight", 1.0)
             entries = _parse_entries([entry], "blend", w, base_dir, check_files)
@@ -485,6 +682,7 @@ def parse_blend_config(data: Any, source: str = "<blend config>", base_dir: Opti
     if is_energon_metadataset(data):
         return parse_energon_metadataset(data, source, base_dir, check_files)
     _check_keys(data, ("train", "valid", "test"), source)
+    check_files = checks = _checks(check_files)
     train = None
     if data.get("train") is not None:
         train = _parse_split_blend(data["train"], f"{source}: train", base_dir, check_files,
@@ -493,6 +691,7 @@ def parse_blend_config(data: Any, source: str = "<blend config>", base_dir: Opti
         if data.get("valid") is not None else ()
     test = _parse_groups(data["test"], "test", f"{source}: test", base_dir, check_files) \
         if data.get("test") is not None else ()
+    checks.raise_if_any(source)
     return BlendConfig(source=source, train=train, valid=valid, test=test)
 
 
@@ -661,6 +860,7 @@ def parse_energon_metadataset(data: Dict[str, Any], source: str = "<blend config
     if "val" in splits and "valid" in splits:
         raise _err(where, "'val' and 'valid' are the same split; give one")
     parsed: Dict[str, Any] = {"train": None, "valid": (), "test": ()}
+    check_files = checks = _checks(check_files)
     for key, value in splits.items():
         if value is None:
             continue
@@ -670,6 +870,7 @@ def parse_energon_metadataset(data: Dict[str, Any], source: str = "<blend config
         blend = _energon_split_blend(value, f"{where}.{key}", base_dir, check_files, name=key)
         split = ENERGON_SPLITS[key]
         parsed[split] = blend if split == "train" else (blend,)
+    checks.raise_if_any(source)
     return BlendConfig(source=source, **parsed)
 
 

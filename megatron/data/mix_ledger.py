@@ -219,7 +219,10 @@ def blend_from_json(obj: Dict[str, Any], where: str = "data_mix.json"):
 
 
 def _weight_from_json(weight):
-    """JSON turns a schedule's ``points`` keys into strings: back to numbers (as parsed)."""
+    """JSON turns a schedule's ``points`` keys into strings: back to numbers (as parsed), in a
+    group member's scaled schedule (``{type: scaled, schedule: ...}``) too."""
+    if isinstance(weight, dict) and isinstance(weight.get("schedule"), dict):
+        weight = dict(weight, schedule=_weight_from_json(weight["schedule"]))
     if isinstance(weight, dict) and isinstance(weight.get("points"), dict):
         return dict(weight, points={float(x): y for x, y in weight["points"].items()})
     return weight

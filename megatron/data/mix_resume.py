@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from megatron.data.blend_config import SplitBlend, short_dataset_name
+from megatron.data.blend_config import SCALED_WEIGHT_TYPE, SplitBlend, short_dataset_name
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.dataset import Continuation, CurriculumDataset, build_mix_dataset
 from megatron.data.curriculum.index import CurriculumIndex
@@ -197,6 +197,8 @@ def _weight_text(weight) -> str:
         return f"{weight:g}"
     if weight is None:
         return "by its repetitions"
+    if weight.get("type") == SCALED_WEIGHT_TYPE:  # a group member: its share of the group's weight
+        return f"{float(weight['scale']):g} x {_weight_text(weight['schedule'])}"
     rest = {k: v for k, v in weight.items() if k not in ("type", "unit", "points")}
     text = str(weight.get("type"))
     if isinstance(weight.get("points"), dict):

@@ -8,12 +8,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from megatron.data.blend_config import SCALED_WEIGHT_TYPE
 from megatron.schedules import builtin
 from megatron.schedules.registry import ScheduleContext, build_schedule
 from megatron.schedules.staged import Staged
 from megatron.schedules.units import BatchSchedule
 
-__all__ = ["WeightContext", "weight_schedule"]
+__all__ = ["ScaledSchedule", "WeightContext", "weight_schedule"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -30,9 +31,29 @@ class WeightContext:
         return self.batch_schedule.iterations_for_samples(self.num_samples)
 
 
+class ScaledSchedule:
+    """A weight schedule times a constant: the weight of one prefix of a group entry (its share
+    of the group's tokens times the group's schedule; ``megatron.data.blend_config.scaled_weight``)."""
+
+    def __init__(self, schedule, scale: float):
+        self.schedule = schedule
+        self.scale = float(scale)
+        self.unit = getattr(schedule, "unit", "iterations")
+
+    def __call__(self, progress):
+        """The inner schedule's weights at ``progress`` (in :attr:`unit`) times :attr:`scale`."""
+        return self.schedule(progress) * self.scale
+
+    def __repr__(self) -> str:
+        return f"ScaledSchedule({self.schedule!r}, scale={self.scale!r})"
+
+
 def weight_schedule(config: Any, context: WeightContext):
     """Schedule object for a weight ``config`` (a number or a schedule dict of
-    :mod:`megatron.schedules.registry`): has ``.unit`` and maps a progress ndarray to weights."""
+    :mod:`megatron.schedules.registry`, or a group member's ``{type: scaled, scale, schedule}``):
+    has ``.unit`` and maps a progress ndarray to weights."""
+    if isinstance(config, dict) and config.get("type") == SCALED_WEIGHT_TYPE:
+        return ScaledSchedule(weight_schedule(config["schedule"], context), config["scale"])
     samples = float(context.num_samples)
     schedule_context = ScheduleContext(
         batch_schedule=context.batch_schedule,
@@ -46,6 +67,8 @@ def _linear_breakpoints(schedule) -> Optional[np.ndarray]:
     or None when it is not known to be piecewise linear. Only exact built-in classes qualify (a
     subclass may change ``values``)."""
     kind = type(schedule)
+    if kind is ScaledSchedule:  # a constant factor bends nothing
+        return _linear_breakpoints(schedule.schedule)
     if kind is builtin.Constant:
         return np.asarray([schedule.warmup] if schedule.warmup > 0 else [], dtype=np.float64)
     if kind in (builtin.PiecewiseLinear, builtin.Step):

@@ -585,8 +585,8 @@ def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> 
             seen[entry.key] = wm
             entries.append(entry)
     if all(e.weight_is_static and e.weight is not None and e.weight == 0 for e in entries):
-        raise _err(where, f"all weights are zero (static weight 0 for all {len(entries)} "
-                          "datasets): a stage with nothing to draw; give a dataset a weight > 0")
+        raise _err(where, f"all weights are zero: a stage with nothing to draw (static weight 0 "
+                          f"for all {len(entries)} datasets); give a dataset a weight > 0")
     return tuple(entries)
 
 

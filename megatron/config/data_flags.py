@@ -1,9 +1,13 @@
-"""The "data" flag group (``--data-path``, ``--*-data-path``, ``--data-blend-config``, the
-weighted-split paths, ``--override-data-mix``, ``--phase-transition-iterations``,
-``--dataset-loss-weights``, ...) and its checks: one kind of data source, blend files and
-weighted-split groups parsed up front, loss weights, the phase transitions."""
+"""The "data" flag group (``--data-path``, ``--*-data-path``, Megatron-LM's ``--data-args-path``
+and ``--per-split-data-args-path``, ``--data-blend-config``, the weighted-split paths,
+``--override-data-mix``, ``--phase-transition-iterations``, ``--dataset-loss-weights``, ...) and its
+checks: one kind of data source, data-args files read, ``--data-path`` weights checked, blend files
+and weighted-split groups parsed up front, loss weights, the phase transitions."""
 import argparse
-from typing import List
+import json
+import math
+import os
+from typing import List, Optional
 
 from megatron.data.loss_weights import parse_dataset_loss_weights
 from megatron.errors import ArgumentError, ConfigError
@@ -19,6 +23,15 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--train-data-path", nargs="*", default=None)
     g.add_argument("--valid-data-path", nargs="*", default=None)
     g.add_argument("--test-data-path", nargs="*", default=None)
+    g.add_argument("--data-args-path", default=None, metavar="FILE",
+                   help="Megatron-LM's flag: a file holding the --data-path words ([WEIGHT] PREFIX "
+                        "..., whitespace separated, any number per line) for blends too long for "
+                        "a command line; instead of --data-path.")
+    g.add_argument("--per-split-data-args-path", default=None, metavar="JSON",
+                   help="Megatron-LM's flag: a JSON file {\"train\": [...], \"valid\": [...], "
+                        "\"test\": [...]} holding the --train/--valid/--test-data-path words (a "
+                        "list of words or one string of them; null: no data for that split); "
+                        "instead of those flags.")
     g.add_argument("--data-blend-config", default=None, metavar="FILE",
                    help="YAML/JSON blend file: per split a blend / epochized_blend / sequential "
                         "stages, weights may be schedules; named valid/test groups "
@@ -86,10 +99,14 @@ def _data_sources(args) -> List[str]:
     sources = []
     if args.data_path:
         sources.append("--data-path")
+    if getattr(args, "data_args_path", None):
+        sources.append("--data-args-path")
     split_paths = [f"--{s}-data-path" for s in ("train", "valid", "test")
                    if getattr(args, f"{s}_data_path")]
     if split_paths:
         sources.append("/".join(split_paths))
+    if getattr(args, "per_split_data_args_path", None):
+        sources.append("--per-split-data-args-path")
     if args.data_blend_config:
         sources.append("--data-blend-config")
     if weighted:
@@ -102,12 +119,16 @@ def validate_data(args, require_data: bool) -> None:
     their errors (file, key, value) appear before any work starts."""
     sources = _data_sources(args)
     if require_data and not sources:
-        raise ArgumentError("no training data: give --data-path, --train-data-path (with "
-                            "--valid-data-path/--test-data-path), --data-blend-config or "
+        raise ArgumentError("no training data: give --data-path (or --data-args-path), "
+                            "--train-data-path (with --valid-data-path/--test-data-path; or "
+                            "--per-split-data-args-path), --data-blend-config or "
                             "--train-weighted-split-paths")
     if len(sources) > 1:
         raise ArgumentError(f"{' and '.join(sources)} are mutually exclusive; use one kind of "
                             "data source")
+    read_data_args_files(args)
+    for split in ("", "train_", "valid_", "test_"):
+        check_data_path_weights(args, f"{split}data_path")
     args.data_blend = None
     if args.data_blend_config:
         from megatron.data.blend_config import load_blend_config  # lazy: PyYAML (~9 ms); not --help
@@ -124,3 +145,88 @@ def validate_data(args, require_data: bool) -> None:
         raise ArgumentError(str(e)) from None
     if args.num_workers < 0:
         raise ArgumentError(f"--num-workers {args.num_workers} must be non-negative")
+
+
+def _data_words(value, flag: str, where: str) -> Optional[List[str]]:
+    """The ``--data-path`` words of one value of a data-args file: a list of words (strings or
+    numbers) or one string of them (Megatron-LM splits it on whitespace); None or empty: none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        words = value.split()
+    elif isinstance(value, list) and all(isinstance(w, (str, int, float)) and not isinstance(w, bool)
+                                         for w in value):
+        words = [w if isinstance(w, str) else repr(w) for w in value]
+        words = [part for w in words for part in w.split()]
+    else:
+        raise ArgumentError(f"{flag}: {where} is {value!r}; give a list of [WEIGHT] PREFIX words, "
+                            "one string of them, or null")
+    return words or None
+
+
+def read_data_args_files(args) -> None:
+    """Megatron-LM's ``--data-args-path FILE`` (the ``--data-path`` words, whitespace separated)
+    and ``--per-split-data-args-path JSON`` (``{"train": ..., "valid": ..., "test": ...}``, each
+    the words of ``--{split}-data-path``): read into ``args.data_path`` /
+    ``args.{split}_data_path``, which then mean what those flags mean (Megatron-LM's
+    ``get_blend_and_blend_per_split``)."""
+    path = getattr(args, "data_args_path", None)
+    if path:
+        flag = "--data-args-path"
+        if not os.path.isfile(path):
+            raise ArgumentError(f"{flag}: file {path!r} does not exist")
+        with open(path, "r", encoding="utf-8") as f:
+            words = f.read().split()
+        if not words:
+            raise ArgumentError(f"{flag}: file {path!r} holds no word; give the --data-path words "
+                                "([WEIGHT] PREFIX ...)")
+        args.data_path = words
+    path = getattr(args, "per_split_data_args_path", None)
+    if path:
+        flag = "--per-split-data-args-path"
+        if not os.path.isfile(path):
+            raise ArgumentError(f"{flag}: file {path!r} does not exist")
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                obj = json.load(f)
+        except ValueError as exc:
+            raise ArgumentError(f"{flag}: {path}: not JSON: {exc}") from None
+        splits = ("train", "valid", "test")
+        if not isinstance(obj, dict):
+            raise ArgumentError(f"{flag}: {path} holds {type(obj).__name__}; give a JSON object "
+                                "with keys train, valid, test")
+        unknown = [k for k in obj if k not in splits]
+        missing = [k for k in splits if k not in obj]
+        if unknown or missing:
+            what = (f"unknown key {unknown[0]!r} (value {obj[unknown[0]]!r})" if unknown
+                    else f"missing key {missing[0]!r}")
+            raise ArgumentError(f"{flag}: {path}: {what}; the keys are train, valid, test (as "
+                                "Megatron-LM reads the file; null for a split without data)")
+        for split in splits:
+            setattr(args, f"{split}_data_path", _data_words(obj[split], flag, f"{path}: {split}"))
+        if not args.train_data_path and not args.valid_data_path and not args.test_data_path:
+            raise ArgumentError(f"{flag}: {path} gives no split any data")
+
+
+def check_data_path_weights(args, dest: str) -> None:
+    """The weights of ``args.<dest>`` (``[WEIGHT] PREFIX ...`` words) are finite and >= 0, and not
+    all zero (megatron-core would divide by their sum)."""
+    words = getattr(args, dest, None)
+    if not words or len(words) % 2:
+        return
+    from megatron.data.builder import data_flag_name  # lazy: megatron-core datasets; not --help
+
+    weights = []
+    for w in words[::2]:
+        try:
+            weights.append(float(w))
+        except ValueError:
+            return  # prefixes only (megatron-core: weights inferred from the lengths)
+    flag = data_flag_name(args, dest)
+    for w, prefix, value in zip(words[::2], words[1::2], weights, strict=True):
+        if math.isnan(value) or math.isinf(value) or value < 0:
+            raise ArgumentError(f"{flag}: weight {w!r} of {prefix!r} is not allowed; weights "
+                                "must be finite and >= 0")
+    if not any(weights):
+        raise ArgumentError(f"{flag}: every weight is zero ({len(weights)} datasets): nothing to "
+                            "draw; give a dataset a weight > 0")

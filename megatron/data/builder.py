@@ -8,7 +8,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
 
-from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend, indexed_dataset_problem
+from megatron.data.blend_config import (
+    BlendEntry,
+    BlendStage,
+    SplitBlend,
+    indexed_dataset_problem,
+    prefix_problems_message,
+)
 from megatron.data.curriculum.constituents import resolve_constituents
 from megatron.data.curriculum.dataset import build_blend_config_datasets, build_curriculum_dataset, gpt_epoch_source
 from megatron.data.loss_weights import dataset_loss_weights, parse_dataset_loss_weights
@@ -57,20 +63,71 @@ def gpt_dataset_config(args, tokenizer) -> GPTDatasetConfig:
     )
 
 
-def check_prefixes_exist(flag: str, paths: Optional[List[str]]) -> None:
-    """Raise a ValueError naming ``flag`` and the prefix when a ``.bin`` or ``.idx`` is missing,
-    truncated or corrupt."""
-    if not paths:
-        return
-    prefixes, _ = get_blend_from_list(paths)
+def _prefix_problems(prefixes: Sequence[str]) -> List[str]:
+    """What is wrong with each unreadable prefix of ``prefixes`` (a missing ``.bin``/``.idx``, a
+    truncated or corrupt file), in order."""
+    out = []
     for prefix in prefixes:
         missing = [ext for ext in (".bin", ".idx") if not os.path.isfile(prefix + ext)]
         if missing:
-            raise ConfigError(f"{flag}: dataset prefix {prefix!r} has no {' or '.join(missing)} file "
-                             f"(expected {prefix}.bin and {prefix}.idx from tools/preprocess_data.py)")
+            out.append(f"dataset prefix {prefix!r} has no {' or '.join(missing)} file (expected "
+                       f"{prefix}.bin and {prefix}.idx from tools/preprocess_data.py)")
+            continue
         problem = indexed_dataset_problem(prefix)
         if problem:
-            raise ConfigError(f"{flag}: {problem}")
+            out.append(problem)
+    return out
+
+
+def check_all_prefixes(sources: Sequence[Tuple[str, str, Optional[Sequence[str]]]]) -> None:
+    """Raise one ConfigError for every unreadable prefix of ``sources`` (``(flag, context,
+    prefixes)``; ``context`` prefixes each problem, e.g. a weighted-split group): the flag(s), the
+    first few problems and how many more (megatron/data/blend_config.py ``prefix_problems_message``),
+    so a blend of thousands of shards is checked at once before anything is built."""
+    found = [(flag, context + text) for flag, context, prefixes in sources if prefixes
+             for text in _prefix_problems(prefixes)]
+    if not found:
+        return
+    flags = list(dict.fromkeys(flag for flag, _ in found))
+    if len(flags) == 1:
+        raise ConfigError(prefix_problems_message(flags[0], [text for _, text in found]))
+    raise ConfigError(prefix_problems_message(" and ".join(flags),
+                                              [f"{flag}: {text}" for flag, text in found]))
+
+
+def check_prefixes_exist(flag: str, paths: Optional[List[str]]) -> None:
+    """Raise a ConfigError naming ``flag`` and the prefixes whose ``.bin`` or ``.idx`` is missing,
+    truncated or corrupt (``paths``: ``--data-path`` words, weights or not)."""
+    if paths:
+        check_all_prefixes([(flag, "", get_blend_from_list(paths)[0])])
+
+
+def check_data_path_prefixes(args) -> None:
+    """Every prefix of ``--data-path`` and ``--{train,valid,test}-data-path`` (or of the
+    data-args files they were read from) readable, or one ConfigError for all that are not."""
+    check_all_prefixes([(data_flag_name(args, dest), "", get_blend_from_list(getattr(args, dest))[0])
+                        for dest in ("data_path", "train_data_path", "valid_data_path",
+                                     "test_data_path") if getattr(args, dest)])
+
+
+def check_weighted_split_prefixes(groups) -> None:
+    """Every prefix of the weighted-split ``groups`` (``{split: [WeightedSplitGroup]}``) readable,
+    or one ConfigError for all that are not, each named with its group."""
+    check_all_prefixes([(f"--{split}-weighted-split-paths", f"group {group.name}: ",
+                         [item.prefix for item in group.items])
+                        for split in ("train", "valid", "test") for group in groups[split]])
+
+
+def data_flag_name(args, dest: str) -> str:
+    """The flag that gave ``args.<dest>`` (``data_path``, ``train_data_path``, ...): the flag
+    itself, or the file flag it was read from (``--data-args-path FILE``,
+    ``--per-split-data-args-path FILE``; megatron/config/data_flags.py)."""
+    flag = "--" + dest.replace("_", "-")
+    if dest == "data_path" and getattr(args, "data_args_path", None):
+        return f"--data-args-path {args.data_args_path}"
+    if dest != "data_path" and getattr(args, "per_split_data_args_path", None):
+        return f"--per-split-data-args-path {args.per_split_data_args_path} ({dest.split('_')[0]})"
+    return flag
 
 
 def check_split_has_documents(data_path: List[str], split: str) -> None:
@@ -161,10 +218,7 @@ def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
         names = ", ".join(g.name for g in groups["train"])
         raise WeightedSplitError(f"--train-weighted-split-paths: give one training group (got "
                                  f"{len(groups['train'])}: {names}); put all its items in it")
-    for split in ("train", "valid", "test"):
-        for group in groups[split]:
-            for item in group.items:
-                check_prefixes_exist(f"--{split}-weighted-split-paths group {group.name}", [item.prefix])
+    check_weighted_split_prefixes(groups)
     n_train, n_valid, n_test = train_valid_test_num_samples(args)
     config = gpt_dataset_config(args, tokenizer)
     schedule = batch_schedule_from_args(args)
@@ -251,8 +305,7 @@ def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
     """``--data-path``/``--split`` or ``--{train,valid,test}-data-path``: Megatron-LM's static
     blends (each split's documents, megatron-core's blending rule and one-epoch GPTDatasets; see
     :func:`data_path_blends`), the training blend with the data ledger."""
-    for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
-        check_prefixes_exist("--" + flag.replace("_", "-"), getattr(args, flag))
+    check_data_path_prefixes(args)
     if args.data_path:
         check_split_has_documents(args.data_path, args.split)
     blends = data_path_blends(args)

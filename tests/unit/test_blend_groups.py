@@ -242,3 +242,12 @@ def test_group_weights_survive_the_ledger(shards):
     assert [e.weight for e in back.stages[0].entries] == [e.weight for e in blend.stages[0].entries]
     assert all(math.isclose(e.weight["scale"], _tokens(n) / (_tokens("a") + _tokens("b")))
                for e, n in zip(blend.stages[0].entries, "ab", strict=True))
+
+
+def test_group_member_weight_text_in_mix_edits(shards):
+    from megatron.data.mix_resume import _weight_text
+
+    blend = _parse({"train": {"blend": [{"paths": [shards["a"], shards["b"]], "weight": {
+        "type": "step", "unit": "samples", "points": {0: 1, 10: 2}}}]}}).train
+    share = _tokens("a") / (_tokens("a") + _tokens("b"))
+    assert _weight_text(blend.stages[0].entries[0].weight) == f"{share:g} x step {{0: 1, 10: 2}} (samples)"

@@ -17,16 +17,21 @@ File shape (see docs/curriculum.md)::
 
 Every entry may carry ``split: "START:END"``: the documents of ``path`` in that fraction range, by
 position. Relative paths are resolved against the working directory first, then against the
-directory of the blend file.
+directory of the blend file. An entry may name a group instead of one ``path``: ``paths: [...]`` or
+``glob: "dir/*_text_document"``; it is expanded into one entry per prefix, weighted by the group's
+weight times the prefix's share of the group's tokens in ``split`` (:func:`range_tokens`,
+:func:`scaled_weight`).
 
 energon's metadataset spelling (``__module__: megatron.energon``, ``__class__: MetadatasetV2``,
 ``splits: {train: {blend|blend_epochized|sequential_schedule: ...}}``, weights ``{__class__:
 WeightSchedule, linear|step: {x: w}}``) is read into the same typed config
 (:func:`parse_energon_metadataset`); energon keys without a meaning here are refused by name.
 
-Errors are ``BlendConfigError`` (a ``ValueError``) naming the file, the key and the offending value.
-Checks that need the run length (all weights zero at some point, schedule values negative) happen
-when the curriculum index is built (``megatron.data.curriculum.index``).
+Errors are ``BlendConfigError`` (a ``ValueError``) naming the file, the key and the offending value;
+unknown keys are refused at every level, and every missing or corrupt prefix of the file is
+reported in one error (:func:`prefix_problems_message`). Checks that need the run length (all
+weights zero at some point, a schedule's values between its points) happen when the curriculum
+index is built (``megatron.data.curriculum.index``).
 """
 import glob as globlib
 import json

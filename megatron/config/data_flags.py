@@ -44,6 +44,15 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
                        help=f"File with the --{split}-weighted-split-paths text (quoted groups on one "
                             "line, as BigScience's xP3 files, or one group per line).")
     g.add_argument("--data-cache-path", default=None, help="Directory for dataset index caches.")
+    g.add_argument("--data-index-order", default="auto", choices=("auto", "greedy", "blocked"),
+                   help="The order of a blend's samples (docs/curriculum.md): 'greedy' draws "
+                        "each sample from the dataset furthest behind its target (megatron-core's "
+                        "BlendedDataset order for static weights; O(samples x datasets)); "
+                        "'blocked' plans blocks of samples by largest remainders and interleaves "
+                        "them by earliest deadline (O(samples x log datasets), for thousands of "
+                        "datasets and billions of samples); 'auto' (default) takes greedy while "
+                        "samples x datasets <= 2**32, else blocked. A resumed run keeps the order "
+                        "its checkpoint's mix was drawn in.")
     g.add_argument("--override-data-mix", action="store_true",
                    help="With --load: continue under this run's training data mix when it differs "
                         "from the checkpoint's (weights, datasets, stages); every dataset continues "

@@ -175,7 +175,7 @@ def gpt_mix_sources(args, kind: str, gpt_config, low_level: Optional[dict] = Non
                                                                            random_seed=seed)
         return gpt_epoch_source(constituent, num_samples, config, "train", low_level)
 
-    return MixSources(kind, resolve, make_source, args.data_cache_path)
+    return MixSources(kind, resolve, make_source, args.data_cache_path, args.data_index_order)
 
 
 def training_mix(args, sources, blend, resume=None, eval_groups: Sequence[EvalGroup] = ()):
@@ -223,7 +223,7 @@ def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
     config = gpt_dataset_config(args, tokenizer)
     schedule = batch_schedule_from_args(args)
     built = {split: build_weighted_split_datasets(groups[split], n, config, schedule, split,
-                                                  args.data_cache_path)
+                                                  args.data_cache_path, args.data_index_order)
              for split, n in (("valid", n_valid), ("test", n_test)) if groups[split] and n > 0}
     eval_groups = _eval_groups(built.get("valid", []), built.get("test", []))
     if not groups["train"] or n_train <= 0:
@@ -240,7 +240,7 @@ def _blend_config_data(args, tokenizer, resume=None) -> TrainData:
     low_level: dict = {}
     _, valid, test = build_blend_config_datasets(
         replace(args.data_blend, train=None), train_valid_test_num_samples(args), config,
-        batch_schedule_from_args(args), args.data_cache_path)
+        batch_schedule_from_args(args), args.data_cache_path, order=args.data_index_order)
     eval_groups = _eval_groups(valid, test)
     if args.data_blend.train is None or train_valid_test_num_samples(args)[0] <= 0:
         return TrainData(train=None, eval_groups=eval_groups)
@@ -315,7 +315,8 @@ def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
     low_level: dict = {}
     eval_groups = [EvalGroup(split, build_curriculum_dataset(blends[split], n, config, schedule,
                                                              split, args.data_cache_path,
-                                                             low_level), split)
+                                                             low_level,
+                                                             order=args.data_index_order), split)
                    for split, n in (("valid", n_valid), ("test", n_test))
                    if blends[split] is not None and n > 0]
     if blends["train"] is None or n_train <= 0:

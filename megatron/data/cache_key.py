@@ -29,11 +29,19 @@ def array_digest(array: np.ndarray) -> Dict[str, Any]:
             "sha256": hashlib.sha256(a.view(np.uint8).reshape(-1)).hexdigest()}
 
 
+_PLAIN = (bool, int, float, str)
+
+
 def canonical(obj: Any) -> Any:
     """``obj`` as plain JSON values for a cache key: dataclasses field by field (all but the
     ``NOT_KEYED`` ones), ``fingerprint()`` where an object has one, numpy arrays by their
     :func:`array_digest`, numpy scalars and dtypes as numbers and strings, tuples as lists,
     mapping keys as strings."""
+    kind = type(obj)
+    if obj is None or kind in _PLAIN:  # most of a key's values: answered first
+        return obj
+    if kind in (list, tuple):
+        return [canonical(v) for v in obj]
     if hasattr(obj, "fingerprint") and callable(obj.fingerprint):
         return canonical(obj.fingerprint())
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -113,18 +113,28 @@ class MixPhase:
     seed: int
     base: List[LedgerEntry] = field(default_factory=list)
     begin_iteration: int = 0
+    order: Optional[str] = None  # the index's order; None: a record from before orders (greedy)
+
+    @property
+    def index_order(self) -> str:
+        """The order this phase's index is drawn in (``greedy`` for a record that has none: the
+        only order there was)."""
+        return self.order or "greedy"
 
     def to_json(self) -> Dict[str, Any]:
-        return {"begin": self.begin, "begin_iteration": self.begin_iteration, "blend": self.blend,
-                "num_samples": self.num_samples, "batch_schedule": self.batch_schedule,
-                "seed": self.seed, "base": [e.to_json() for e in self.base]}
+        out = {"begin": self.begin, "begin_iteration": self.begin_iteration, "blend": self.blend,
+               "num_samples": self.num_samples, "batch_schedule": self.batch_schedule,
+               "seed": self.seed, "base": [e.to_json() for e in self.base]}
+        if self.order is not None:
+            out["order"] = self.order
+        return out
 
     @classmethod
     def from_json(cls, obj: Dict[str, Any]) -> "MixPhase":
         return cls(begin=int(obj["begin"]), blend=obj["blend"], num_samples=int(obj["num_samples"]),
                    batch_schedule=dict(obj["batch_schedule"]), seed=int(obj["seed"]),
                    base=[LedgerEntry.from_json(e) for e in obj.get("base", [])],
-                   begin_iteration=int(obj.get("begin_iteration", 0)))
+                   begin_iteration=int(obj.get("begin_iteration", 0)), order=obj.get("order"))
 
     def base_counts(self) -> Dict[LedgerKey, int]:
         """``{dataset key: samples drawn before begin}``."""

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from megatron.data.blend_config import SCALED_WEIGHT_TYPE, SplitBlend, short_dataset_name
+from megatron.data.curriculum.blocked import resolve_index_order
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.dataset import Continuation, CurriculumDataset, build_mix_dataset
 from megatron.data.curriculum.index import CurriculumIndex
@@ -74,6 +75,7 @@ class MixSources:
     resolve: Callable[[SplitBlend], List[Constituent]]
     make_source: Callable[[Constituent, int, int], Any]
     cache_dir: Optional[str] = None
+    order: str = "auto"  # --data-index-order: the order a new phase's index is built in
 
 
 def _normalised(obj):
@@ -181,7 +183,7 @@ def build_phase(phase: MixPhase, constituents: Sequence[Constituent], sources: M
         (lambda c, n: None)
     return build_mix_dataset(blend, constituents, phase.num_samples,
                              _batch_schedule(phase.batch_schedule), phase.seed, make,
-                             sources.cache_dir, continuation)
+                             sources.cache_dir, continuation, phase.index_order)
 
 
 # ------------------------------------------------------------------------------------ changes
@@ -245,12 +247,17 @@ def _stage_changes(k: int, old: Optional[dict], new: Optional[dict], prefix: str
 
 
 def mix_changes(record: MixRecord, kind: str, blend_json: Dict[str, Any], seed: int,
-                constituents: Sequence[Constituent]) -> List[str]:
+                constituents: Sequence[Constituent], order: str = "auto") -> List[str]:
     """What differs between the checkpoint's current mix and this run's, one phrase per change
     (empty when it is the same mix): the data flag, datasets added or removed, weights,
-    repetitions, stages, files of a dataset (its fingerprint) and ``--seed``."""
+    repetitions, stages, files of a dataset (its fingerprint), ``--seed`` and an
+    ``--data-index-order`` other than the one the checkpoint's mix was drawn in (``auto`` keeps
+    the checkpoint's)."""
     current = record.phases[-1]
     out = []
+    if order != "auto" and order != current.index_order:
+        out.append(f"--data-index-order {current.index_order} -> {order} (the checkpoint's mix was "
+                   f"drawn in the {current.index_order} order)")
     if record.kind != kind:
         out.append(f"training data from {KIND_FLAGS[record.kind]} -> {KIND_FLAGS[kind]}")
     if current.seed != seed:
@@ -340,7 +347,9 @@ def _phase_at_resume(record: MixRecord, history: MixHistory, sources: MixSources
     """A new phase of ``blend`` from the checkpoint's resume point, every dataset at its ledger
     position, and its dataset."""
     phase = MixPhase(record.consumed_samples, blend_json, int(num_samples), bs_json, int(seed),
-                     [replace(e) for e in record.ledger], record.iteration)
+                     [replace(e) for e in record.ledger], record.iteration,
+                     resolve_index_order(sources.order, int(num_samples) - record.consumed_samples,
+                                         len(constituents)))
     return phase, build_phase(phase, constituents, sources, history.drawn_before, blend=blend)
 
 
@@ -359,7 +368,8 @@ def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: i
     blend_json = _normalised(blend_to_json(blend))
     bs_json = _batch_schedule_json(batch_schedule)
     constituents = sources.resolve(blend)
-    fresh = MixPhase(0, blend_json, int(num_samples), bs_json, int(seed))
+    fresh = MixPhase(0, blend_json, int(num_samples), bs_json, int(seed),
+                     order=resolve_index_order(sources.order, int(num_samples), len(constituents)))
     if resume is None or resume.record is None:
         notes = []
         if resume is not None:
@@ -371,7 +381,7 @@ def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: i
     record = resume.record
     consumed = record.consumed_samples
     current = record.phases[-1]
-    changes = mix_changes(record, sources.kind, blend_json, seed, constituents)
+    changes = mix_changes(record, sources.kind, blend_json, seed, constituents, sources.order)
     history = MixHistory(record.phases, sources, None if changes else constituents,
                          None if changes else blend)
     new_phase = (lambda: _phase_at_resume(record, history, sources, blend, constituents,

@@ -90,7 +90,7 @@ def mtf_mix_sources(args, tokenizer, kind: str = "t0"):
                           norm_target_loss=args.norm_target_loss, pair=pairs.get(c.path))
 
     return MixSources(kind, lambda blend: resolve_mtf_constituents(blend, args.seq_length, pairs),
-                      make_source, args.data_cache_path)
+                      make_source, args.data_cache_path, args.data_index_order)
 
 
 def build_group_dataset(args, tokenizer, name: str, items: Sequence[SplitItem], num_samples: int,
@@ -101,7 +101,7 @@ def build_group_dataset(args, tokenizer, name: str, items: Sequence[SplitItem], 
     dataset = build_mix_dataset(blend, sources.resolve(blend), num_samples,
                                 batch_schedule_from_args(args), args.seed,
                                 lambda c, n: sources.make_source(c, n, args.seed),
-                                args.data_cache_path)
+                                args.data_cache_path, order=args.data_index_order)
     return PackedSamplesOnly(dataset)
 
 

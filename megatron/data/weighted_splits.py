@@ -189,13 +189,14 @@ def weighted_split_groups_from_args(args, check_files: bool = True) -> Dict[str,
 
 def build_weighted_split_datasets(groups: Sequence[WeightedSplitGroup], num_samples: int, gpt_config,
                                   batch_schedule, split: str = "valid",
-                                  cache_dir: Optional[str] = None):
+                                  cache_dir: Optional[str] = None, order: str = "auto"):
     """One :class:`~megatron.data.curriculum.dataset.CurriculumDataset` (static weights: megatron-core's
-    blending) per group, each sized for ``num_samples``; returns ``[(name, dataset), ...]``."""
+    blending) per group, each sized for ``num_samples``, built in ``order``
+    (``--data-index-order``); returns ``[(name, dataset), ...]``."""
     from megatron.data.curriculum.dataset import build_curriculum_dataset  # lazy: torch (~1 s); validation needs none
 
     low_level: dict = {}
     return [(g.name, build_curriculum_dataset(g.to_split_blend(f"--{split}-weighted-split-paths"),
                                               num_samples, gpt_config, batch_schedule, split,
-                                              cache_dir, low_level))
+                                              cache_dir, low_level, order=order))
             for g in groups]

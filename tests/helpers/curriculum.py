@@ -39,11 +39,12 @@ def fake_constituents(split_blend, spe=10 ** 6, seq=16):
     return cons
 
 
-def fake_index(blend_obj, N, gbs=4, rampup=None, spe=10 ** 6, seq=16):
+def fake_index(blend_obj, N, gbs=4, rampup=None, spe=10 ** 6, seq=16, order="auto"):
     """Index of ``N`` samples for the train blend ``blend_obj`` (a dict as in a blend file), each
-    dataset holding ``spe`` samples per epoch (an int, or {path: int})."""
+    dataset holding ``spe`` samples per epoch (an int, or {path: int}), built in ``order``."""
     cfg = parse_blend_config({"train": blend_obj}, "t.yaml", check_files=False).train
-    return CurriculumIndex(cfg, fake_constituents(cfg, spe, seq), N, BatchSchedule(gbs, rampup, seq))
+    return CurriculumIndex(cfg, fake_constituents(cfg, spe, seq), N, BatchSchedule(gbs, rampup, seq),
+                           order=order)
 
 
 def megatron_blend_indices(weights: Sequence[float], num_samples: int) -> Tuple[np.ndarray, np.ndarray]:

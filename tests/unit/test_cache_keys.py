@@ -78,6 +78,7 @@ INPUT_CHANGES = {
     "sample_dtype": ("sample_dtype", np.int64),
     "linear_fast_path": ("linear_fast_path", False),
     "kernel": None,  # below: the kernel's source digest
+    "order": lambda: _index(order="blocked"),
 }
 
 
@@ -96,6 +97,10 @@ def test_changing_any_one_declared_input_changes_the_key(monkeypatch):
         assert other.cache_key() != base, name
     monkeypatch.setattr(curriculum_index, "_kernel_source_digest", lambda: "another kernel")
     assert _index().cache_key() != base
+    monkeypatch.undo()
+    blocked = _index(order="blocked").cache_key()
+    monkeypatch.setattr(curriculum_index, "blocked_kernel_digest", lambda: "another kernel")
+    assert _index(order="blocked").cache_key() != blocked
     monkeypatch.undo()
     # plans: the same continuation, another history before it
     blend = _epochized_continuation()

@@ -132,9 +132,11 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
 def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], num_samples: int,
                       batch_schedule: BatchSchedule, seed: int, make_source: Callable,
                       cache_dir: Optional[str] = None,
-                      continuation: Optional[Continuation] = None) -> CurriculumDataset:
+                      continuation: Optional[Continuation] = None,
+                      order: str = "auto") -> CurriculumDataset:
     """The :class:`CurriculumDataset` of ``blend`` over ``constituents`` for a run of
-    ``num_samples`` global samples (from ``continuation.begin`` on when given);
+    ``num_samples`` global samples (from ``continuation.begin`` on when given), its index built
+    in ``order`` (``--data-index-order``: megatron/data/curriculum/blocked.py);
     ``make_source(constituent, n)`` serves a dataset's samples ``0..n - 1``. Rank 0 builds (and
     caches) first, the other ranks then load (megatron-core's pattern)."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -153,7 +155,7 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
                                                      dtype=np.int64))
         index = CurriculumIndex(blend, constituents, num_samples, batch_schedule, seed=seed,
                                 cache_dir=cache_dir, write_cache=rank == 0, begin=begin, base=base,
-                                drawn_before=drawn_before)
+                                drawn_before=drawn_before, order=order)
         sources = [make_source(c, int(total)) if count > 0 else None
                    for c, count, total in zip(constituents, index.counts, index.totals, strict=True)]
     finally:
@@ -166,14 +168,16 @@ def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
                              batch_schedule: BatchSchedule, split: str = "train",
                              cache_dir: Optional[str] = None,
                              low_level: Optional[Dict[str, Any]] = None,
-                             continuation: Optional[Continuation] = None) -> CurriculumDataset:
+                             continuation: Optional[Continuation] = None,
+                             order: str = "auto") -> CurriculumDataset:
     """The :class:`CurriculumDataset` of ``blend`` for ``num_samples`` samples (from
     ``continuation.begin`` on, each dataset at its ledger position, when given).
 
     Each constituent is a megatron-core ``GPTDataset`` over the documents of its split range,
     built for one epoch, repeated with a fresh order per epoch
     (megatron/data/epoch_order.py). ``gpt_config`` is a ``GPTDatasetConfig`` (seed, seq_length,
-    tokenizer, masks); ``cache_dir`` defaults to ``gpt_config.path_to_cache``.
+    tokenizer, masks); ``cache_dir`` defaults to ``gpt_config.path_to_cache``; ``order``: the
+    index's order (``--data-index-order``).
     """
     if int(gpt_config.sequence_length) != int(batch_schedule.seq_length):
         raise ValueError(f"seq_length differs: GPTDatasetConfig {gpt_config.sequence_length} vs "
@@ -184,25 +188,27 @@ def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
                                         gpt_config.add_extra_token_to_sequence, low_level)
     return build_mix_dataset(
         blend, constituents, num_samples, batch_schedule, gpt_config.random_seed,
-        lambda c, n: gpt_epoch_source(c, n, gpt_config, split, low_level), cache_dir, continuation)
+        lambda c, n: gpt_epoch_source(c, n, gpt_config, split, low_level), cache_dir, continuation,
+        order)
 
 
 def build_blend_config_datasets(config, num_samples: Tuple[int, int, int], gpt_config,
                                 batch_schedule: BatchSchedule, cache_dir: Optional[str] = None,
-                                continuation: Optional[Continuation] = None):
+                                continuation: Optional[Continuation] = None, order: str = "auto"):
     """All datasets of a :class:`~megatron.data.blend_config.BlendConfig`:
     ``(train or None, [(name, valid dataset)], [(name, test dataset)])``; ``num_samples`` is
     (train, per valid group, per test group), e.g. from ``train_valid_test_num_samples(args)``;
-    ``continuation``: where the training mix starts (a resumed run's ledger)."""
+    ``continuation``: where the training mix starts (a resumed run's ledger); ``order``: the
+    indices' order (``--data-index-order``)."""
     low_level: Dict[str, Any] = {}
     train = None
     if config.train is not None and num_samples[0] > 0:
         train = build_curriculum_dataset(config.train, num_samples[0], gpt_config, batch_schedule,
-                                         "train", cache_dir, low_level, continuation)
+                                         "train", cache_dir, low_level, continuation, order)
     valid = [(g.name, build_curriculum_dataset(g, num_samples[1], gpt_config, batch_schedule,
-                                               "valid", cache_dir, low_level))
+                                               "valid", cache_dir, low_level, order=order))
              for g in config.valid] if num_samples[1] > 0 else []
     test = [(g.name, build_curriculum_dataset(g, num_samples[2], gpt_config, batch_schedule,
-                                              "test", cache_dir, low_level))
+                                              "test", cache_dir, low_level, order=order))
             for g in config.test] if num_samples[2] > 0 else []
     return train, valid, test

@@ -52,6 +52,7 @@ on disk (cache.py) under a key hashed from every input the build reads
 """
 import inspect
 import logging
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -60,7 +61,14 @@ import numpy as np
 
 from megatron.data.blend_config import BlendConfigError, BlendEntry, BlendStage, SplitBlend
 from megatron.data.cache_key import cache_key
-from megatron.data.curriculum.cache import cache_directory, save_index, try_load_index
+from megatron.data.curriculum.blocked import blocked_kernel_digest, build_blocked_stage, resolve_index_order
+from megatron.data.curriculum.cache import (
+    cache_directory,
+    new_index_files,
+    publish_index,
+    release_written,
+    try_load_index,
+)
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.kernel import _kernel_source_digest, _KernelState
 from megatron.data.curriculum.weights import WeightContext, _linear_breakpoints, _Progress, weight_schedule
@@ -117,7 +125,8 @@ class CurriculumIndex:
     def __init__(self, blend: SplitBlend, constituents: Sequence[Constituent], num_samples: int,
                  batch_schedule: BatchSchedule, seed: int = 1234, cache_dir: Optional[str] = None,
                  write_cache: bool = True, begin: int = 0, base: Optional[Sequence[int]] = None,
-                 drawn_before: Optional[Callable[[int], np.ndarray]] = None, build: bool = True):
+                 drawn_before: Optional[Callable[[int], np.ndarray]] = None, build: bool = True,
+                 order: str = "auto"):
         if num_samples <= 0:
             raise ValueError(f"num_samples must be positive, got {num_samples}")
         if not 0 <= int(begin) <= int(num_samples):
@@ -141,12 +150,14 @@ class CurriculumIndex:
         self.plans = self._plan()
         if D > 32767:
             raise BlendConfigError(f"{blend.where}: {D} datasets; at most 32767 are supported")
+        self.order = resolve_index_order(order, self.num_samples - self.begin, D)
         self.id_dtype = np.uint8 if D <= 255 else np.int16
         self.sample_dtype = (np.int32 if self.num_samples + int(self.base.max(initial=0)) < 2 ** 31 - 1
                              else np.int64)
         self.cache_path = None
         self.cache_hit = False
         self._built_counts: Optional[np.ndarray] = None
+        self._out: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the arrays being built
         if not build:
             return
         self.dataset_index, self.dataset_sample_index = self._load_or_build(cache_dir)
@@ -298,12 +309,20 @@ class CurriculumIndex:
         return raw
 
     # -- building ------------------------------------------------------------------------------
-    def _build(self) -> Tuple[np.ndarray, np.ndarray]:
-        """The index arrays over global samples ``[begin, N)`` (``out[i - begin]``)."""
-        out_id = np.empty(self.length, dtype=self.id_dtype)
-        out_sample = np.empty(self.length, dtype=self.sample_dtype)
+    def _build(self, out_id: Optional[np.ndarray] = None,
+               out_sample: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """The index arrays over global samples ``[begin, N)`` (``out[i - begin]``), filled into
+        ``out_id``/``out_sample`` when given (the cache's memory maps), else into new arrays."""
+        if out_id is None:
+            out_id = np.empty(self.length, dtype=self.id_dtype)
+            out_sample = np.empty(self.length, dtype=self.sample_dtype)
+        self._out = (out_id, out_sample)
         global_counts = self.base.copy()
         for plan in self.plans:
+            if self.order == "blocked":
+                global_counts[list(plan.ids)] += self._build_blocked(plan, global_counts, out_id,
+                                                                     out_sample)
+                continue
             Ds = len(plan.ids)
             base = global_counts[list(plan.ids)]
             all_default = all(e.weight is None for e in plan.stage.entries)
@@ -330,6 +349,52 @@ class CurriculumIndex:
         self._built_counts = global_counts
         return out_id, out_sample
 
+    def _blocked_cuts(self, plan: _StagePlan) -> np.ndarray:
+        """Stage-local samples where a block of the blocked order must start: the first samples at
+        and after every breakpoint (a step, a ramp's end) of the stage's piecewise-linear weight
+        schedules, in any unit."""
+        cuts = [np.zeros(0, dtype=np.int64)]
+        for e, i in zip(plan.stage.entries, plan.ids, strict=True):
+            if not isinstance(e.weight, dict):
+                continue
+            sched = self._schedule(i, plan.number, e)
+            points = _linear_breakpoints(sched)
+            if points is None:
+                continue  # smooth (cosine, ...): the block size bounds its error
+            points = points[np.isfinite(points)]
+            unit = getattr(sched, "unit", "iterations")
+            if unit == "iterations":
+                at = self.batch_schedule.samples_at_iterations(
+                    np.clip(np.ceil(points), 0, self.progress.num_iterations).astype(np.int64))
+            else:
+                at = np.ceil(self.batch_schedule.convert(points, unit, "samples"))
+            q = np.clip(np.asarray(at, dtype=np.float64), -4, self.num_samples + 4).astype(np.int64)
+            cuts.append((q[:, None] + np.arange(-1, 2, dtype=np.int64)).reshape(-1) - plan.begin)
+        cuts = np.unique(np.concatenate(cuts))
+        return cuts[(cuts > 0) & (cuts < plan.end - plan.begin)]
+
+    def _build_blocked(self, plan: _StagePlan, global_counts: np.ndarray, out_id: np.ndarray,
+                       out_sample: np.ndarray) -> np.ndarray:
+        """Fill ``plan``'s samples in the blocked order (megatron/data/curriculum/blocked.py);
+        returns the samples drawn per dataset of the stage."""
+        lo, hi = plan.begin - self.begin, plan.end - self.begin
+        ids = np.asarray(plan.ids, dtype=np.int64)
+        counts = global_counts[ids].astype(np.int64)
+
+        def zero_error(j: int, detail: str):
+            self._all_zero_error(plan, plan.begin + j, detail)
+
+        return build_blocked_stage(
+            plan.end - plan.begin, lambda pos: self._raw_weights(plan, plan.begin + pos),
+            self._blocked_cuts(plan), np.asarray(plan.caps, dtype=np.int64), counts, ids,
+            out_id[lo:hi], out_sample[lo:hi], zero_error,
+            written=lambda a, b: self._written(lo + a, lo + b))
+
+    def _written(self, lo: int, hi: int) -> None:
+        """Samples ``[lo, hi)`` (index positions) are final: a build into the cache's memory
+        maps writes them out and drops them from resident memory (cache.py)."""
+        release_written(self._out, lo, hi)
+
     def _build_segments(self, plan: _StagePlan, state: "_KernelState", granularity: Optional[str],
                         out_id: np.ndarray, out_sample: np.ndarray) -> None:
         """Piecewise-constant weights: one segment per iteration / per sample / in all."""
@@ -337,18 +402,20 @@ class CurriculumIndex:
         # thread evaluates the weight schedules of chunk k + 1
         capped = _CappedWeightsCheck(plan.caps) if any(c >= 0 for c in plan.caps) else None
         with ThreadPoolExecutor(max_workers=1) as pool:
-            pending, chunk = None, None
+            pending, chunk, written = None, None, (0, 0)
             for lo, hi, starts, norm in self._chunks(plan, granularity):
                 if pending is not None:
                     self._check_rc(plan, pending.result())
                     self._check_capped(plan, capped, *chunk, out_id)
+                    self._written(*written)
                 o_lo, o_hi = plan.begin - self.begin + lo, plan.begin - self.begin + hi
                 pending = pool.submit(state.run, lo, hi, starts, norm, out_id[o_lo:o_hi],
                                       out_sample[o_lo:o_hi])
-                chunk = (lo, hi, starts, norm)
+                chunk, written = (lo, hi, starts, norm), (o_lo, o_hi)
             if pending is not None:
                 self._check_rc(plan, pending.result())
                 self._check_capped(plan, capped, *chunk, out_id)
+                self._written(*written)
 
     def _check_capped(self, plan: _StagePlan, check: Optional["_CappedWeightsCheck"], lo: int,
                       hi: int, starts: np.ndarray, norm: np.ndarray, out_id: np.ndarray) -> None:
@@ -444,15 +511,18 @@ class CurriculumIndex:
 
         # the kernel (which releases the GIL) fills chunk k while this thread prepares chunk k + 1
         with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = None
+            pending, written = None, (0, 0)
             for lo, hi, starts, first, slope in chunks():
                 if pending is not None:
                     self._check_rc(plan, pending.result())
+                    self._written(*written)
                 o_lo, o_hi = plan.begin - self.begin + lo, plan.begin - self.begin + hi
                 pending = pool.submit(state.run_pl, lo, hi, starts, first, slope,
                                       out_id[o_lo:o_hi], out_sample[o_lo:o_hi])
+                written = (o_lo, o_hi)
             if pending is not None:
                 self._check_rc(plan, pending.result())
+                self._written(*written)
 
     def _chunks(self, plan: _StagePlan, granularity: Optional[str]):
         """Per chunk of the stage: (lo, hi) stage-local, segment starts (stage-local) and their
@@ -503,7 +573,7 @@ class CurriculumIndex:
     # and ledger, the stage plans (a continuation's shortened epochized stages: what
     # ``drawn_before`` contributes), the dtypes, the weight fast path's switch and the kernel.
     KEY_INPUTS = ("blend", "constituents", "num_samples", "batch_schedule", "seed", "begin", "base",
-                  "plans", "id_dtype", "sample_dtype", "linear_fast_path", "kernel")
+                  "plans", "id_dtype", "sample_dtype", "linear_fast_path", "kernel", "order")
     # constructor arguments that are not keyed, and why (tests check the two lists cover them all)
     NOT_KEYED_ARGUMENTS = {
         "cache_dir": "where the index is cached, not what it holds",
@@ -514,8 +584,8 @@ class CurriculumIndex:
 
     @property
     def kernel(self) -> str:
-        """The digest of the kernel's source (its build rule)."""
-        return _kernel_source_digest()
+        """The digest of the kernel's source (its build rule) of the index's order."""
+        return _kernel_source_digest() if self.order == "greedy" else blocked_kernel_digest()
 
     def cache_key(self) -> str:
         """The index's cache key: the SHA-256 (32 hex digits) of :attr:`KEY_INPUTS`; the JSON it
@@ -540,16 +610,28 @@ class CurriculumIndex:
         if loaded is not None:
             self.cache_hit = True
             return loaded
-        ids, samples = self._build()
-        if self.write_cache:
-            try:
-                save_index(path, ids, samples, self.description, self.num_samples, self.names)
-            except OSError as exc:  # read-only cache dir: keep the in-memory index
-                logger.warning("curriculum index: cannot write the cache %s (%s)", path, exc)
-                return ids, samples
-            return try_load_index(path, self.num_samples, self.length, self.id_dtype,
-                                  self.sample_dtype) or (ids, samples)
-        return ids, samples
+        if not self.write_cache:
+            return self._build()
+        try:
+            tmp, ids, samples = new_index_files(path, self.length, self.id_dtype, self.sample_dtype)
+        except OSError as exc:  # read-only cache dir: build in memory
+            logger.warning("curriculum index: cannot write the cache %s (%s)", path, exc)
+            return self._build()
+        try:
+            self._build(ids, samples)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            publish_index(tmp, path, (ids, samples), self.description, self.num_samples,
+                          self.names)
+        except OSError as exc:  # the disk filled up, or the like: keep what was built
+            logger.warning("curriculum index: cannot write the cache %s (%s)", path, exc)
+            return np.array(ids), np.array(samples)
+        finally:
+            self._out = None
+        return try_load_index(path, self.num_samples, self.length, self.id_dtype,
+                              self.sample_dtype) or (ids, samples)
 
     # -- previews ------------------------------------------------------------------------------
     def target_weights(self, sample_indices) -> np.ndarray:

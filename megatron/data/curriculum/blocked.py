@@ -1,0 +1,288 @@
+"""The blocked order of the curriculum index: O(N log D) where the greedy order is O(N x D), for
+blends of thousands of datasets and runs of a billion samples.
+
+A stage is cut into blocks of B consecutive samples (B a power of two from 256 to 65,536, and a
+block also starts at every breakpoint of a piecewise-linear weight schedule: a step, a ramp's
+ends). Each block takes the stage's normalised weights at its middle sample and draws from each
+dataset a whole number of samples, its *quota*: the target it has accumulated up to the block's
+end, less what it has drawn, rounded by largest remainders (Hamilton's method) so that the quotas
+sum to the block's length. The fraction a dataset is left short or ahead is carried into the next
+block. Within a block the quotas are interleaved by Tijdeman's earliest-deadline rule
+(``blocked_index.cpp``): no dataset is a full sample from its quota's straight line.
+
+Guarantees (tests/unit/test_blocked_index.py checks them at every prefix):
+
+* at block ends every dataset is within one sample of its target (the carry);
+* at any sample it is within two samples of the target integral of the block weights;
+* the block weight is the weight at the block's middle sample, so against the exact per-sample
+  target of the greedy order a smooth schedule adds at most ``B**2 / 8 x`` the weight's slope per
+  sample; B is chosen per stage so that this stays below a quarter sample (steps and ramp ends are
+  block boundaries, so they add nothing);
+* an ``epochized_blend`` stage draws every dataset exactly its repetitions: quotas never pass a
+  dataset's cap, and what a capped dataset cannot give goes to the others by their weights.
+
+The greedy order remains available (``--data-index-order greedy``) and is what a static blend
+of megatron-core gives (``BlendedDataset``'s own order); ``auto`` takes the greedy order where it is
+cheap (samples x datasets <= 2**32) and the blocked order above that.
+"""
+import hashlib
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from heapq import heappop, heappush
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+
+from megatron.runtime import jit_ops
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["INDEX_ORDERS", "AUTO_GREEDY_WORK", "resolve_index_order", "blocked_kernel_digest",
+           "apportion", "build_blocked_stage", "fill_blocks"]
+
+INDEX_ORDERS = ("auto", "greedy", "blocked")
+# auto: the greedy order while samples x datasets stays below this (about 10 s of build)
+AUTO_GREEDY_WORK = 1 << 32
+MAX_BLOCK = 1 << 16
+BLOCK_ERROR = 0.25  # samples: how far a block's straight-line target may stray from the weights
+# blocks whose quotas are planned together and filled by one kernel call (samples)
+BATCH_SAMPLES = 1 << 22
+DEADLINE_UNITS = 1 << 12  # deadlines are compared in 1/4096 samples (blocked_index.cpp)
+
+KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blocked_index.cpp")
+KERNEL_NAME = "megatron_blocked_index"
+_KERNEL: Dict[str, Any] = {}  # {"fn": the built module, or None for the Python twin}
+
+
+def resolve_index_order(order: str, num_samples: int, num_datasets: int) -> str:
+    """The order an index of ``num_samples`` samples over ``num_datasets`` datasets is built in:
+    ``order`` itself, or for ``auto`` the greedy order when samples x datasets is at most
+    :data:`AUTO_GREEDY_WORK`, the blocked order above."""
+    if order not in INDEX_ORDERS:
+        raise ValueError(f"--data-index-order: {order!r} is not one of {', '.join(INDEX_ORDERS)}")
+    if order != "auto":
+        return order
+    return "greedy" if int(num_samples) * max(int(num_datasets), 1) <= AUTO_GREEDY_WORK else "blocked"
+
+
+def blocked_kernel_digest() -> str:
+    """The SHA-1 of the in-block kernel's source (the blocked order's rule: part of cache keys)."""
+    with open(KERNEL_SOURCE_PATH, "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()
+
+
+def _load_kernel():
+    if "fn" not in _KERNEL:
+        try:
+            _KERNEL["fn"] = jit_ops.load_op(
+                KERNEL_NAME, [KERNEL_SOURCE_PATH], extra_cflags=["-O3"],
+                what="the blocked index kernel (megatron/data/curriculum/blocked_index.cpp)",
+                duration="about 30 s")
+        except Exception as exc:  # no compiler or ninja, or a failed build
+            logger.warning("blocked index: cannot build %s (%s); using the slow Python twin",
+                           KERNEL_SOURCE_PATH, exc)
+            _KERNEL["fn"] = None
+    return _KERNEL["fn"]
+
+
+def _python_block(L: int, members, n, gid, counts, out_id, out_sample) -> None:
+    """One block of the kernel's loop in Python (the same integer releases and deadlines, so the
+    same order): ``members`` the datasets with quotas ``n``, ``L`` = sum(n) samples."""
+    m = len(members)
+    if m == 1:
+        d = members[0]
+        out_id[:L] = gid[d]
+        out_sample[:L] = np.arange(counts[d], counts[d] + L)
+        counts[d] += L
+        return
+    K = 2 * m - 2
+    k = [0] * m
+    calendar: Dict[int, list] = {}
+    ready: list = []
+
+    def schedule(t, j):
+        den = n[t] * K
+        r = -(-(L * (k[t] * K + 1)) // den) - 1
+        if r <= j:
+            heappush(ready, (L * ((k[t] + 1) * K - 1) * DEADLINE_UNITS // den) << 16 | t)
+        else:
+            calendar.setdefault(r, []).append(t)
+
+    for t in range(m):
+        schedule(t, -1)
+    for j in range(L):
+        for t in calendar.pop(j, ()):
+            heappush(ready, (L * ((k[t] + 1) * K - 1) * DEADLINE_UNITS // (n[t] * K)) << 16 | t)
+        t = heappop(ready) & 0xFFFF
+        d = members[t]
+        out_id[j] = gid[d]
+        out_sample[j] = counts[d]
+        counts[d] += 1
+        k[t] += 1
+        if k[t] < n[t]:
+            schedule(t, j)
+
+
+def _python_fill(lens, quotas, gid, counts, out_id, out_sample) -> None:
+    """The kernel's loop in Python, block by block."""
+    o = 0
+    for b, L in enumerate(int(x) for x in lens):
+        members = [d for d in range(quotas.shape[1]) if quotas[b, d] > 0]
+        _python_block(L, members, [int(quotas[b, d]) for d in members], gid, counts,
+                      out_id[o:o + L], out_sample[o:o + L])
+        o += L
+
+
+def fill_blocks(lens: np.ndarray, quotas: np.ndarray, gid: np.ndarray, counts: np.ndarray,
+                out_id: np.ndarray, out_sample: np.ndarray, use_kernel: bool = True) -> None:
+    """Order the samples of consecutive blocks (lengths ``lens``, samples) from their quotas
+    (``quotas[b, d]``: dataset ``d``'s samples in block ``b``): ``out_id`` gets ``gid[d]``,
+    ``out_sample`` dataset ``d``'s next sample number ``counts[d]`` (advanced in place)."""
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    quotas = np.ascontiguousarray(quotas, dtype=np.int64)
+    gid = np.ascontiguousarray(gid, dtype=np.int64)
+    kernel = _load_kernel() if use_kernel else None
+    if kernel is None:
+        _python_fill(lens, quotas, gid, counts, out_id, out_sample)
+        return
+    assert counts.dtype == np.int64 and counts.flags.c_contiguous
+    assert out_id.flags.c_contiguous and out_sample.flags.c_contiguous
+    kernel.fill(len(lens), quotas.shape[1], lens, quotas, gid, counts, out_id, out_sample)
+
+
+def apportion(need: np.ndarray, total: int) -> np.ndarray:
+    """Whole samples per dataset summing to ``total`` from real-valued ``need`` (summing to about
+    ``total``): each gets ``floor(need)`` (none below 0), and the samples left go one each to the
+    largest remainders (ties: the lowest dataset); an excess (negative needs) is taken back one
+    each from the smallest remainders of datasets that got some."""
+    n = np.maximum(np.floor(need), 0.0).astype(np.int64)
+    left = int(total) - int(n.sum())
+    if left > 0:
+        n[np.argsort(n - need, kind="stable")[:left]] += 1
+    elif left < 0:
+        rem = np.where(n > 0, need - n, np.inf)
+        n[np.argsort(rem, kind="stable")[:-left]] -= 1
+    return n
+
+
+def _split_blocks(starts: np.ndarray, ends: np.ndarray, raw_weights: Callable,
+                  zero_error: Callable[[int, str], None]):
+    """Blocks ``[starts, ends)`` halved until each is one sample or its weights are close to
+    straight: ``L x max_d(|w_last - w_first| / 8 + |w_mid - (w_first + w_last) / 2|)`` at most
+    :data:`BLOCK_ERROR` samples (the most a dataset's target strays from the block's straight
+    line). Returns the blocks, sorted, and their weights [D, blocks] (Simpson's rule on the
+    normalised weights at the first, middle and last sample)."""
+    done_s, done_e, done_w = [], [], []
+    s, e = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    while len(s):
+        mid = (s + e - 1) // 2
+        raw = raw_weights(np.concatenate([s, mid, e - 1]))
+        sums = raw.sum(axis=0)
+        norm = np.divide(raw, sums, out=np.zeros_like(raw), where=sums > 0)
+        n = len(s)
+        w0, wm, w1 = norm[:, :n], norm[:, n:2 * n], norm[:, 2 * n:]
+        zero = ~(sums.reshape(3, n) > 0).all(axis=0)
+        length = e - s
+        err = length * (np.abs(w1 - w0) / 8 + np.abs(wm - (w0 + w1) / 2)).max(axis=0, initial=0.0)
+        split = (zero | (err > BLOCK_ERROR)) & (length > 1)
+        bad = zero & ~split
+        if bad.any():
+            zero_error(int(s[bad].min()), "")
+        keep = ~split
+        done_s.append(s[keep])
+        done_e.append(e[keep])
+        done_w.append((w0[:, keep] + 4 * wm[:, keep] + w1[:, keep]) / 6)
+        half = s[split] + length[split] // 2
+        s, e = np.concatenate([s[split], half]), np.concatenate([half, e[split]])
+    s, e, w = np.concatenate(done_s), np.concatenate(done_e), np.concatenate(done_w, axis=1)
+    order = np.argsort(s, kind="stable")
+    return s[order], e[order], w[:, order]
+
+
+def _block_starts(length: int, size: int, cuts: np.ndarray) -> np.ndarray:
+    grid = np.arange(0, length, size, dtype=np.int64)
+    cuts = np.asarray(cuts, dtype=np.int64)
+    return np.unique(np.concatenate([grid, cuts[(cuts > 0) & (cuts < length)]]))
+
+
+def build_blocked_stage(length: int, raw_weights: Callable[[np.ndarray], np.ndarray],
+                        cuts: np.ndarray, caps: np.ndarray, counts: np.ndarray, gid: np.ndarray,
+                        out_id: np.ndarray, out_sample: np.ndarray,
+                        zero_error: Callable[[int, str], None], use_kernel: bool = True,
+                        written: Optional[Callable[[int, int], None]] = None) -> np.ndarray:
+    """Fill one stage's ``length`` samples (``out_id``/``out_sample``, stage-local) in the blocked
+    order (module docstring). ``raw_weights(positions)`` gives the stage's raw weights [D, n] at
+    stage-local samples; ``cuts``: stage-local samples where a block must start; ``caps``: each
+    dataset's samples to give (-1: no cap); ``counts``: each dataset's next sample number
+    (advanced in place); ``gid``: the id written for each dataset; ``zero_error(j, detail)`` raises
+    for sample ``j`` where nothing can be drawn; ``written(lo, hi)`` is told each filled range.
+    Returns the samples drawn per dataset."""
+    D = len(gid)
+    caps = np.asarray(caps, dtype=np.int64)
+    capped = caps >= 0
+    drawn = np.zeros(D, dtype=np.int64)
+    coarse = _block_starts(length, MAX_BLOCK, cuts)
+    coarse_end = np.append(coarse[1:], length)
+    carry = np.zeros(D, dtype=np.float64)
+    start_counts = counts.copy()
+    batches = []
+    lo_block = 0
+    while lo_block < len(coarse):
+        hi_block = int(np.searchsorted(coarse, coarse[lo_block] + BATCH_SAMPLES, side="left"))
+        hi_block = max(hi_block, lo_block + 1)
+        s, e, weights = _split_blocks(coarse[lo_block:hi_block], coarse_end[lo_block:hi_block],
+                                      raw_weights, zero_error)
+        quotas = np.zeros((len(s), D), dtype=np.int64)
+        for b in range(len(s)):
+            L = int(e[b] - s[b])
+            active = ~capped | (drawn < caps)
+            w = np.where(active, weights[:, b], 0.0)
+            total = w.sum()
+            if not total > 0:
+                zero_error(int(s[b]), " (the datasets still to draw all have weight zero)")
+            w = w / total
+            need = carry + w * L
+            n = apportion(need, L)
+            if capped.any():
+                n = _respect_caps(n, w, caps - drawn, capped, L, int(s[b]), zero_error)
+            carry = need - n
+            carry[capped & (drawn + n >= caps)] = 0.0
+            quotas[b] = n
+            drawn += n
+        batches.append((s, e, quotas, start_counts.copy()))
+        start_counts += quotas.sum(axis=0)
+        lo_block = hi_block
+
+    def run(batch):
+        s, e, quotas, c = batch
+        lo, hi = int(s[0]), int(e[-1])
+        fill_blocks(e - s, quotas, gid, c, out_id[lo:hi], out_sample[lo:hi], use_kernel)
+        return lo, hi
+
+    # batches are independent (each starts from its own counts): both cores fill
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for lo, hi in pool.map(run, batches):
+            if written is not None:
+                written(lo, hi)
+    counts[:] = start_counts
+    return drawn
+
+
+def _respect_caps(n: np.ndarray, w: np.ndarray, remaining: np.ndarray,
+                  capped: np.ndarray, L: int, at: int, zero_error) -> np.ndarray:
+    """Quotas ``n`` of one block clipped to what each capped dataset has left; the samples that
+    frees go to the datasets that still have room, by their weights (raises through
+    ``zero_error`` when those all have weight zero)."""
+    room = np.where(capped, remaining, np.iinfo(np.int64).max)
+    n = np.minimum(n, room)
+    short = L - int(n.sum())
+    while short > 0:
+        open_ = n < room
+        share = np.where(open_, w, 0.0)
+        if not share.sum() > 0:
+            zero_error(at, " (the datasets still to draw all have weight zero)")
+        extra = apportion(share / share.sum() * short, short)
+        n = np.minimum(n + extra, room)
+        short = L - int(n.sum())
+    return n

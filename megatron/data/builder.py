@@ -158,22 +158,20 @@ def _eval_groups(valid, test) -> List[EvalGroup]:
             + [EvalGroup(name, ds, "test") for name, ds in test])
 
 
-def gpt_mix_sources(args, kind: str, gpt_config, low_level: Optional[dict] = None):
+def gpt_mix_sources(args, kind: str, gpt_config):
     """How GPT training datasets are built for the data ledger (megatron/data/mix_resume.py):
     their constituents from the ``.idx`` files, and each one's samples from a one-epoch
     megatron-core ``GPTDataset`` reshuffled per epoch, with a phase's seed."""
     from dataclasses import replace
 
-    low_level = {} if low_level is None else low_level
-
     def resolve(blend):
         return resolve_constituents(blend, gpt_config.sequence_length,
-                                    gpt_config.add_extra_token_to_sequence, low_level)
+                                    gpt_config.add_extra_token_to_sequence)
 
     def make_source(constituent, num_samples, seed):
         config = gpt_config if seed == gpt_config.random_seed else replace(gpt_config,
                                                                            random_seed=seed)
-        return gpt_epoch_source(constituent, num_samples, config, "train", low_level)
+        return gpt_epoch_source(constituent, num_samples, config, "train")
 
     return MixSources(kind, resolve, make_source, args.data_cache_path, args.data_index_order)
 
@@ -237,14 +235,13 @@ def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
 def _blend_config_data(args, tokenizer, resume=None) -> TrainData:
     """``--data-blend-config``: a curriculum training set and the file's named eval groups."""
     config = gpt_dataset_config(args, tokenizer)
-    low_level: dict = {}
     _, valid, test = build_blend_config_datasets(
         replace(args.data_blend, train=None), train_valid_test_num_samples(args), config,
         batch_schedule_from_args(args), args.data_cache_path, order=args.data_index_order)
     eval_groups = _eval_groups(valid, test)
     if args.data_blend.train is None or train_valid_test_num_samples(args)[0] <= 0:
         return TrainData(train=None, eval_groups=eval_groups)
-    mix = training_mix(args, gpt_mix_sources(args, "blend_config", config, low_level),
+    mix = training_mix(args, gpt_mix_sources(args, "blend_config", config),
                        args.data_blend.train, resume, eval_groups)
     _print_epochs(mix.dataset)
     return training_data(args, mix, args.data_blend.train, eval_groups)
@@ -312,16 +309,14 @@ def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
     config = gpt_dataset_config(args, tokenizer)
     schedule = batch_schedule_from_args(args)
     n_train, n_valid, n_test = train_valid_test_num_samples(args)
-    low_level: dict = {}
     eval_groups = [EvalGroup(split, build_curriculum_dataset(blends[split], n, config, schedule,
                                                              split, args.data_cache_path,
-                                                             low_level,
                                                              order=args.data_index_order), split)
                    for split, n in (("valid", n_valid), ("test", n_test))
                    if blends[split] is not None and n > 0]
     if blends["train"] is None or n_train <= 0:
         return TrainData(train=None, eval_groups=eval_groups)
-    mix = training_mix(args, gpt_mix_sources(args, "data_path", config, low_level),
+    mix = training_mix(args, gpt_mix_sources(args, "data_path", config),
                        blends["train"], resume, eval_groups)
     return training_data(args, mix, blends["train"], eval_groups)
 

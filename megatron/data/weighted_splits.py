@@ -195,8 +195,7 @@ def build_weighted_split_datasets(groups: Sequence[WeightedSplitGroup], num_samp
     (``--data-index-order``); returns ``[(name, dataset), ...]``."""
     from megatron.data.curriculum.dataset import build_curriculum_dataset  # lazy: torch (~1 s); validation needs none
 
-    low_level: dict = {}
     return [(g.name, build_curriculum_dataset(g.to_split_blend(f"--{split}-weighted-split-paths"),
                                               num_samples, gpt_config, batch_schedule, split,
-                                              cache_dir, low_level, order=order))
+                                              cache_dir, order=order))
             for g in groups]

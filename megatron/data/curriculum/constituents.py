@@ -8,7 +8,7 @@ there an epoch is the fewest passes whose tokens hold a sample (:func:`passes_pe
 samples run from one pass into the next, as megatron-core's ``GPTDataset`` builds samples over its
 document index repeated for as many epochs as the samples need."""
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -69,13 +69,13 @@ def short_dataset_note(constituent: "Constituent", split: str, seq_length: int,
             "next, as megatron-core's GPTDataset builds them")
 
 
-def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bool = True,
-                         low_level: Optional[Dict[str, Any]] = None) -> List[Constituent]:
+def resolve_constituents(blend: SplitBlend, seq_length: int,
+                         add_extra_token: bool = True) -> List[Constituent]:
     """The distinct (path, split range) datasets of ``blend`` in order of first appearance, with
-    their document range (megatron-core's rounding) and samples per epoch."""
+    their document range (megatron-core's rounding) and samples per epoch. Each prefix's ``.idx``
+    is opened in turn and closed again: a blend of thousands holds no file open."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    low_level = {} if low_level is None else low_level
     out: Dict[Tuple[str, float, float], Constituent] = {}
     names = set()
     for stage in blend.stages:
@@ -83,9 +83,8 @@ def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bo
             if entry.key in out:
                 continue
             check_dataset_prefix(entry.path, entry.where + ".path")
-            if entry.path not in low_level:
-                low_level[entry.path] = IndexedDataset(entry.path, multimodal=False, mmap=True)
-            lengths = low_level[entry.path].sequence_lengths
+            indexed = IndexedDataset(entry.path, multimodal=False, mmap=True)  # held: lengths is
+            lengths = indexed.sequence_lengths                                # a view of its map
             n = int(lengths.shape[0])
             beg = int(round(entry.split[0] * float(n)))
             end = int(round(entry.split[1] * float(n)))
@@ -95,6 +94,7 @@ def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bo
                                        "selects no document: a stage with nothing to draw; give "
                                        "it a wider range (--split) or more documents")
             tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
+            del lengths, indexed  # the view first, then its map closes
             if tokens <= 0:
                 raise BlendConfigError(f"{entry.where}: {entry.path!r} (documents {beg}:{end}) has "
                                        "no token: a stage with nothing to draw; give it a wider "

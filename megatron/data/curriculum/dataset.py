@@ -3,7 +3,9 @@ following a :class:`~megatron.data.curriculum.index.CurriculumIndex`), :class:`C
 (where a mix continues a resumed run), the constituents' epoch-shuffled GPT sources
 (:func:`gpt_epoch_source`) and the builders from a blend (:func:`build_mix_dataset`,
 :func:`build_curriculum_dataset`, :func:`build_blend_config_datasets`)."""
+import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -14,6 +16,7 @@ from megatron.data.cache_key import array_digest
 from megatron.data.curriculum.constituents import Constituent, resolve_constituents, short_dataset_note
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import EpochShuffledSamples
+from megatron.data.source_pool import LazySource, SourcePool, check_file_limit, pool_capacity
 from megatron.schedules.units import BatchSchedule
 from megatron.utils.rank_utils import print_rank_0
 
@@ -106,27 +109,40 @@ def gpt_source_label(constituent: Constituent, lengths: np.ndarray) -> str:
     return f"{label} (lengths {array_digest(lengths)['sha256'][:16]})"
 
 
-def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
-                     low_level: Dict[str, Any]):
+def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str):
     """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
     :class:`~megatron.data.epoch_order.EpochShuffledSamples` over a megatron-core ``GPTDataset``
     of its documents built for exactly one epoch (``constituent.passes`` passes over them for a
-    dataset shorter than one sample: megatron-core sizes them from the samples asked; a start-up
-    note on rank 0 says so)."""
+    dataset shorter than one sample: megatron-core sizes them from the samples asked; its
+    ``start_up_note`` says so, printed once by :func:`build_mix_dataset`)."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     c = constituent
-    if c.path not in low_level:
-        low_level[c.path] = IndexedDataset(c.path, multimodal=False, mmap=True)
+    low_level = IndexedDataset(c.path, multimodal=False, mmap=True)
     indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
-    label = gpt_source_label(c, low_level[c.path].sequence_lengths[c.doc_begin:c.doc_end])
-    one_epoch = GPTDataset(low_level[c.path], label, indices, int(c.samples_per_epoch),
+    label = gpt_source_label(c, low_level.sequence_lengths[c.doc_begin:c.doc_end])
+    one_epoch = GPTDataset(low_level, label, indices, int(c.samples_per_epoch),
                            _split_enum(split), gpt_config)
+    source = EpochShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
     if c.passes > 1:
-        print_rank_0(short_dataset_note(c, split, gpt_config.sequence_length,
-                                        gpt_config.add_extra_token_to_sequence))
-    return EpochShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
+        source.start_up_note = short_dataset_note(c, split, gpt_config.sequence_length,
+                                                  gpt_config.add_extra_token_to_sequence)
+    return source
+
+
+def _prepare(sources: Sequence[Optional[LazySource]]) -> None:
+    """Open (building what megatron-core caches for it) and close each dataset of ``sources`` in
+    turn, printing its start-up note once; progress every 10 s when there are many."""
+    todo = [s for s in sources if s is not None]
+    last = time.monotonic()
+    for k, source in enumerate(todo):
+        note = getattr(source.open(), "start_up_note", None)
+        if note:
+            print_rank_0(note)
+        if len(todo) > 64 and time.monotonic() - last > 10:
+            last = time.monotonic()
+            print_rank_0(f"data: {k + 1} of {len(todo)} datasets' indices ready")
 
 
 def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], num_samples: int,
@@ -137,8 +153,11 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
     """The :class:`CurriculumDataset` of ``blend`` over ``constituents`` for a run of
     ``num_samples`` global samples (from ``continuation.begin`` on when given), its index built
     in ``order`` (``--data-index-order``: megatron/data/curriculum/blocked.py);
-    ``make_source(constituent, n)`` serves a dataset's samples ``0..n - 1``. Rank 0 builds (and
-    caches) first, the other ranks then load (megatron-core's pattern)."""
+    ``make_source(constituent, n)`` opens a dataset's samples ``0..n - 1``. Rank 0 builds (and
+    caches) the index and every dataset's own indices first (opening each and closing it again),
+    the other ranks then load; every rank opens its datasets on first use, a bounded number at a
+    time (megatron/data/source_pool.py), so a blend of thousands of prefixes runs under the
+    default ``ulimit -n``."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     rank = torch.distributed.get_rank() if distributed else 0
     if distributed and rank != 0:
@@ -156,8 +175,16 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
         index = CurriculumIndex(blend, constituents, num_samples, batch_schedule, seed=seed,
                                 cache_dir=cache_dir, write_cache=rank == 0, begin=begin, base=base,
                                 drawn_before=drawn_before, order=order)
-        sources = [make_source(c, int(total)) if count > 0 else None
-                   for c, count, total in zip(constituents, index.counts, index.totals, strict=True)]
+        drawn = int(np.count_nonzero(index.counts))
+        check_file_limit(drawn, blend.where)
+        pool = SourcePool(pool_capacity(drawn))
+        sources = [LazySource(d, int(total), partial(make_source, c, int(total)), pool)
+                   if count > 0 else None
+                   for d, (c, count, total) in enumerate(zip(constituents, index.counts,
+                                                             index.totals, strict=True))]
+        if rank == 0:  # each dataset's own indices built (and cached) now, one open at a time
+            _prepare(sources)
+            pool.close_all()
     finally:
         if distributed and rank == 0:
             torch.distributed.barrier()
@@ -167,7 +194,6 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
 def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
                              batch_schedule: BatchSchedule, split: str = "train",
                              cache_dir: Optional[str] = None,
-                             low_level: Optional[Dict[str, Any]] = None,
                              continuation: Optional[Continuation] = None,
                              order: str = "auto") -> CurriculumDataset:
     """The :class:`CurriculumDataset` of ``blend`` for ``num_samples`` samples (from
@@ -183,12 +209,11 @@ def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
         raise ValueError(f"seq_length differs: GPTDatasetConfig {gpt_config.sequence_length} vs "
                          f"BatchSchedule {batch_schedule.seq_length}")
     cache_dir = cache_dir or gpt_config.path_to_cache
-    low_level = {} if low_level is None else low_level
     constituents = resolve_constituents(blend, gpt_config.sequence_length,
-                                        gpt_config.add_extra_token_to_sequence, low_level)
+                                        gpt_config.add_extra_token_to_sequence)
     return build_mix_dataset(
         blend, constituents, num_samples, batch_schedule, gpt_config.random_seed,
-        lambda c, n: gpt_epoch_source(c, n, gpt_config, split, low_level), cache_dir, continuation,
+        lambda c, n: gpt_epoch_source(c, n, gpt_config, split), cache_dir, continuation,
         order)
 
 
@@ -200,15 +225,14 @@ def build_blend_config_datasets(config, num_samples: Tuple[int, int, int], gpt_c
     (train, per valid group, per test group), e.g. from ``train_valid_test_num_samples(args)``;
     ``continuation``: where the training mix starts (a resumed run's ledger); ``order``: the
     indices' order (``--data-index-order``)."""
-    low_level: Dict[str, Any] = {}
     train = None
     if config.train is not None and num_samples[0] > 0:
         train = build_curriculum_dataset(config.train, num_samples[0], gpt_config, batch_schedule,
-                                         "train", cache_dir, low_level, continuation, order)
+                                         "train", cache_dir, continuation, order)
     valid = [(g.name, build_curriculum_dataset(g, num_samples[1], gpt_config, batch_schedule,
-                                               "valid", cache_dir, low_level, order=order))
+                                               "valid", cache_dir, order=order))
              for g in config.valid] if num_samples[1] > 0 else []
     test = [(g.name, build_curriculum_dataset(g, num_samples[2], gpt_config, batch_schedule,
-                                              "test", cache_dir, low_level, order=order))
+                                              "test", cache_dir, order=order))
             for g in config.test] if num_samples[2] > 0 else []
     return train, valid, test

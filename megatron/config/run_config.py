@@ -8,6 +8,7 @@ fails at start-up, by name.
 - ``checkpoint``: :class:`CheckpointConfig` (megatron/train/resume.py: ``--save``/``--load``);
 - ``metrics``: megatron/metrics/writers.py ``MetricsConfig`` (jsonl, TensorBoard, W&B);
 - ``tokenizer``: megatron/tokenizer/types.py ``TokenizerConfig`` (the type resolved, its files);
+- ``schedule``: megatron/optim/learning_rates.py ``ScheduleConfig`` (the LR/WD schedule);
 - ``optimizer``: megatron-core's ``OptimizerConfig`` (megatron/optim/optimizer.py);
 - ``transformer``: megatron-core's ``TransformerConfig`` (validation builds it: the model);
 - ``notes``: the start-up notes validation returned (printed once the run starts).
@@ -21,7 +22,9 @@ from typing import Optional, Sequence, Tuple
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
+from megatron.config.lr_flags import schedule_config_from_args
 from megatron.metrics.writers import MetricsConfig
+from megatron.optim.learning_rates import ScheduleConfig
 from megatron.schedules.units import BatchConfig
 from megatron.tokenizer.types import TokenizerConfig, tokenizer_config_from_args
 from megatron.utils.typed_config import config_from_args
@@ -79,6 +82,7 @@ class RunConfig:
     checkpoint: CheckpointConfig
     metrics: MetricsConfig
     tokenizer: TokenizerConfig
+    schedule: ScheduleConfig
     optimizer: OptimizerConfig
     transformer: TransformerConfig
     notes: Tuple[str, ...]
@@ -104,6 +108,7 @@ def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
                      checkpoint=config_from_args(CheckpointConfig, args),
                      metrics=config_from_args(MetricsConfig, args),
                      tokenizer=tokenizer_config_from_args(args),
+                     schedule=schedule_config_from_args(args),
                      optimizer=optimizer_config_from_args(args),
                      transformer=args.transformer_config,
                      notes=tuple(notes))

@@ -45,7 +45,7 @@ def setup_model_and_optimizer(args, model_provider: Callable, initial_batch: int
             engine, parallel_state.get_tensor_model_parallel_group())
         print_rank_0(f"sequence-parallel gradients summed over tensor-parallel ranks {when}")
     print_rank_0(precision_line(engine))  # megatron/optim/precision.py; checks DeepSpeed's wrapper
-    scheduler = build_opt_param_scheduler(args, ds_optimizer)
+    scheduler = build_opt_param_scheduler(args.run_config.schedule, ds_optimizer)
     return engine, ds_optimizer, scheduler
 
 

@@ -392,10 +392,10 @@ def test_bad_step_schedules(argv, fragment):
 def test_step_schedule_shapes_the_lr_schedule_in_samples():
     """Sample-based LR spans under a step schedule: the decay ends at the samples of the last
     iteration (the schedule's iterations, not a constant batch's)."""
-    from megatron.optim.learning_rates import run_shape_from_args, schedule_context_from_run_shape
+    from megatron.optim.learning_rates import run_shape, schedule_context_from_run_shape
 
     args = parse(["--step-batch-size-schedule", "0:2 640:4", "--global-batch-size", "4"])
-    shape = run_shape_from_args(args)
+    shape = run_shape(args.run_config.schedule)
     assert shape["batch_size_steps"] == [[0, 2], [20, 4]]
     context = schedule_context_from_run_shape(shape)
     assert context.batch_schedule.samples_at_iteration(10) == 2 * 10

@@ -50,7 +50,7 @@ def time_ours(args, opts) -> float:
     import dataclasses
 
     from megatron.checkpoint.engine import TrainingState
-    from megatron.checkpoint.model_args import model_args_from_args
+    from megatron.config.checkpoint_args import model_args_from_args
     from megatron.data.train_data import TrainData
     from megatron.metrics.writers import MetricsWriter
     from megatron.model.gpt_model import build_gpt_model

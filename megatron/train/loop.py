@@ -10,7 +10,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from megatron.checkpoint.engine import TrainingState
-from megatron.checkpoint.model_args import model_args_from_args
+from megatron.config.checkpoint_args import model_args_from_args
 from megatron.config.run_config import LoopConfig, RunConfig
 from megatron.data.train_data import TrainData
 from megatron.metrics.writers import MetricsWriter, metrics_writer

@@ -59,7 +59,8 @@ def time_ours(args, opts) -> float:
     from megatron.train.steps import gpt_forward_step, step_functions
 
     torch.manual_seed(0)
-    engine, optimizer, scheduler = setup_model_and_optimizer(args, build_gpt_model, args.global_batch_size)
+    engine, optimizer, scheduler = setup_model_and_optimizer(args.run_config, build_gpt_model(args),
+                                                             args.global_batch_size)
     dataset = FixedBatchDataset(args.seq_length, 256, args.global_batch_size * (args.train_iters + 1))
     metrics = MetricsWriter([])  # no outputs
     warm = TrainingState()

@@ -155,14 +155,14 @@ def test_the_legacy_section_trains_and_deepspeed_accepts_what_is_left(tmp_path):
     from deepspeed.runtime.config import DeepSpeedConfig
 
     from helpers.flags import parse
-    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from megatron.config.deepspeed_config import deepspeed_config
 
     path = _ds_json(tmp_path, MICROSOFT_SECTION)
     with pytest.raises(Exception, match="Legacy top-level 'curriculum_learning' has been removed"):
         DeepSpeedConfig(json.loads(open(path).read()) | {"train_batch_size": 2})
     args = parse(["--deepspeed_config", path, "--train-iters", "10"])
     assert args.seq_length_plan.lengths.tolist() == deepspeed_lengths(MICROSOFT_SECTION, 10)
-    handed = deepspeed_config_from_args(args, args.global_batch_size)
+    handed = deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert "curriculum_learning" not in handed
     DeepSpeedConfig(handed)  # accepted
     assert any(n.startswith(f"--deepspeed_config {path}: curriculum_learning (fixed_linear, 8 to 32 "
@@ -176,12 +176,12 @@ def test_a_disabled_legacy_section_is_left_out_of_deepspeeds_config(tmp_path):
     """"enabled": false: the run trains at --seq-length, DeepSpeed gets no section (it would
     refuse it), and a start-up note says so."""
     from helpers.flags import parse
-    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from megatron.config.deepspeed_config import deepspeed_config
 
     path = _ds_json(tmp_path, dict(MICROSOFT_SECTION, enabled=False))
     args = parse(["--deepspeed_config", path])
     assert args.seq_length_plan is None
-    assert "curriculum_learning" not in deepspeed_config_from_args(args, args.global_batch_size)
+    assert "curriculum_learning" not in deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert any(n.startswith(f"--deepspeed_config {path}: curriculum_learning is disabled")
                for n in args.run_config.notes)
 
@@ -223,7 +223,7 @@ def test_the_data_efficiency_form_trains_its_sequence_length_metric(tmp_path):
     the data_efficiency section leaves DeepSpeed's config; other metrics are refused naming
     them, as is the flag without a section."""
     from helpers.flags import parse
-    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from megatron.config.deepspeed_config import deepspeed_config
 
     def data_efficiency(metrics):
         return {"enabled": True, "seed": 1234, "data_sampling": {
@@ -244,7 +244,7 @@ def test_the_data_efficiency_form_trains_its_sequence_length_metric(tmp_path):
         if mode == "split":  # the largest divisor of --seq-length 32 not above each length
             want = [max(d for d in (8, 16, 32) if d <= k) for k in want]
         assert args.seq_length_plan.lengths.tolist() == want
-        assert "data_efficiency" not in deepspeed_config_from_args(args, args.global_batch_size)
+        assert "data_efficiency" not in deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     path = _ds_json(tmp_path, name="voc.json", data_efficiency=data_efficiency(
         {"vocabularyrarity": dict(metric, difficulty_type="percentile")}))
     with pytest.raises(ConfigError, match="metric 'vocabularyrarity' needs DeepSpeed's offline "

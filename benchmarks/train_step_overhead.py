@@ -50,7 +50,7 @@ def time_ours(args, opts) -> float:
     import dataclasses
 
     from megatron.checkpoint.engine import TrainingState
-    from megatron.checkpoint.model_args import model_args_from_args
+    from megatron.config.checkpoint_args import model_args_from_args
     from megatron.data.train_data import TrainData
     from megatron.metrics.writers import MetricsWriter
     from megatron.model.gpt_model import build_gpt_model
@@ -59,7 +59,8 @@ def time_ours(args, opts) -> float:
     from megatron.train.steps import gpt_forward_step, step_functions
 
     torch.manual_seed(0)
-    engine, optimizer, scheduler = setup_model_and_optimizer(args, build_gpt_model, args.global_batch_size)
+    engine, optimizer, scheduler = setup_model_and_optimizer(args.run_config, build_gpt_model(args),
+                                                             args.global_batch_size)
     dataset = FixedBatchDataset(args.seq_length, 256, args.global_batch_size * (args.train_iters + 1))
     metrics = MetricsWriter([])  # no outputs
     warm = TrainingState()

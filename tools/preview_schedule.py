@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 from megatron.config.arguments import validate_args  # noqa: E402
 from megatron.config.parser import get_parser  # noqa: E402
 from megatron.errors import ArgumentError, ConfigError  # noqa: E402
-from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args  # noqa: E402
+from megatron.schedules.units import batch_schedule, batch_schedule_from_args, train_iterations  # noqa: E402
 from megatron.tokenizer import tokenizer_setup  # noqa: E402
 from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
@@ -92,12 +92,13 @@ def schedule_arrays(args) -> Dict[str, np.ndarray]:
     """``iteration``, ``consumed_samples``, ``lr``, ``weight_decay`` arrays for the run in ``args``
     (the values :class:`OptimizerParamScheduler` gives, computed vectorised)."""
     from megatron.optim import learning_rates as lrs  # lazy: it imports logging (~10 ms); not --help
-    bs = batch_schedule_from_args(args)
-    train_iters = train_iterations_from_args(args, bs)
+    config = args.run_config.schedule
+    bs = batch_schedule(config.batch)
+    train_iters = train_iterations(config.train_iters, config.train_samples, bs)
     iterations = np.arange(train_iters + 1, dtype=np.int64)
     samples = bs.samples_at_iterations(iterations)
-    scheduler = lrs.OptimizerParamScheduler(_NoOptimizer(), lrs.scheduler_params_from_args(args, bs),
-                                            lrs.schedule_context_from_args(args, bs))
+    scheduler = lrs.OptimizerParamScheduler(_NoOptimizer(), lrs.scheduler_params(config, bs),
+                                            lrs.schedule_context(config, bs))
     lr, wd = scheduler.values_at(iterations, samples)
     return {"iteration": iterations, "consumed_samples": samples, "lr": lr, "weight_decay": wd}
 

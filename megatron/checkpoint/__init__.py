@@ -8,7 +8,8 @@
   the live engine's parameter index; ``reshard.py``: a checkpoint of another layout written into
   this run's engine, ZeRO partitions included);
 - ``writer.py``: the offline writer for any TP x PP;
-- ``model_args.py``: the model flags a checkpoint records and ``--use-checkpoint-args``;
+- ``model_args.py``: the model flags a checkpoint records (the record is made, and
+  ``--use-checkpoint-args`` applied, by megatron/config/checkpoint_args.py);
 - ``hf/``: the Hugging Face transformers families, one adapter per family.
 
 Parameter names (canonical, pipe, Transformer Engine) and the tensor-parallel split by name are

@@ -107,7 +107,7 @@ def save_checkpoint(engine, save_dir: str, state: TrainingState,
                     after_files_written: Optional[Callable[[int], None]] = None,
                     data_mix: Optional[dict] = None) -> str:
     """Write the checkpoint of ``state.iteration`` under ``save_dir``; returns its directory.
-    ``model_args`` (megatron/checkpoint/model_args.py ``model_args_from_args``) is
+    ``model_args`` (megatron/config/checkpoint_args.py ``model_args_from_args``) is
     written beside ``parallel_layout.json`` as ``model_args.json``, ``data_mix`` (the data
     ledger's record, megatron/data/mix_ledger.py) as ``data_mix.json``. ``after_files_written``
     (iteration) runs on each rank once its files are written, before the tracker update.

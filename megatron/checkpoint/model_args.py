@@ -1,4 +1,7 @@
-"""The model flags a checkpoint records (``model_args.json``) and ``--use-checkpoint-args``.
+"""The model flags a checkpoint records (``model_args.json``) and ``--use-checkpoint-args``: which
+flags, and how two records' tokenizers compare. The record is made from the validated flags, and
+``--use-checkpoint-args`` applied to them, by megatron/config/checkpoint_args.py (the flags are
+read in megatron/config/ only).
 
 Every checkpoint directory ``DIR/iter_NNNNNNN/`` holds ``model_args.json`` (read and written by
 megatron/checkpoint/format.py) beside
@@ -24,13 +27,7 @@ provided the tokenizer's vocabulary fits the checkpoint's embedding rows. ``defa
 sequence length is legitimate. Relative tokenizer paths are relative to the ``--load`` directory
 (imported checkpoints keep their tokenizer files there, tools/checkpoint/convert_from_hf.py).
 """
-import argparse
 import os
-from typing import Dict, Iterable, List, Optional, Set
-
-from megatron.checkpoint.format import MODEL_ARGS_FILENAME, checkpoint_tag, read_model_args, read_tracker
-from megatron.checkpoint.format import MODEL_ARGS_FORMAT_VERSION as FORMAT_VERSION
-from megatron.errors import ArgumentError
 
 # Flags (argparse dests) that shape the model; each recorded when this parser defines it.
 MODEL_ARG_NAMES = (
@@ -51,21 +48,6 @@ TOKENIZER_ARG_NAMES = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_
 TOKENIZER_PATH_NAMES = ("vocab_file", "merge_file", "tokenizer_model", "tokenizer_name_or_path")
 # Taken from the checkpoint only when not given (they do not change the weights' shapes).
 DEFAULT_ARG_NAMES = ("seq_length",)
-
-
-def model_args_from_args(args: argparse.Namespace) -> dict:
-    """The ``model_args.json`` record of a validated ``args`` (see the module docstring)."""
-    def pick(names):
-        return {n: getattr(args, n) for n in names if hasattr(args, n)}
-
-    tokenizer = pick(TOKENIZER_ARG_NAMES)
-    for name in TOKENIZER_PATH_NAMES:
-        if tokenizer.get(name) and os.path.exists(tokenizer[name]):
-            tokenizer[name] = os.path.abspath(tokenizer[name])
-    return {"format_version": FORMAT_VERSION, "model": pick(MODEL_ARG_NAMES),
-            "tokenizer": tokenizer, "defaults": pick(DEFAULT_ARG_NAMES),
-            "padded_vocab_size": getattr(args, "padded_vocab_size", None),
-            "vocab_size": getattr(args, "vocab_size", None)}
 
 
 def resolve_tokenizer_paths(tokenizer_flags: dict, load_dir: str) -> dict:
@@ -109,92 +91,3 @@ def describe_tokenizer(flags: dict) -> str:
     """The tokenizer flags ``flags`` as a command line would give them (type first)."""
     given = {k: flags[k] for k in TOKENIZER_ARG_NAMES if flags.get(k) not in (None, False, "")}
     return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items()) or "no flags"
-
-
-def explicit_dests(parser: argparse.ArgumentParser, argv: Iterable[str]) -> Set[str]:
-    """The argparse dests whose flags appear in ``argv`` (``--flag VALUE`` or ``--flag=VALUE``,
-    under any of their aliases); the parser takes no abbreviations, so matching is exact."""
-    by_option = {opt: action.dest for action in parser._actions for opt in action.option_strings}
-    given = set()
-    for token in argv:
-        if token.startswith("--"):
-            dest = by_option.get(token.split("=", 1)[0])
-            if dest is not None:
-                given.add(dest)
-    return given
-
-
-def _flag_name(parser: argparse.ArgumentParser, dest: str) -> str:
-    for action in parser._actions:
-        if action.dest == dest and action.option_strings:
-            return action.option_strings[0]
-    return "--" + dest.replace("_", "-")
-
-
-def _show(parser, dest: str, value) -> str:
-    flag = _flag_name(parser, dest)
-    if isinstance(value, bool):
-        return flag if value else f"no {flag}"
-    return f"{flag} {value}"
-
-
-def apply_checkpoint_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
-                          argv: List[str]) -> Optional[dict]:
-    """``--use-checkpoint-args``: set the model and tokenizer flags of ``args`` from the
-    ``model_args.json`` of the latest checkpoint in ``--load`` (see the module docstring); returns
-    the record, or None without ``--use-checkpoint-args``. Raises ``ArgumentError`` naming the flag,
-    the command line's value and the checkpoint's when they disagree, and when ``--load`` holds no
-    checkpoint or one without recorded model flags. Call before ``validate_args``."""
-    if not args.use_checkpoint_args:
-        return None
-    if not args.load:
-        raise ArgumentError("--use-checkpoint-args needs --load DIR (the checkpoint whose model "
-                            "flags to use)")
-    iteration = read_tracker(args.load)
-    if iteration is None:
-        raise ArgumentError(f"--use-checkpoint-args: --load {args.load} holds no checkpoint "
-                            "(no latest_checkpointed_iteration.txt)")
-    directory = os.path.join(args.load, checkpoint_tag(iteration))
-    record = read_model_args(directory)
-    if record is None:
-        raise ArgumentError(f"--use-checkpoint-args: checkpoint {directory} has no "
-                            f"{MODEL_ARGS_FILENAME} (written before checkpoints recorded their "
-                            "model flags); give the model flags instead")
-    given = explicit_dests(parser, argv)
-    values: Dict[str, object] = dict(record["model"])
-    # checkpoints written before the bias-GeLU rule was recorded computed erf GeLU
-    values.setdefault("bias_gelu_fusion", False)
-    tokenizer = resolve_tokenizer_paths(record.get("tokenizer") or {}, args.load)
-    args.checkpoint_tokenizer_note = None
-    if given.intersection(TOKENIZER_ARG_NAMES):
-        # tokenizer flags on the command line win (Megatron-LM's load_args_from_checkpoint never
-        # takes tokenizer files from the checkpoint); whether the vocabulary fits the
-        # checkpoint's embedding rows is checked when the tokenizer is built
-        mine = {name: getattr(args, name, None) for name in TOKENIZER_ARG_NAMES}
-        if not same_tokenizer(mine, tokenizer):
-            args.checkpoint_tokenizer_note = (
-                "--use-checkpoint-args: tokenizer from the command line instead of the "
-                f"checkpoint's ({describe_tokenizer(tokenizer)})")
-    else:
-        values.update(tokenizer)
-    conflicts = []
-    for dest, value in values.items():
-        if not hasattr(args, dest):
-            if value in (None, False):
-                continue  # a flag this parser lacks, at its neutral value
-            raise ArgumentError(f"--use-checkpoint-args: checkpoint {directory} sets "
-                                f"{_show(parser, dest, value)}, a flag this program does not have")
-        if dest in given and getattr(args, dest) != value:
-            conflicts.append(f"{_show(parser, dest, getattr(args, dest))} (command line) vs "
-                             f"{_show(parser, dest, value)} (checkpoint)")
-        else:
-            setattr(args, dest, value)
-    for dest, value in (record.get("defaults") or {}).items():
-        if hasattr(args, dest) and dest not in given:
-            setattr(args, dest, value)
-    if conflicts:
-        raise ArgumentError(f"--use-checkpoint-args: the command line disagrees with the model "
-                            f"flags of checkpoint {directory}: {'; '.join(conflicts)}; drop those "
-                            "flags (the checkpoint's values are used) or drop --use-checkpoint-args")
-    args.checkpoint_model_args = record
-    return record

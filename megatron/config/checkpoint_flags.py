@@ -1,6 +1,6 @@
 """The "checkpointing" flag group (``--save``, ``--load``, ``--finetune``, ``--no-load-*``,
 ``--universal-checkpoint``, ``--use-checkpoint-args``). ``--use-checkpoint-args`` is applied by
-megatron/checkpoint/model_args.py; ``--save-interval`` is checked with the training flags
+megatron/config/checkpoint_args.py; ``--save-interval`` is checked with the training flags
 (megatron/config/train_flags.py)."""
 import argparse
 
@@ -24,6 +24,6 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
                    help="Take the model and tokenizer flags from the model_args.json of the "
                         "checkpoint in --load; flags given that disagree with it are an error "
                         "(megatron/checkpoint/model_args.py).")
-    # what --use-checkpoint-args sets (megatron/checkpoint/model_args.py apply_checkpoint_args):
+    # what --use-checkpoint-args sets (megatron/config/checkpoint_args.py apply_checkpoint_args):
     # the checkpoint's model_args.json record and the note when the command line's tokenizer wins
     parser.set_defaults(checkpoint_model_args=None, checkpoint_tokenizer_note=None)

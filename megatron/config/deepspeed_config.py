@@ -9,7 +9,9 @@ start-up log says so. ``"auto"`` (Hugging Face's placeholder) counts as not give
 ``validate_args`` (megatron/config/arguments.py) runs the checks of DeepSpeed's flags kept here:
 :func:`validate_deepspeed_json` reads the JSON, :func:`validate_deepspeed_config` reconciles it with
 the flags and checks ``--use-distributed-optimizer`` and the precision flags (the device's support,
-fp16 loss scaling, the mixed-precision recipe of megatron/optim/precision.py).
+fp16 loss scaling, the mixed-precision recipe of megatron/optim/precision.py, resolved by
+megatron/config/precision_flags.py). The engine's config is built from :class:`DeepSpeedFlags`
+(``RunConfig.deepspeed``, megatron/config/run_config.py) by :func:`deepspeed_config`.
 """
 import copy
 import json
@@ -18,8 +20,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
+from megatron.config.precision_flags import precision_config_from_args, resolve_precision_flags
 from megatron.errors import ArgumentError, ConfigError
-from megatron.optim.precision import deepspeed_precision_entries, resolve_precision_flags
+from megatron.optim.precision import PrecisionConfig, deepspeed_precision_entries
+from megatron.utils.typed_config import config_from_args
 
 
 def load_deepspeed_json(path: str) -> Dict[str, Any]:
@@ -115,7 +119,7 @@ def reconcile_with_flags(args, config: Dict[str, Any]) -> List[str]:
     Batch keys (``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``,
     ``train_batch_size``) must equal what the flags give; under a batch rampup or step schedule
     the JSON holds the final global batch (as BigScience's configs do), and the engine is given
-    each iteration's batch (:func:`deepspeed_config_from_args`). The keys of
+    each iteration's batch (:func:`deepspeed_config`). The keys of
     :data:`FIELDS` must equal their flag when the flag is given. All disagreements are named in
     one :class:`ConfigError`."""
     path = args.deepspeed_config
@@ -166,41 +170,72 @@ def reconcile_with_flags(args, config: Dict[str, Any]) -> List[str]:
     return taken
 
 
-def deepspeed_config_from_args(args, train_batch_size: int) -> Dict[str, Any]:
-    """DeepSpeed config dict: batch sizes from the flags (``train_batch_size`` is the current global
-    batch, which differs from ``--global-batch-size`` during a rampup), ZeRO stage from
-    ``--zero-stage`` or the JSON file (default 1 with several data-parallel ranks, else 0; at least
-    1 under mixed precision, set by validate_args), precision (with the gradient accumulation and
-    reduction dtypes of megatron/optim/precision.py) and gradient clipping from the flags. Other keys of
-    the JSON file are kept."""
-    config = copy.deepcopy(args.deepspeed_config_dict or {})
-    config["train_micro_batch_size_per_gpu"] = args.micro_batch_size
+@dataclass(frozen=True)
+class DeepSpeedFlags:
+    """What the DeepSpeed engine's config is built from (:func:`deepspeed_config`): the validated
+    flags (fields are their argparse dests; validate_args reconciled them with the JSON) and the
+    ``--deepspeed_config`` JSON (``deepspeed_config_dict``, None without the flag): the micro
+    batch (samples) and data-parallel size, the ZeRO stage, ``--clip-grad``, the precision
+    (``precision``: megatron/optim/precision.py ``PrecisionConfig``) and fp16 loss scaling, and the
+    pipeline and sequence-parallel layout."""
+
+    deepspeed_config_dict: Optional[Dict[str, Any]]
+    micro_batch_size: int
+    data_parallel_size: int
+    zero_stage: Optional[int]
+    clip_grad: float
+    bf16: bool
+    fp16: bool
+    loss_scale: Optional[float]
+    initial_loss_scale: Optional[float]
+    min_loss_scale: Optional[float]
+    loss_scale_window: Optional[int]
+    hysteresis: Optional[int]
+    pipeline_model_parallel_size: int
+    sequence_parallel: bool
+    precision: PrecisionConfig
+
+
+def deepspeed_flags_from_args(args) -> DeepSpeedFlags:
+    """The :class:`DeepSpeedFlags` of validated ``args`` (every field read, none defaulted)."""
+    return config_from_args(DeepSpeedFlags, args, precision=precision_config_from_args(args))
+
+
+def deepspeed_config(flags: DeepSpeedFlags, train_batch_size: int) -> Dict[str, Any]:
+    """DeepSpeed config dict: batch sizes from the flags (``train_batch_size``, samples, is the
+    current global batch, which differs from ``--global-batch-size`` during a rampup), ZeRO stage
+    from ``--zero-stage`` or the JSON file (default 1 with several data-parallel ranks, else 0; at
+    least 1 under mixed precision, set by validate_args), precision (with the gradient accumulation
+    and reduction dtypes of megatron/optim/precision.py) and gradient clipping from the flags.
+    Other keys of the JSON file are kept (a copy: ``flags`` is not changed)."""
+    config = copy.deepcopy(flags.deepspeed_config_dict or {})
+    config["train_micro_batch_size_per_gpu"] = flags.micro_batch_size
     config["train_batch_size"] = train_batch_size
     config["gradient_accumulation_steps"] = train_batch_size // (
-        args.micro_batch_size * args.data_parallel_size)
+        flags.micro_batch_size * flags.data_parallel_size)
     zero = config.setdefault("zero_optimization", {})
     if zero.get("stage") == "auto":  # validate_args counted "auto" as not given
         del zero["stage"]
-    if args.zero_stage is not None:
-        zero["stage"] = args.zero_stage
-    zero.setdefault("stage", 1 if args.data_parallel_size > 1 else 0)
-    # validate_args reconciled these with the JSON (reconcile_with_flags): args hold the values
-    config["gradient_clipping"] = args.clip_grad
-    if args.bf16:
+    if flags.zero_stage is not None:
+        zero["stage"] = flags.zero_stage
+    zero.setdefault("stage", 1 if flags.data_parallel_size > 1 else 0)
+    # validate_args reconciled these with the JSON (reconcile_with_flags): the flags hold the values
+    config["gradient_clipping"] = flags.clip_grad
+    if flags.bf16:
         config["bf16"] = {**config.get("bf16", {}), "enabled": True}
-    if args.fp16:
+    if flags.fp16:
         fp16 = {key: value for key, value in config.get("fp16", {}).items() if value != "auto"}
-        fp16.update(enabled=True, loss_scale=args.loss_scale or 0)
-        for key, value in (("initial_scale_power", args.initial_loss_scale),
-                           ("min_loss_scale", args.min_loss_scale),
-                           ("loss_scale_window", args.loss_scale_window),
-                           ("hysteresis", args.hysteresis)):
+        fp16.update(enabled=True, loss_scale=flags.loss_scale or 0)
+        for key, value in (("initial_scale_power", flags.initial_loss_scale),
+                           ("min_loss_scale", flags.min_loss_scale),
+                           ("loss_scale_window", flags.loss_scale_window),
+                           ("hysteresis", flags.hysteresis)):
             if value is not None:  # DeepSpeed takes integers but for loss_scale
                 fp16[key] = int(round(math.log2(value))) if key == "initial_scale_power" else int(value)
         config["fp16"] = fp16
     # gradient accumulation and data-parallel reduction dtypes (fp32 under bf16 by default)
-    config.update(deepspeed_precision_entries(args, config))
-    if args.pipeline_model_parallel_size > 1 and args.sequence_parallel:
+    config.update(deepspeed_precision_entries(flags.precision, config))
+    if flags.pipeline_model_parallel_size > 1 and flags.sequence_parallel:
         # The pipe engine splits the activation it sends over the tensor-parallel group, assuming
         # every tensor-parallel rank holds the same one; under sequence parallelism each holds its
         # own slice of the sequence, so the activations travel whole.

@@ -5,7 +5,8 @@ import argparse
 from typing import List
 
 from megatron.errors import ArgumentError
-from megatron.schedules.units import batch_schedule_from_args
+from megatron.schedules.units import BatchConfig, batch_schedule
+from megatron.utils.typed_config import config_from_args
 
 
 def add_lr_args(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +66,18 @@ def add_lr_args(parser: argparse.ArgumentParser) -> None:
 _FINITE_LR_FLAGS = ("lr", "min_lr", "lr_warmup_init", "lr_warmup_fraction", "weight_decay",
                     "start_weight_decay", "end_weight_decay", "power_scheduler_a",
                     "power_scheduler_b")
+
+
+def schedule_config_from_args(args):
+    """megatron/optim/learning_rates.py ``ScheduleConfig`` of the LR/WD flags in ``args`` (every
+    field read, none defaulted) with their batch schedule (``BatchConfig``; the sequence-length
+    curriculum's plan once validation made it)."""
+    from megatron.optim.learning_rates import ScheduleConfig  # lazy: it imports logging (~10 ms); not --help
+
+    # the plan is derived by validation (megatron/config/seqlen_flags.py), not a flag: a namespace
+    # from before that check (or a tool's) has none
+    batch = config_from_args(BatchConfig, args, seq_length_plan=getattr(args, "seq_length_plan", None))
+    return config_from_args(ScheduleConfig, args, batch=batch)
 
 
 def _given_flags(args, *dests: str) -> List[str]:
@@ -167,9 +180,10 @@ def _validate_lr_schedule(args) -> None:
                 f"{given[0].split()[0]}), or drop {given[0].split()[0]}")
     where = (f"--lr-schedule-config {args.lr_schedule_config}" if args.lr_schedule_config
              else f"--lr-decay-style {args.lr_decay_style}")
-    bs = batch_schedule_from_args(args)
-    steps = lrs.scheduler_steps_from_args(args)
-    spans = lrs.lr_span_flags(args)
+    config = schedule_config_from_args(args)
+    bs = batch_schedule(config.batch)
+    steps = lrs.scheduler_steps(config)
+    spans = lrs.lr_span_flags(config)
     if args.lr_schedule_config is None and args.lr_decay_style != "power" \
             and steps["lr_warmup_steps"] >= steps["lr_decay_steps"]:
         raise ArgumentError(
@@ -181,7 +195,7 @@ def _validate_lr_schedule(args) -> None:
         raise ArgumentError(f"{wsd} ({steps['wsd_decay_steps']:g} samples) is longer than the decay "
                             f"span ({spans['decay']}: {steps['lr_decay_steps']:g} samples)")
     if args.lr_decay_style == "power" and args.lr_schedule_config is None:
-        warmup, end, decay = lrs.power_spans_from_args(args, bs)
+        warmup, end, decay = lrs.power_spans(config, bs)
         if warmup + decay > end:
             phases = [f"the warmup ({spans['warmup']}: {warmup:g} tokens)"] if warmup else []
             phases += [f"the final decay ({flag}: {decay:g} tokens)"
@@ -191,8 +205,8 @@ def _validate_lr_schedule(args) -> None:
     if args.lr_warmup_init < 0 or args.lr_warmup_init > args.lr:
         raise ArgumentError(f"--lr-warmup-init {args.lr_warmup_init} must be in [0, --lr {args.lr}]")
     try:
-        context = lrs.schedule_context_from_args(args, bs)
-        params = lrs.scheduler_params_from_args(args, bs)
+        context = lrs.schedule_context(config, bs)
+        params = lrs.scheduler_params(config, bs)
         lr, wd = lrs.build_schedules(params, context)
     except (ScheduleError, ValueError) as e:
         raise ArgumentError(f"{where}: {e}") from None

@@ -118,7 +118,7 @@ def parse_args(argv: Optional[List[str]] = None, extra_args_provider: Optional[C
     them (megatron.errors.exit_with_error)."""
     import sys
 
-    from megatron.checkpoint.model_args import apply_checkpoint_args  # lazy: torch (~1 s); --help needs none
+    from megatron.config.checkpoint_args import apply_checkpoint_args  # lazy: torch (~1 s); --help needs none
 
     parser = get_parser(extra_args_provider)
     args, problems, values_ok = parser.parse_collecting(argv)

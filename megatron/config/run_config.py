@@ -8,6 +8,12 @@ fails at start-up, by name.
 - ``checkpoint``: :class:`CheckpointConfig` (megatron/train/resume.py: ``--save``/``--load``);
 - ``metrics``: megatron/metrics/writers.py ``MetricsConfig`` (jsonl, TensorBoard, W&B);
 - ``tokenizer``: megatron/tokenizer/types.py ``TokenizerConfig`` (the type resolved, its files);
+- ``engine``: :class:`EngineConfig` (megatron/train/engine_setup.py: the engine's layout checks);
+- ``loss``: megatron/optim/loss_normalization.py ``LossNormalizationConfig``;
+- ``skip_step``: megatron/optim/skip_step.py ``SkipStepConfig`` (skipping spiking steps);
+- ``schedule``: megatron/optim/learning_rates.py ``ScheduleConfig`` (the LR/WD schedule);
+- ``deepspeed``: megatron/config/deepspeed_config.py ``DeepSpeedFlags`` (what the DeepSpeed
+  engine's config is built from: megatron/train/engine_setup.py);
 - ``optimizer``: megatron-core's ``OptimizerConfig`` (megatron/optim/optimizer.py);
 - ``transformer``: megatron-core's ``TransformerConfig`` (validation builds it: the model);
 - ``notes``: the start-up notes validation returned (printed once the run starts).
@@ -16,12 +22,18 @@ The configs the train package consumes are defined here, the layer below it; the
 configs are defined next to their consumers, which cannot import this package.
 """
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
+from megatron.config.deepspeed_config import DeepSpeedFlags, deepspeed_flags_from_args
+from megatron.config.lr_flags import schedule_config_from_args
+from megatron.config.moe_flags import describe_layer_freq
 from megatron.metrics.writers import MetricsConfig
+from megatron.optim.learning_rates import ScheduleConfig
+from megatron.optim.loss_normalization import LossNormalizationConfig
+from megatron.optim.skip_step import SkipStepConfig
 from megatron.schedules.units import BatchConfig
 from megatron.tokenizer.types import TokenizerConfig, tokenizer_config_from_args
 from megatron.utils.typed_config import config_from_args
@@ -71,6 +83,22 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """What the engine set-up reads besides the optimizer, DeepSpeed and schedule configs
+    (megatron/train/engine_setup.py): the MoE layout (``--num-experts``, ``--moe-layer-freq`` and
+    ``moe_layer_freq_flag``, the flag that chose the MoE layers as given, for messages; None
+    without experts), ``--num-layers``, ``--expert-model-parallel-size`` and
+    ``--sequence-parallel``."""
+
+    num_experts: Optional[int]
+    moe_layer_freq: Union[int, Sequence[int]]
+    moe_layer_freq_flag: Optional[str]
+    num_layers: int
+    expert_model_parallel_size: int
+    sequence_parallel: bool
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Every typed config of one run (module docstring)."""
 
@@ -79,6 +107,11 @@ class RunConfig:
     checkpoint: CheckpointConfig
     metrics: MetricsConfig
     tokenizer: TokenizerConfig
+    engine: EngineConfig
+    loss: LossNormalizationConfig
+    skip_step: SkipStepConfig
+    schedule: ScheduleConfig
+    deepspeed: DeepSpeedFlags
     optimizer: OptimizerConfig
     transformer: TransformerConfig
     notes: Tuple[str, ...]
@@ -104,6 +137,14 @@ def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
                      checkpoint=config_from_args(CheckpointConfig, args),
                      metrics=config_from_args(MetricsConfig, args),
                      tokenizer=tokenizer_config_from_args(args),
+                     engine=config_from_args(EngineConfig, args, moe_layer_freq_flag=(
+                         describe_layer_freq(args) if args.num_experts else None)),
+                     # packed_samples: set by the entry points that pack (finetune_t0.py)
+                     loss=config_from_args(LossNormalizationConfig, args, packed_samples=getattr(
+                         args, "packed_samples", False)),
+                     skip_step=config_from_args(SkipStepConfig, args),
+                     schedule=schedule_config_from_args(args),
+                     deepspeed=deepspeed_flags_from_args(args),
                      optimizer=optimizer_config_from_args(args),
                      transformer=args.transformer_config,
                      notes=tuple(notes))

@@ -22,7 +22,7 @@ Every group gets ``lr = get_lr(group) * group['lr_mult']`` and
 import json
 import logging
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -31,7 +31,7 @@ from megatron.errors import ConfigError
 from megatron.schedules.base import fill_run_defaults
 from megatron.schedules.registry import Schedule, ScheduleContext, build_schedule
 from megatron.schedules.seqlen import seq_length_plan, seq_length_spec
-from megatron.schedules.units import BatchSchedule, batch_schedule_from_args, train_iterations_from_args
+from megatron.schedules.units import BatchConfig, BatchSchedule, batch_schedule, train_iterations
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,48 @@ LEGACY_KEYS = ("max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_deca
                "start_wd", "end_wd", "wd_incr_style", "wd_incr_steps")
 
 
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The LR/WD schedule flags after validation (fields are their argparse dests) and the batch
+    schedule (``batch``: megatron/schedules/units.py :class:`BatchConfig`, which also gives
+    ``--global-batch-size`` and ``--seq-length``): the run's length (``--train-iters``,
+    ``--train-samples``), the LR (``--lr``, ``--min-lr``, ``--lr-warmup-init``), its style and
+    spans (iterations, samples or tokens, as each flag says), the Power Scheduler's flags, the
+    weight-decay increment, ``--lr-schedule-config`` (and the file validation read,
+    ``lr_schedule_config_dict``) and how a checkpoint's schedule is taken."""
+
+    train_iters: Optional[int]
+    train_samples: Optional[int]
+    lr: float
+    min_lr: float
+    lr_warmup_init: float
+    lr_decay_style: str
+    lr_warmup_fraction: Optional[float]
+    lr_warmup_iters: Optional[int]
+    lr_warmup_samples: Optional[int]
+    lr_warmup_tokens: Optional[int]
+    lr_decay_iters: Optional[int]
+    lr_decay_samples: Optional[int]
+    lr_decay_tokens: Optional[int]
+    lr_wsd_decay_style: str
+    lr_wsd_decay_iters: Optional[int]
+    lr_wsd_decay_samples: Optional[int]
+    power_scheduler_a: float
+    power_scheduler_b: float
+    power_scheduler_decay_style: str
+    power_scheduler_decay_iters: Optional[int]
+    power_scheduler_decay_samples: Optional[int]
+    power_scheduler_decay_tokens: Optional[int]
+    start_weight_decay: float
+    end_weight_decay: float
+    weight_decay_incr_style: str
+    lr_schedule_config: Optional[str]
+    lr_schedule_config_dict: Optional[Dict[str, Any]]
+    override_opt_param_scheduler: bool
+    use_checkpoint_opt_param_scheduler: bool
+    batch: BatchConfig
+
+
 def load_schedule_config(path: str) -> Dict[str, Any]:
     """Read a ``--lr-schedule-config`` file (YAML or JSON) into a dict with keys ``lr_schedule``
     and optionally ``weight_decay_schedule`` and ``seq_length_schedule`` (the sequence-length
@@ -97,22 +139,22 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def lr_span_flags(args) -> Dict[str, str]:
+def lr_span_flags(config: ScheduleConfig) -> Dict[str, str]:
     """The flags that set the LR warmup and decay spans, as the user gave them (for messages):
     ``{"warmup": "--lr-warmup-iters 10", "decay": "--train-iters 100"}`` (``warmup`` is
     ``"no warmup"`` when none is given)."""
-    warmup = next((f"{_flag(d)} {getattr(args, d)}" for d in
+    warmup = next((f"{_flag(d)} {getattr(config, d)}" for d in
                    ("lr_warmup_fraction", "lr_warmup_tokens", "lr_warmup_samples", "lr_warmup_iters")
-                   if getattr(args, d)), "no warmup")
-    decay = next((f"{_flag(d)} {getattr(args, d)}" for d in
+                   if getattr(config, d)), "no warmup")
+    decay = next((f"{_flag(d)} {getattr(config, d)}" for d in
                   ("lr_decay_tokens", "lr_decay_samples", "lr_decay_iters", "train_samples", "train_iters")
-                  if getattr(args, d) is not None), "--train-iters")
+                  if getattr(config, d) is not None), "--train-iters")
     return {"warmup": warmup, "decay": decay}
 
 
-def scheduler_steps_from_args(args) -> dict:
+def scheduler_steps(config: ScheduleConfig) -> dict:
     """Warmup, decay and WSD-decay spans of the built-in LR styles, and the weight-decay-increment
-    span (samples), from the flags.
+    span (samples), from the schedule flags ``config``.
 
     The LR spans are in samples (Megatron-LM's rule: iteration flags times
     ``--global-batch-size``; BigScience's ``--lr-warmup-tokens`` / ``--lr-decay-tokens`` are
@@ -120,9 +162,9 @@ def scheduler_steps_from_args(args) -> dict:
     or, under a truncating sequence-length curriculum with a ``-tokens`` flag
     (:func:`_lr_in_tokens`), in trained tokens: the spans given in iterations or samples converted
     through the curriculum-aware batch schedule."""
-    gbs, seq = args.global_batch_size, args.seq_length
-    if _lr_in_tokens(args):
-        bs = batch_schedule_from_args(args)
+    gbs, seq = config.batch.global_batch_size, config.batch.seq_length
+    if _lr_in_tokens(config):
+        bs = batch_schedule(config.batch)
 
         def from_tokens(t):
             return float(t)
@@ -141,48 +183,50 @@ def scheduler_steps_from_args(args) -> dict:
 
         def from_iters(i):
             return i * gbs
-    samples = args.train_iters * gbs if args.train_samples is None else args.train_samples
-    train = from_iters(args.train_iters) if args.train_samples is None else from_samples(samples)
-    if args.lr_decay_tokens is not None:
-        decay = from_tokens(args.lr_decay_tokens)
-    elif args.lr_decay_samples is not None:
-        decay = from_samples(args.lr_decay_samples)
-    elif args.lr_decay_iters is not None:
-        decay = from_iters(args.lr_decay_iters)
+    samples = config.train_iters * gbs if config.train_samples is None else config.train_samples
+    train = from_iters(config.train_iters) if config.train_samples is None else from_samples(samples)
+    if config.lr_decay_tokens is not None:
+        decay = from_tokens(config.lr_decay_tokens)
+    elif config.lr_decay_samples is not None:
+        decay = from_samples(config.lr_decay_samples)
+    elif config.lr_decay_iters is not None:
+        decay = from_iters(config.lr_decay_iters)
     else:
         decay = train
-    if args.lr_warmup_fraction is not None:
-        warmup = args.lr_warmup_fraction * decay
-    elif args.lr_warmup_tokens is not None:
-        warmup = from_tokens(args.lr_warmup_tokens)
-    elif args.lr_warmup_samples:
-        warmup = from_samples(args.lr_warmup_samples)
+    if config.lr_warmup_fraction is not None:
+        warmup = config.lr_warmup_fraction * decay
+    elif config.lr_warmup_tokens is not None:
+        warmup = from_tokens(config.lr_warmup_tokens)
+    elif config.lr_warmup_samples:
+        warmup = from_samples(config.lr_warmup_samples)
     else:
-        warmup = from_iters(args.lr_warmup_iters or 0)
-    if args.lr_wsd_decay_samples:
-        wsd = from_samples(args.lr_wsd_decay_samples)
+        warmup = from_iters(config.lr_warmup_iters or 0)
+    if config.lr_wsd_decay_samples:
+        wsd = from_samples(config.lr_wsd_decay_samples)
     else:
-        wsd = from_iters(args.lr_wsd_decay_iters) if args.lr_wsd_decay_iters else None
+        wsd = from_iters(config.lr_wsd_decay_iters) if config.lr_wsd_decay_iters else None
     return {"lr_warmup_steps": warmup, "lr_decay_steps": decay, "wsd_decay_steps": wsd,
             "wd_incr_steps": samples}
 
 
-def _lr_in_tokens(args) -> bool:
+def _lr_in_tokens(config: ScheduleConfig) -> bool:
     """Whether the built-in LR schedule runs in trained tokens: a truncating sequence-length
     curriculum with ``--lr-warmup-tokens`` or ``--lr-decay-tokens`` (tokens are then not samples x
     ``--seq-length``, as Microsoft Megatron-DeepSpeed's AnnealingLR counts them)."""
-    plan = getattr(args, "seq_length_plan", None)
+    plan = config.batch.seq_length_plan
     return (plan is not None and plan.truncates
-            and (args.lr_warmup_tokens is not None or args.lr_decay_tokens is not None))
+            and (config.lr_warmup_tokens is not None or config.lr_decay_tokens is not None))
 
 
-def run_shape_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:
+def run_shape(config: ScheduleConfig, schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:
     """What the schedules' values depend on besides their own flags: the length of training
     (iterations; samples = ``--train-samples`` or the samples of those iterations), the batch
-    schedule and the sequence length. Stored in checkpoints with the schedule parameters."""
-    bs = batch_schedule or batch_schedule_from_args(args)
-    iters = train_iterations_from_args(args, bs)
-    samples = args.train_samples if args.train_samples is not None else bs.samples_at_iteration(iters)
+    schedule (``schedule``, default that of ``config.batch``) and the sequence length (tokens).
+    Stored in checkpoints with the schedule parameters."""
+    bs = schedule or batch_schedule(config.batch)
+    iters = train_iterations(config.train_iters, config.train_samples, bs)
+    samples = (config.train_samples if config.train_samples is not None
+               else bs.samples_at_iteration(iters))
     shape = {"train_iters": int(iters), "train_samples": int(samples),
              "global_batch_size": int(bs.global_batch_size),
              "rampup_batch_size": [int(x) for x in bs.rampup] if bs.rampup else None,
@@ -194,7 +238,7 @@ def run_shape_from_args(args, batch_schedule: Optional[BatchSchedule] = None) ->
 
 
 def schedule_context_from_run_shape(shape: Dict[str, Any]) -> ScheduleContext:
-    """The :class:`ScheduleContext` of a :func:`run_shape_from_args` dict (also a checkpoint's):
+    """The :class:`ScheduleContext` of a :func:`run_shape` dict (also a checkpoint's):
     with a ``seq_length_schedule``, its tokens are those the curriculum trains."""
     bs = BatchSchedule(global_batch_size=int(shape["global_batch_size"]),
                        rampup=tuple(shape["rampup_batch_size"]) if shape["rampup_batch_size"] else None,
@@ -211,12 +255,14 @@ def schedule_context_from_run_shape(shape: Dict[str, Any]) -> ScheduleContext:
                                 "tokens": float(bs.tokens_at_samples(samples))})
 
 
-def schedule_context_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> ScheduleContext:
-    """The run's :class:`ScheduleContext`: length of training in every unit, and batch schedule."""
-    return schedule_context_from_run_shape(run_shape_from_args(args, batch_schedule))
+def schedule_context(config: ScheduleConfig,
+                     schedule: Optional[BatchSchedule] = None) -> ScheduleContext:
+    """The run's :class:`ScheduleContext`: length of training in every unit (iterations, samples,
+    tokens), and batch schedule (``schedule``, default that of ``config.batch``)."""
+    return schedule_context_from_run_shape(run_shape(config, schedule))
 
 
-def _power_tokens(args, bs: BatchSchedule, iters: Optional[int], samples: Optional[int],
+def _power_tokens(bs: BatchSchedule, iters: Optional[int], samples: Optional[int],
                   tokens: Optional[int]) -> Optional[float]:
     if tokens is not None:
         return float(tokens)
@@ -227,77 +273,79 @@ def _power_tokens(args, bs: BatchSchedule, iters: Optional[int], samples: Option
     return None
 
 
-def power_spans_from_args(args, bs: BatchSchedule) -> Tuple[float, float, float]:
+def power_spans(config: ScheduleConfig, bs: BatchSchedule) -> Tuple[float, float, float]:
     """(warmup, decay_end, decay_length) in tokens for ``--lr-decay-style power``; iteration flags
-    are converted through the batch schedule (rampup aware), samples to the tokens they train
-    (times ``--seq-length``, or the sequence-length curriculum's lengths)."""
-    end = _power_tokens(args, bs, args.lr_decay_iters, args.lr_decay_samples,
-                        args.lr_decay_tokens)
+    are converted through the batch schedule ``bs`` (rampup aware), samples to the tokens they
+    train (times ``--seq-length``, or the sequence-length curriculum's lengths)."""
+    end = _power_tokens(bs, config.lr_decay_iters, config.lr_decay_samples, config.lr_decay_tokens)
     if end is None:
-        end = (float(bs.tokens_at_samples(args.train_samples)) if args.train_samples is not None
-               else float(bs.tokens_at_iterations(args.train_iters)))
-    if args.lr_warmup_fraction is not None:
-        warmup = args.lr_warmup_fraction * end
-    elif args.lr_warmup_tokens is not None:
-        warmup = float(args.lr_warmup_tokens)
-    elif args.lr_warmup_iters:
-        warmup = float(bs.tokens_at_iterations(args.lr_warmup_iters))
+        end = (float(bs.tokens_at_samples(config.train_samples)) if config.train_samples is not None
+               else float(bs.tokens_at_iterations(config.train_iters)))
+    if config.lr_warmup_fraction is not None:
+        warmup = config.lr_warmup_fraction * end
+    elif config.lr_warmup_tokens is not None:
+        warmup = float(config.lr_warmup_tokens)
+    elif config.lr_warmup_iters:
+        warmup = float(bs.tokens_at_iterations(config.lr_warmup_iters))
     else:
-        warmup = float(bs.tokens_at_samples(args.lr_warmup_samples or 0))
+        warmup = float(bs.tokens_at_samples(config.lr_warmup_samples or 0))
     decay = 0.0
-    if args.power_scheduler_decay_tokens:
-        decay = float(args.power_scheduler_decay_tokens)
-    elif args.power_scheduler_decay_samples:
-        decay = float(bs.tokens_at_samples(args.power_scheduler_decay_samples))
-    elif args.power_scheduler_decay_iters:
+    if config.power_scheduler_decay_tokens:
+        decay = float(config.power_scheduler_decay_tokens)
+    elif config.power_scheduler_decay_samples:
+        decay = float(bs.tokens_at_samples(config.power_scheduler_decay_samples))
+    elif config.power_scheduler_decay_iters:
         end_iter = int(bs.iterations_at_samples(bs.samples_at_tokens(end)))
-        start_iter = max(end_iter - int(args.power_scheduler_decay_iters), 0)
+        start_iter = max(end_iter - int(config.power_scheduler_decay_iters), 0)
         decay = end - float(bs.tokens_at_iterations(start_iter))
     return warmup, end, decay
 
 
-def lr_schedule_with_run_defaults(lr_schedule, args):
+def lr_schedule_with_run_defaults(lr_schedule, config: ScheduleConfig):
     """The ``lr_schedule`` of a ``--lr-schedule-config`` file with the keys that default to the
     run's LR flags filled in (e.g. a bare ``{type: inv}`` takes ``learning_rate`` = ``--lr`` and
     ``min_lr`` = ``--min-lr``), so the values it runs with are stored, and compared on resume, with
     the schedule."""
-    flags = {"lr": args.lr, "min_lr": args.min_lr}
+    flags = {"lr": config.lr, "min_lr": config.min_lr}
     return fill_run_defaults(lr_schedule, {k: float(v) for k, v in flags.items() if v is not None})
 
 
-def scheduler_params_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:
+def scheduler_params(config: ScheduleConfig,
+                     schedule: Optional[BatchSchedule] = None) -> Dict[str, Any]:
     """Everything that defines the LR and WD schedules, as a flat, checkpointable dict (keys not
-    used by the chosen style are None)."""
-    bs = batch_schedule or batch_schedule_from_args(args)
-    steps = scheduler_steps_from_args(args)
+    used by the chosen style are None; spans in samples, or tokens where the key says so);
+    ``schedule``: the batch schedule of ``config.batch`` when already built."""
+    c = config
+    bs = schedule or batch_schedule(c.batch)
+    steps = scheduler_steps(c)
     params: Dict[str, Any] = {k: None for k in PARAM_FLAGS}
-    params.update(run_shape_from_args(args, bs))
-    params.update(start_wd=args.start_weight_decay, end_wd=args.end_weight_decay,
-                  wd_incr_style=args.weight_decay_incr_style, wd_incr_steps=steps["wd_incr_steps"])
-    config = args.lr_schedule_config_dict
-    if config is None and args.lr_schedule_config:
-        config = load_schedule_config(args.lr_schedule_config)
-    if config is not None:
-        params["lr_schedule"] = lr_schedule_with_run_defaults(config["lr_schedule"], args)
-        if config.get("weight_decay_schedule") is not None:
-            params["weight_decay_schedule"] = config["weight_decay_schedule"]
+    params.update(run_shape(c, bs))
+    params.update(start_wd=c.start_weight_decay, end_wd=c.end_weight_decay,
+                  wd_incr_style=c.weight_decay_incr_style, wd_incr_steps=steps["wd_incr_steps"])
+    file_config = c.lr_schedule_config_dict
+    if file_config is None and c.lr_schedule_config:
+        file_config = load_schedule_config(c.lr_schedule_config)
+    if file_config is not None:
+        params["lr_schedule"] = lr_schedule_with_run_defaults(file_config["lr_schedule"], c)
+        if file_config.get("weight_decay_schedule") is not None:
+            params["weight_decay_schedule"] = file_config["weight_decay_schedule"]
             for key in ("start_wd", "end_wd", "wd_incr_style", "wd_incr_steps"):
                 params[key] = None
         return params
-    params.update(lr_decay_style=args.lr_decay_style, max_lr=float(args.lr),
-                  min_lr=float(args.min_lr), init_lr=float(args.lr_warmup_init))
-    if args.lr_decay_style == "power":
-        warmup, end, decay = power_spans_from_args(args, bs)
-        params.update(power_a=float(args.power_scheduler_a), power_b=float(args.power_scheduler_b),
+    params.update(lr_decay_style=c.lr_decay_style, max_lr=float(c.lr),
+                  min_lr=float(c.min_lr), init_lr=float(c.lr_warmup_init))
+    if c.lr_decay_style == "power":
+        warmup, end, decay = power_spans(c, bs)
+        params.update(power_a=float(c.power_scheduler_a), power_b=float(c.power_scheduler_b),
                       power_warmup_tokens=warmup, power_decay_end_tokens=end,
-                      power_decay_tokens=decay, power_decay_style=args.power_scheduler_decay_style)
+                      power_decay_tokens=decay, power_decay_style=c.power_scheduler_decay_style)
         return params
     params.update(lr_warmup_steps=steps["lr_warmup_steps"], lr_decay_steps=steps["lr_decay_steps"])
-    if _lr_in_tokens(args):
+    if _lr_in_tokens(c):
         params["lr_unit"] = "tokens"  # the spans above are trained tokens
-    if args.lr_decay_style == "WSD":
+    if c.lr_decay_style == "WSD":
         params.update(wsd_decay_steps=steps["wsd_decay_steps"],
-                      lr_wsd_decay_style=args.lr_wsd_decay_style)
+                      lr_wsd_decay_style=c.lr_wsd_decay_style)
     return params
 
 
@@ -306,7 +354,7 @@ _STYLE_KIND = {"linear": "linear", "cosine": "cosine", "inverse-square-root": "i
 
 
 def build_schedules(params: Dict[str, Any], context: ScheduleContext) -> Tuple[Schedule, Schedule]:
-    """(lr schedule, weight-decay schedule) from :func:`scheduler_params_from_args`'s dict."""
+    """(lr schedule, weight-decay schedule) from :func:`scheduler_params`'s dict."""
     p = params
     unit = p.get("lr_unit") or "samples"  # tokens: --lr-*-tokens under a sequence-length curriculum
     if p.get("lr_schedule") is not None:
@@ -490,13 +538,13 @@ class OptimizerParamScheduler:
         self.step(0, iterations=0)
 
 
-def build_opt_param_scheduler(args, optimizer) -> OptimizerParamScheduler:
-    """The scheduler for ``optimizer``'s param groups from the LR/WD flags (and
-    ``--lr-schedule-config``)."""
-    bs = batch_schedule_from_args(args)
-    context = schedule_context_from_args(args, bs)
-    params = scheduler_params_from_args(args, bs)
+def build_opt_param_scheduler(config: ScheduleConfig, optimizer) -> OptimizerParamScheduler:
+    """The scheduler for ``optimizer``'s param groups from the LR/WD schedule flags ``config``
+    (and ``--lr-schedule-config``): values per consumed sample and completed iteration."""
+    bs = batch_schedule(config.batch)
+    context = schedule_context(config, bs)
+    params = scheduler_params(config, bs)
     return OptimizerParamScheduler(
         optimizer, params, context,
-        override_opt_param_scheduler=args.override_opt_param_scheduler,
-        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler)
+        override_opt_param_scheduler=config.override_opt_param_scheduler,
+        use_checkpoint_opt_param_scheduler=config.use_checkpoint_opt_param_scheduler)

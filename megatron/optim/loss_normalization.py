@@ -37,16 +37,27 @@ from megatron.data.device_transfer import to_device_async
 
 NORMALIZATIONS = ("micro-batch", "token", "sample")
 
-__all__ = ["NORMALIZATIONS", "normalization_from_args", "normalization_line", "LossWeights",
-           "IterationLoss", "LossNormalizer"]
+__all__ = ["NORMALIZATIONS", "LossNormalizationConfig", "normalization", "normalization_line",
+           "LossWeights", "IterationLoss", "LossNormalizer"]
 
 
-def normalization_from_args(args) -> str:
-    """``micro-batch``, ``token`` or ``sample`` from ``--calculate-per-token-loss`` /
-    ``--calculate-per-sample-loss`` (exclusive: checked by validate_args)."""
-    if args.calculate_per_token_loss:
+@dataclass(frozen=True)
+class LossNormalizationConfig:
+    """The loss normalisation flags after validation (fields are their argparse dests):
+    ``--calculate-per-token-loss``, ``--calculate-per-sample-loss`` (exclusive: checked by
+    validate_args) and ``packed_samples`` (the entry point's: T0's packed samples, normalised per
+    segment; False where the entry point does not set it)."""
+
+    calculate_per_token_loss: bool
+    calculate_per_sample_loss: bool
+    packed_samples: bool
+
+
+def normalization(config: LossNormalizationConfig) -> str:
+    """``micro-batch``, ``token`` or ``sample``: the loss normalisation ``config`` asks for."""
+    if config.calculate_per_token_loss:
         return "token"
-    if args.calculate_per_sample_loss:
+    if config.calculate_per_sample_loss:
         return "sample"
     return "micro-batch"
 

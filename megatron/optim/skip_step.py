@@ -159,7 +159,19 @@ class SkipStepRule:
         self.skipped_total = int(state.get("skipped_total", 0))
 
 
-def rule_from_args(args) -> SkipStepRule:
-    """The rule of the validated flags."""
-    return SkipStepRule(args.grad_norm_skip_threshold, args.skip_step_zscore_threshold,
-                        args.skip_step_zscore_window)
+@dataclass(frozen=True)
+class SkipStepConfig:
+    """The skip-step flags after validation (fields are their argparse dests; checked by
+    megatron/config/skip_step_flags.py): ``--grad-norm-skip-threshold`` (a gradient norm; inf:
+    off), ``--skip-step-zscore-threshold`` (standard deviations; None: off) and
+    ``--skip-step-zscore-window`` (iterations)."""
+
+    grad_norm_skip_threshold: float
+    skip_step_zscore_threshold: Optional[float]
+    skip_step_zscore_window: int
+
+
+def skip_step_rule(config: SkipStepConfig) -> SkipStepRule:
+    """The :class:`SkipStepRule` of the skip-step flags ``config``."""
+    return SkipStepRule(config.grad_norm_skip_threshold, config.skip_step_zscore_threshold,
+                        config.skip_step_zscore_window)

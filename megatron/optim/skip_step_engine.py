@@ -29,8 +29,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from megatron.optim.loss_normalization import normalization_from_args
-from megatron.optim.skip_step import SkipDecision, SkipStepRule, rule_from_args
+from megatron.optim.skip_step import SkipDecision, SkipStepConfig, SkipStepRule, skip_step_rule
 from megatron.parallel.pipe import is_pipe_engine, model_grad_norm
 from megatron.utils.rank_utils import all_reduce_small, print_rank_0
 
@@ -247,9 +246,11 @@ def _describe(decision: SkipDecision, norm: float, loss: Optional[float],
     return f"another rank decided to skip ({decision.reason})"
 
 
-def step_skipper_from_args(args, engine) -> Optional[StepSkipper]:
-    """A :class:`StepSkipper` on ``engine`` when a skip flag is given, else None (nothing is
-    wrapped)."""
-    rule = rule_from_args(args)
-    token_weighted = normalization_from_args(args) != "micro-batch"
+def step_skipper(config: SkipStepConfig, normalization: str, engine) -> Optional[StepSkipper]:
+    """A :class:`StepSkipper` on ``engine`` when a skip flag of ``config`` is given, else None
+    (nothing is wrapped); ``normalization``: the run's loss normalisation
+    (megatron/optim/loss_normalization.py; the iteration's loss is token-weighted unless
+    ``micro-batch``)."""
+    rule = skip_step_rule(config)
+    token_weighted = normalization != "micro-batch"
     return StepSkipper(rule, engine, token_weighted) if rule.enabled else None

@@ -246,9 +246,11 @@ class BatchSchedule:
         return int(round(float(self.tokens_at_samples(int(samples)))))
 
 
-def train_iterations_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
-    """Optimizer steps (iterations) of the run: ``--train-iters``, or the whole global batches
-    that fit in ``--train-samples`` under the (rampup-aware) batch schedule, rounded down.
+def train_iterations(train_iters: Optional[int], train_samples: Optional[int],
+                     batch_schedule: BatchSchedule) -> int:
+    """Optimizer steps (iterations) of the run: ``train_iters`` (``--train-iters``), or the whole
+    global batches that fit in ``train_samples`` (``--train-samples``, samples) under the
+    (rampup-aware) ``batch_schedule``, rounded down.
 
     This is Megatron-LM's ``update_train_iters``: ``train_samples // global_batch_size`` without
     rampup (128017 samples at batch 64: 2000 iterations); with rampup, the iterations of the rampup
@@ -257,19 +259,35 @@ def train_iterations_from_args(args, batch_schedule: Optional[BatchSchedule] = N
     :meth:`BatchSchedule.iterations_at_samples`. A partial last batch is dropped. (When
     ``--train-samples`` ends inside the rampup phase, Megatron-LM subtracts whole *full* batches
     from the rampup iterations; here it is the same floor: the iterations whose samples fit.)"""
+    if train_iters is not None:
+        return int(train_iters)
+    return int(batch_schedule.iterations_at_samples(int(train_samples)))
+
+
+def planned_samples(train_iters: Optional[int], train_samples: Optional[int],
+                    batch_schedule: BatchSchedule) -> int:
+    """Samples the planned iterations consume: the sum of ``batch_schedule``'s global batch sizes
+    over :func:`train_iterations` iterations. Training sets are sized from this, so the last
+    iteration never runs out of data (``--train-samples`` off a batch boundary drops the partial
+    batch, as Megatron-LM does)."""
+    return batch_schedule.samples_at_iteration(
+        train_iterations(train_iters, train_samples, batch_schedule))
+
+
+def train_iterations_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
+    """:func:`train_iterations` (iterations) of the validated flags ``--train-iters`` /
+    ``--train-samples``. Kept for megatron/data/, which still reads the flags (issue 42)."""
     if args.train_iters is not None:
         return int(args.train_iters)
     schedule = batch_schedule or batch_schedule_from_args(args)
-    return int(schedule.iterations_at_samples(int(args.train_samples)))
+    return train_iterations(None, args.train_samples, schedule)
 
 
 def train_samples_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
-    """Samples the planned iterations consume: the sum of the batch schedule's global batch sizes
-    over :func:`train_iterations_from_args` iterations. Training sets are sized from this, so the
-    last iteration never runs out of data (``--train-samples`` off a batch boundary drops the
-    partial batch, as Megatron-LM does)."""
+    """:func:`planned_samples` (samples) of the validated flags ``--train-iters`` /
+    ``--train-samples``. Kept for megatron/data/, which still reads the flags (issue 42)."""
     schedule = batch_schedule or batch_schedule_from_args(args)
-    return schedule.samples_at_iteration(train_iterations_from_args(args, schedule))
+    return planned_samples(args.train_iters, args.train_samples, schedule)
 
 
 @dataclass(frozen=True)
@@ -302,7 +320,8 @@ def batch_schedule(config: BatchConfig) -> BatchSchedule:
 
 def batch_schedule_from_args(args) -> BatchSchedule:
     """:func:`batch_schedule` of the validated flags in ``args`` (a namespace without one of
-    :class:`BatchConfig`'s fields is a ConfigError naming it)."""
+    :class:`BatchConfig`'s fields is a ConfigError naming it). Kept for megatron/data/, which
+    still reads the flags (issue 42); the other layers take :class:`BatchConfig`."""
     # the plan is derived by validation (megatron/config/seqlen_flags.py), not a flag: a namespace
     # from before that check (or a tool's) has none
     return batch_schedule(config_from_args(BatchConfig, args,

@@ -1,5 +1,5 @@
 """What a feature may add to the training loop: the :class:`LoopHook` protocol, and the hooks a
-run's flags ask for (:func:`loop_hooks_from_args`).
+run's flags ask for (:func:`loop_hooks`).
 
 The loop (megatron/train/loop.py) calls every hook at five points, in list order:
 
@@ -20,11 +20,12 @@ megatron/metrics/moe.py ``MoETraining`` (the aux losses' backward scale, the MoE
 megatron/optim/skip_step_engine.py ``StepSkipper`` (skipping spiking steps, its window in
 checkpoints). A new feature adds a hook here instead of a parameter to ``train``.
 """
-from typing import Callable, Dict, List, Protocol, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Tuple
 
 from megatron.checkpoint.engine import TrainingState
-from megatron.metrics.moe import moe_training_from_args
-from megatron.optim.skip_step_engine import step_skipper_from_args
+from megatron.optim.loss_normalization import LossNormalizationConfig, normalization
+from megatron.optim.skip_step import SkipStepConfig
+from megatron.optim.skip_step_engine import step_skipper
 
 
 class LoopHook(Protocol):
@@ -50,10 +51,12 @@ class LoopHook(Protocol):
         """Read the hook's state from a restored ``state.extra`` (empty on a fresh run)."""
 
 
-def loop_hooks_from_args(args, engine) -> List[LoopHook]:
+def loop_hooks(engine, moe_training: Optional[LoopHook], skip_step: SkipStepConfig,
+               loss: LossNormalizationConfig) -> List[LoopHook]:
     """The hooks of this run, in the order their fields appear in the log line and the record:
-    the MoE bookkeeping of a model with ``--num-experts``, then the step skipper of the skip-step
-    flags (each only when its flags ask for it)."""
-    hooks = [moe_training_from_args(engine.module, args),
-             step_skipper_from_args(args, engine)]  # --grad-norm-skip-threshold, ... or None
+    ``moe_training``, the MoE bookkeeping of a model with ``--num-experts`` (None without), then
+    the step skipper of the skip-step flags ``skip_step`` on ``engine`` (only when they ask for
+    it; ``loss``: the run's loss normalisation, which weighs the iteration's loss)."""
+    hooks = [moe_training,
+             step_skipper(skip_step, normalization(loss), engine)]  # --grad-norm-skip-threshold, ... or None
     return [hook for hook in hooks if hook is not None]

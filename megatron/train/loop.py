@@ -10,9 +10,10 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from megatron.checkpoint.engine import TrainingState
-from megatron.checkpoint.model_args import model_args_from_args
+from megatron.config.checkpoint_args import model_args_from_args
 from megatron.config.run_config import LoopConfig, RunConfig
 from megatron.data.train_data import TrainData
+from megatron.metrics.moe import moe_training_from_args
 from megatron.metrics.writers import MetricsWriter, metrics_writer
 from megatron.model.attention_backends import check_backend_trains
 from megatron.optim.loss_normalization import normalization_line
@@ -20,10 +21,10 @@ from megatron.parallel.initialize import initialize_distributed, set_seeds
 from megatron.parallel.pipe import is_pipe_engine
 from megatron.parallel.topology import layout_line
 from megatron.schedules.units import batch_schedule
-from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
+from megatron.train.engine_setup import loss_normalizer, setup_model_and_optimizer
 from megatron.train.evaluation import _evaluate_all
 from megatron.train.exit_request import ExitRequest
-from megatron.train.hooks import LoopHook, loop_hooks_from_args
+from megatron.train.hooks import LoopHook, loop_hooks
 from megatron.train.loader import _loader
 from megatron.train.resume import _check_data_resume, _maybe_save, _restore, data_resume
 from megatron.train.run_control import kill_switch_found
@@ -131,7 +132,11 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     ``--train-iters``, evaluate every group, save, and return the final training state.
 
     ``args``: the validated flags, with their typed configs (``args.run_config``,
-    megatron/config/run_config.py) and what the entry point derived (the tokenizer);
+    megatron/config/run_config.py) and what the entry point derived (the tokenizer). Everything
+    here takes the typed configs but for what still reads the flags (issue 42): the model and
+    data providers, distributed start-up, the attention backend's check, the layout line, the MoE
+    hook, the metrics' record of the flags and the model flags each checkpoint records
+    (megatron/config/checkpoint_args.py, the ``model_args.json`` format);
     ``datasets_provider(args, resume) -> TrainData`` (``resume``: :func:`data_resume`, the data
     ledger of the checkpoint a resumed run continues, or None);
     ``model_provider(args) -> torch.nn.Module``.
@@ -154,7 +159,7 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     rank0 = torch.distributed.get_rank() == 0
     metrics = metrics_writer(run.metrics, enabled=rank0, run_flags=vars(args))  # jsonl, TB, W&B
     engine, optimizer, scheduler = setup_model_and_optimizer(
-        args, model_provider, batch_schedule(run.batch).batch_size_at_samples(0))
+        run, model_provider(args), batch_schedule(run.batch).batch_size_at_samples(0))
     state = _restore(engine, checkpoint, scheduler)
     _check_data_resume(resume, state)
     if checkpoint.load and not loop.skip_train and state.iteration >= loop.train_iters > 0:
@@ -172,11 +177,12 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     if loop.skip_train:
         print_rank_0(f"--eval-only/--skip-train: evaluating the model of iteration "
                      f"{state.iteration} on the validation and test sets, no training")
-    hooks = loop_hooks_from_args(args, engine)  # MoE bookkeeping, skip-step: as the flags ask
+    # MoE bookkeeping, skip-step: as the flags ask
+    hooks = loop_hooks(engine, moe_training_from_args(engine.module, args), run.skip_step, run.loss)
     for hook in hooks:
         hook.restore_state(state)
         forward_step = hook.wrap_forward_step(forward_step)
-    normalizer = loss_normalizer_from_args(args, data)
+    normalizer = loss_normalizer(run.loss, data, loop.data_parallel_size)
     print_rank_0(normalization_line(normalizer.mode, normalizer.packed))
     steps = step_functions(engine, forward_step, normalizer)
     start_iteration = state.iteration

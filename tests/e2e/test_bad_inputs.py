@@ -726,8 +726,8 @@ def test_lr_schedule_differs_from_checkpoint():
 
     def scheduler(lr):
         args = parse_args(LR_BASE[:-1] + [lr], world_size=1, require_data=False)
-        return build_opt_param_scheduler(args, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))],
-                                                               lr=1.0))
+        return build_opt_param_scheduler(args.run_config.schedule,
+                                         torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
     old = scheduler("1e-3")
     old.step(4)
     _raises(ConfigError, lambda: scheduler("2e-3").load_state_dict(old.state_dict()),

@@ -105,7 +105,7 @@ def test_reset_progress_with_a_token_budget(killed_run, demo_data, tmp_path):
     start from 0 although the checkpoint is at iteration k; the final checkpoint is iteration 3."""
     from megatron.config.parser import parse_args
     from megatron.optim import learning_rates as lrs
-    from megatron.schedules.units import batch_schedule_from_args
+    from megatron.schedules.units import batch_schedule
 
     saved = int((killed_run["ckpt"] / "latest_checkpointed_iteration.txt").read_text())
     budget = int(2.5 * GBS * SEQ)
@@ -120,9 +120,9 @@ def test_reset_progress_with_a_token_budget(killed_run, demo_data, tmp_path):
     assert [r["consumed_tokens"] for r in train] == [GBS * SEQ, 2 * GBS * SEQ, 3 * GBS * SEQ]
     # the LR of each step is the fresh schedule's, which ends at the budget (3 iterations)
     args = parse_args(model_flags(demo_data, tmp_path, length), world_size=2)
-    bs = batch_schedule_from_args(args)
-    lr, _ = lrs.build_schedules(lrs.scheduler_params_from_args(args, bs),
-                                lrs.schedule_context_from_args(args, bs))
+    config = args.run_config.schedule
+    bs = batch_schedule(config.batch)
+    lr, _ = lrs.build_schedules(lrs.scheduler_params(config, bs), lrs.schedule_context(config, bs))
     steps = np.arange(3)
     want = lr(lrs.progress_in(lr.unit, steps, bs.samples_at_iterations(steps), bs))
     assert [r["lr"] for r in train] == pytest.approx(list(want), rel=1e-12)

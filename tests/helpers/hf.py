@@ -55,8 +55,8 @@ def tokens(batch=2, length=16, vocab=VOCAB, seed=1):
 
 
 def save_model(model, args, directory, tp=1, pp=1):
-    from megatron.checkpoint.model_args import model_args_from_args
     from megatron.checkpoint.writer import write_checkpoint
+    from megatron.config.checkpoint_args import model_args_from_args
 
     full = {n: p.detach().clone() for n, p in model.named_parameters()}
     return write_checkpoint(str(directory), full, model_args_from_args(args), tp=tp, pp=pp)

@@ -43,7 +43,8 @@ def main(out_dir: str) -> None:
     args.padded_vocab_size = VOCAB
     initialize_distributed(args)
     set_seeds(args.seed)
-    engine, _, _ = setup_model_and_optimizer(args, gpt_model_for_layout, args.global_batch_size)
+    engine, _, _ = setup_model_and_optimizer(args.run_config, gpt_model_for_layout(args),
+                                             args.global_batch_size)
     moe = moe_training_from_args(engine.module, args)
     rank = torch.distributed.get_rank()
     g = torch.Generator().manual_seed(100 + rank)  # every rank its own data

@@ -74,9 +74,9 @@ def test_rampup_parsed_to_ints():
 
 def test_bigscience_token_aliases_convert_to_samples():
     base = [a for a in TINY_RUN if a not in ("--train-iters", "10")]
-    from megatron.optim.learning_rates import scheduler_steps_from_args
+    from megatron.optim.learning_rates import scheduler_steps
     args = parse(["--train-samples", "1000", "--lr-warmup-tokens", "100", "--lr-decay-tokens", "3200"], base=base)
-    steps = scheduler_steps_from_args(args)
+    steps = scheduler_steps(args.run_config.schedule)
     assert steps["lr_warmup_steps"] == 100 / 32 and steps["lr_decay_steps"] == 100  # tokens / seq
 
 

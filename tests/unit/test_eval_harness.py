@@ -215,8 +215,8 @@ def test_load_iteration_selects_the_checkpoint(tiny):
 def test_checkpoint_of_another_layout_loads_with_its_recorded_flags(tiny, tmp_path):
     """A TP 2 x PP 2 checkpoint (vocabulary padded for TP 2) evaluates with the full TP=1/PP=1
     weights and, with --use-checkpoint-args, the model flags it recorded."""
-    from megatron.checkpoint.model_args import model_args_from_args
     from megatron.checkpoint.writer import write_checkpoint
+    from megatron.config.checkpoint_args import model_args_from_args
     from tasks.eval_harness import evaluate
     tensors = {n: p.detach().clone() for n, p in tiny["model"].named_parameters()}
     emb = tensors["embedding.word_embeddings.weight"]

@@ -11,7 +11,7 @@ import pytest
 
 from helpers.flags import TINY_RUN, one_error_line, parse
 from megatron.config import flag_compat
-from megatron.config.deepspeed_config import deepspeed_config_from_args
+from megatron.config.deepspeed_config import deepspeed_config
 from megatron.config.parser import get_parser
 from megatron.errors import ArgumentError
 
@@ -67,9 +67,9 @@ def test_prefixlm_alias_where_prefix_lm_exists():
 def test_use_distributed_optimizer_is_zero_1_and_stated():
     args = parse(["--use-distributed-optimizer"], world_size=2)
     assert args.zero_stage == 1
-    assert deepspeed_config_from_args(args, args.global_batch_size)["zero_optimization"] == \
-        deepspeed_config_from_args(parse(["--zero-stage", "1"], world_size=2),
-                                   4)["zero_optimization"]
+    assert deepspeed_config(args.run_config.deepspeed, args.global_batch_size)["zero_optimization"] == \
+        deepspeed_config(parse(["--zero-stage", "1"], world_size=2).run_config.deepspeed,
+                         4)["zero_optimization"]
     assert ("--use-distributed-optimizer: optimizer states sharded over the 2 data-parallel "
             "rank(s) by DeepSpeed ZeRO stage 1") in args.run_config.notes
     assert parse(["--use-distributed-optimizer", "--zero-stage", "2"], world_size=2).zero_stage == 2
@@ -223,7 +223,7 @@ def test_flags_fill_the_keys_the_json_lacks(ds_json, fp16_device):
     args = parse(["--fp16", "--loss-scale", "4096", "--clip-grad", "0.5", "--initial-loss-scale",
                   "65536", "--min-loss-scale", "2", "--loss-scale-window", "500", "--hysteresis",
                   "3", "--deepspeed_config", path])
-    config = deepspeed_config_from_args(args, args.global_batch_size)
+    config = deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert config["gradient_clipping"] == 0.5
     assert config["fp16"] == {"enabled": True, "loss_scale": 4096.0, "initial_scale_power": 16,
                               "min_loss_scale": 2.0, "loss_scale_window": 500, "hysteresis": 3}
@@ -251,7 +251,7 @@ def test_json_values_without_flags_are_taken_and_stated(ds_json, fp16_device):
                   "fp16.initial_scale_power=12 (--initial-loss-scale)",
                   "fp16.enabled=true (--fp16)"):
         assert taken in notes
-    config = deepspeed_config_from_args(args, 8)
+    config = deepspeed_config(args.run_config.deepspeed, 8)
     assert config["fp16"]["initial_scale_power"] == 12 and config["gradient_clipping"] == 0.3
 
 
@@ -286,7 +286,7 @@ def test_json_batch_under_a_rampup_is_the_final_batch(ds_json):
     rampup = ["--rampup-batch-size", "2", "2", "40", "--global-batch-size", "8"]
     args = parse(rampup + ["--deepspeed_config", ds_json({"train_batch_size": 8,
                                                            "gradient_accumulation_steps": 4})])
-    assert deepspeed_config_from_args(args, 2)["train_batch_size"] == 2  # the engine's first batch
+    assert deepspeed_config(args.run_config.deepspeed, 2)["train_batch_size"] == 2  # the engine's first batch
     with pytest.raises(ArgumentError, match="train_batch_size=2 disagrees with the flags"):
         parse(rampup + ["--deepspeed_config", ds_json({"train_batch_size": 2})])
 
@@ -392,10 +392,10 @@ def test_bad_step_schedules(argv, fragment):
 def test_step_schedule_shapes_the_lr_schedule_in_samples():
     """Sample-based LR spans under a step schedule: the decay ends at the samples of the last
     iteration (the schedule's iterations, not a constant batch's)."""
-    from megatron.optim.learning_rates import run_shape_from_args, schedule_context_from_run_shape
+    from megatron.optim.learning_rates import run_shape, schedule_context_from_run_shape
 
     args = parse(["--step-batch-size-schedule", "0:2 640:4", "--global-batch-size", "4"])
-    shape = run_shape_from_args(args)
+    shape = run_shape(args.run_config.schedule)
     assert shape["batch_size_steps"] == [[0, 2], [20, 4]]
     context = schedule_context_from_run_shape(shape)
     assert context.batch_schedule.samples_at_iteration(10) == 2 * 10
@@ -416,7 +416,7 @@ def test_flag_values_reach_the_deepspeed_engine(ds_json, dist_group, monkeypatch
                   "--deepspeed_config", path])
     model = torch.nn.Linear(8, 8)
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
-                                      config=deepspeed_config_from_args(args, 2),
+                                      config=deepspeed_config(args.run_config.deepspeed, 2),
                                       dist_init_required=False)
     assert engine.gradient_clipping() == 0.5 and engine.bfloat16_enabled()
     assert engine.zero_optimization_stage() == 1 and engine.train_batch_size() == 2

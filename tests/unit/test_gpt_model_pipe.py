@@ -314,12 +314,15 @@ def test_partition_method_matching_no_layer_is_refused():
 def test_pipe_keeps_activations_whole_under_sequence_parallelism():
     """DeepSpeed's pipe partitions the sent activation over the tensor-parallel group unless told
     not to; under --sequence-parallel each TP rank holds another slice, so the config says not to."""
-    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from dataclasses import replace
+
+    from megatron.config.deepspeed_config import deepspeed_config
 
     def config(pp, sp):
         args = model_args()
-        args.pipeline_model_parallel_size, args.sequence_parallel = pp, sp
-        return deepspeed_config_from_args(args, args.global_batch_size)
+        flags = replace(args.run_config.deepspeed, pipeline_model_parallel_size=pp,
+                        sequence_parallel=sp)
+        return deepspeed_config(flags, args.global_batch_size)
 
     assert config(2, True)["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}
     assert "pipeline" not in config(2, False) and "pipeline" not in config(1, True)

@@ -248,7 +248,7 @@ def test_checkpoint_args_fill_model_flags_and_refuse_disagreeing_ones(tp1, tmp_p
                       require_data=False)
     assert same.seq_length == 8 and same.hidden_size == 64
     parser = get_parser()
-    from megatron.checkpoint.model_args import apply_checkpoint_args
+    from megatron.config.checkpoint_args import apply_checkpoint_args
     for flags, named in ((["--hidden-size", "128"], "--hidden-size 128 (command line) vs "
                           "--hidden-size 64 (checkpoint)"),
                          (["--normalization", "LayerNorm"], "--normalization LayerNorm"),
@@ -275,7 +275,7 @@ def test_finetune_t0_takes_the_checkpoint_model_flags(tp1, tmp_path):
 
 
 def test_use_checkpoint_args_bad_inputs(tmp_path):
-    from megatron.checkpoint.model_args import apply_checkpoint_args
+    from megatron.config.checkpoint_args import apply_checkpoint_args
 
     parser = get_parser()
     cases = [([], "--use-checkpoint-args needs --load DIR"),

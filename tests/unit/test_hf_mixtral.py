@@ -228,7 +228,7 @@ def test_canonical_moe_names_and_shapes_are_gpt_models(tp1, flags):
     experts by global id, shared experts, dense layers between, router and expert biases) are the
     GPTModel's."""
     from megatron.checkpoint.hf.families import canonical_names, canonical_shapes
-    from megatron.checkpoint.model_args import model_args_from_args
+    from megatron.config.checkpoint_args import model_args_from_args
 
     args = our_args(flags)
     record = model_args_from_args(args)["model"]

@@ -14,7 +14,8 @@ from helpers.rampup_peer import PeerRampupCalculator
 from megatron.config.arguments import validate_args
 from megatron.config.parser import get_parser, parse_args
 from megatron.errors import ArgumentError
-from megatron.optim.learning_rates import build_opt_param_scheduler, scheduler_steps_from_args
+from megatron.optim.learning_rates import build_opt_param_scheduler as _build
+from megatron.optim.learning_rates import scheduler_steps
 
 
 def make_args(*extra):
@@ -36,7 +37,7 @@ def dummy_optimizer():
 
 
 def core_scheduler(args, optimizer):
-    steps = scheduler_steps_from_args(args)
+    steps = scheduler_steps(args.run_config.schedule)
     return CoreScheduler(
         optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=steps["lr_warmup_steps"], lr_decay_steps=steps["lr_decay_steps"],
@@ -45,6 +46,10 @@ def core_scheduler(args, optimizer):
         wd_incr_style=args.weight_decay_incr_style, use_checkpoint_opt_param_scheduler=False,
         override_opt_param_scheduler=False, wsd_decay_steps=steps["wsd_decay_steps"],
         lr_wsd_decay_style=args.lr_wsd_decay_style)
+
+
+def build_opt_param_scheduler(args, optimizer):
+    return _build(args.run_config.schedule, optimizer)
 
 
 def run(scheduler, optimizer, increments):
@@ -467,7 +472,7 @@ def test_token_flags_with_train_iters_match_megatron_core():
     samples, the values megatron-core gives for those sample spans."""
     args = make_args("--global-batch-size 4 --train-iters 60 --lr 1e-3 --min-lr 1e-5 "
                      "--lr-decay-style cosine --lr-warmup-tokens 520 --lr-decay-tokens 3000")
-    steps = scheduler_steps_from_args(args)
+    steps = scheduler_steps(args.run_config.schedule)
     assert (steps["lr_warmup_steps"], steps["lr_decay_steps"]) == (520 / 16, 3000 / 16)
     _compare(args, [4] * 62)
 

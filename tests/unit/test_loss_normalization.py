@@ -86,7 +86,7 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     from megatron.data.train_data import EvalGroup
     from megatron.model.gpt_model_pipe import gpt_model_for_layout
     from megatron.tokenizer import tokenizer_setup
-    from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
+    from megatron.train.engine_setup import loss_normalizer, setup_model_and_optimizer
     from megatron.train.evaluation import evaluate
     from megatron.train.loader import _loader
     from megatron.train.stats import _IntervalStats
@@ -95,8 +95,9 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     args = finetune_t0.parse_t0_args(_flags(toy, cache, micro_batch_size, extra))
     tokenizer_setup(args).apply(args)
     data = finetune_t0.datasets_provider(args)
-    engine, _, _ = setup_model_and_optimizer(args, gpt_model_for_layout, args.global_batch_size)
-    normalizer = loss_normalizer_from_args(args, data)
+    engine, _, _ = setup_model_and_optimizer(args.run_config, gpt_model_for_layout(args),
+                                             args.global_batch_size)
+    normalizer = loss_normalizer(args.run_config.loss, data, args.data_parallel_size)
     steps = step_functions(engine, gpt_forward_step, normalizer)
     before = [p.detach().clone() for p in engine.module.parameters()]
     evaluation = evaluate(engine, args.run_config.loop, EvalGroup("train", data.train), steps, 0)

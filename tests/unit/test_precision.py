@@ -11,7 +11,7 @@ import torch
 
 from helpers.flags import parse as parse_tiny
 from helpers.flags import tiny_run_flags
-from megatron.config.deepspeed_config import deepspeed_config_from_args
+from megatron.config.deepspeed_config import deepspeed_config
 from megatron.errors import ArgumentError
 
 BASE = tiny_run_flags(micro_batch_size=1, global_batch_size=2, lr="0.1")
@@ -43,7 +43,7 @@ def test_accumulation_and_reduction_dtypes_follow_megatron_lm(flags, accumulatio
     under --fp16 in fp16 unless --accumulate-allreduce-grads-in-fp32 (Megatron-LM's
     validate_args); mixed precision runs at ZeRO stage 1 even on one data-parallel rank."""
     args = parse(flags)
-    config = deepspeed_config_from_args(args, args.global_batch_size)
+    config = deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert config["data_types"]["grad_accum_dtype"] == accumulation
     assert config["communication_data_type"] == accumulation
     assert config["zero_optimization"]["stage"] == 1
@@ -52,7 +52,7 @@ def test_accumulation_and_reduction_dtypes_follow_megatron_lm(flags, accumulatio
 
 def test_fp32_training_keeps_deepspeed_defaults():
     args = parse([])
-    config = deepspeed_config_from_args(args, args.global_batch_size)
+    config = deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert "data_types" not in config and "communication_data_type" not in config
     assert config["zero_optimization"]["stage"] == 0
     assert parse([], world_size=2).zero_stage is None  # the default stage: 1 on DP 2
@@ -71,7 +71,7 @@ def test_zero_stage_0_under_bf16_runs_stage_1_and_says_so(source, tmp_path):
         args = parse(["--deepspeed_config", str(path)], world_size=2)
         where = f"--deepspeed_config {path} zero_optimization.stage=0"
     assert args.zero_stage == 1
-    config = deepspeed_config_from_args(args, args.global_batch_size)
+    config = deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert config["zero_optimization"]["stage"] == 1
     note, = [n for n in args.run_config.notes if n.startswith(where)]
     assert "with --bf16: runs at ZeRO stage 1 (DeepSpeed's BF16_Optimizer" in note
@@ -90,7 +90,7 @@ def test_json_accumulation_dtype_is_taken_or_must_agree(tmp_path):
     # the JSON's all-reduce dtype is kept, unless a flag says another
     path.write_text('{"communication_data_type": "bf16"}')
     args = parse(["--bf16", "--deepspeed_config", str(path)])
-    config = deepspeed_config_from_args(args, args.global_batch_size)
+    config = deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert (config["data_types"]["grad_accum_dtype"], config["communication_data_type"]) == (
         "fp32", "bf16")
     with pytest.raises(ArgumentError, match=r"communication_data_type=bf16 disagrees with "
@@ -162,7 +162,7 @@ def _engine(flags, tensor_parallel_rank=0):
     model = Scales()
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=build_optimizer(args.run_config.optimizer, model),
-        config=deepspeed_config_from_args(args, args.global_batch_size),
+        config=deepspeed_config(args.run_config.deepspeed, args.global_batch_size),
         mpu=_mpu(tensor_parallel_rank), dist_init_required=False)
     return engine, model
 
@@ -276,7 +276,7 @@ def test_optimizer_step_reads_the_device_a_fixed_number_of_times(flags, one_rank
     model = ManyParameters()
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=build_optimizer(args.run_config.optimizer, model),
-        config=deepspeed_config_from_args(args, args.global_batch_size), mpu=_mpu(0),
+        config=deepspeed_config(args.run_config.deepspeed, args.global_batch_size), mpu=_mpu(0),
         dist_init_required=False)
     x = torch.ones(4, dtype=model.weights[0].dtype)
     engine.backward(engine(x))

@@ -26,7 +26,7 @@ def stepped(flags):
     iters = train_iterations_from_args(args, bs)
     opt = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "wd_mult": 1.0,
                             "lr_mult": 1.0}], lr=1.0)
-    sched = build_opt_param_scheduler(args, opt)
+    sched = build_opt_param_scheduler(args.run_config.schedule, opt)
     consumed, samples, lr, wd = 0, [], [], []
     for _i in range(iters + 1):
         samples.append(consumed)

@@ -73,11 +73,11 @@ def test_train_tokens_after_the_run_length_changes_nothing():
 
 def _lr_values(args, iterations):
     from megatron.optim import learning_rates as lrs
-    from megatron.schedules.units import batch_schedule_from_args
+    from megatron.schedules.units import batch_schedule
 
-    bs = batch_schedule_from_args(args)
-    lr, _ = lrs.build_schedules(lrs.scheduler_params_from_args(args, bs),
-                                lrs.schedule_context_from_args(args, bs))
+    config = args.run_config.schedule
+    bs = batch_schedule(config.batch)
+    lr, _ = lrs.build_schedules(lrs.scheduler_params(config, bs), lrs.schedule_context(config, bs))
     iterations = np.asarray(iterations)
     return lr(lrs.progress_in(lr.unit, iterations, bs.samples_at_iterations(iterations), bs))
 

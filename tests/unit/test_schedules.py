@@ -249,7 +249,7 @@ weight_decay_schedule: {type: step, points: {0: 0.0, 500: 0.1}}
 """)
     validate_args(args, 1, require_data=False)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    s = build_opt_param_scheduler(args, opt)
+    s = build_opt_param_scheduler(args.run_config.schedule, opt)
     seen = []
     for _ in range(1000):
         seen.append((opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"]))
@@ -309,7 +309,7 @@ def test_levanter_seed_file(tmp_path):
                          "--lr-schedule-config", os.path.join(SEEDS, "levanter_lr_schedule.yaml")]
     args = validate_args(get_parser().parse_args(flags), 1, require_data=False)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    s = build_opt_param_scheduler(args, opt)
+    s = build_opt_param_scheduler(args.run_config.schedule, opt)
     iterations = np.arange(120001)
     lr, _ = s.values_at(iterations, iterations * 4)
     i = iterations.astype(np.float64)
@@ -399,8 +399,9 @@ def test_levanter_yaml_strings_through_the_flags(tmp_path):
     args, _ = config_args(tmp_path, "lr_schedule:\n  - {start: 0, value: {type: constant, "
                                     "learning_rate: 1e-4}}\n  - {start: 500, value: 5e-5}\n")
     validate_args(args, 1, require_data=False)
-    from megatron.optim.learning_rates import build_schedules, schedule_context_from_args, scheduler_params_from_args
-    lr, _ = build_schedules(scheduler_params_from_args(args), schedule_context_from_args(args))
+    from megatron.optim.learning_rates import build_schedules, schedule_context, scheduler_params
+    config = args.run_config.schedule
+    lr, _ = build_schedules(scheduler_params(config), schedule_context(config))
     assert list(lr([0, 499, 500, 999])) == [1e-4, 1e-4, 5e-5, 5e-5]
 
 
@@ -417,8 +418,8 @@ def test_bare_inv_resume_with_another_lr_is_refused(tmp_path):
 
     def scheduler(min_lr):
         flags = BASE + ["--min-lr", min_lr, "--lr-schedule-config", str(path)]
-        return build_opt_param_scheduler(validate_args(get_parser().parse_args(flags), 1,
-                                                       require_data=False), _Opt())
+        args = validate_args(get_parser().parse_args(flags), 1, require_data=False)
+        return build_opt_param_scheduler(args.run_config.schedule, _Opt())
 
     old = scheduler("1e-5")
     for _ in range(3):

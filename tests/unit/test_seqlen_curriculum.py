@@ -155,14 +155,14 @@ def test_the_legacy_section_trains_and_deepspeed_accepts_what_is_left(tmp_path):
     from deepspeed.runtime.config import DeepSpeedConfig
 
     from helpers.flags import parse
-    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from megatron.config.deepspeed_config import deepspeed_config
 
     path = _ds_json(tmp_path, MICROSOFT_SECTION)
     with pytest.raises(Exception, match="Legacy top-level 'curriculum_learning' has been removed"):
         DeepSpeedConfig(json.loads(open(path).read()) | {"train_batch_size": 2})
     args = parse(["--deepspeed_config", path, "--train-iters", "10"])
     assert args.seq_length_plan.lengths.tolist() == deepspeed_lengths(MICROSOFT_SECTION, 10)
-    handed = deepspeed_config_from_args(args, args.global_batch_size)
+    handed = deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert "curriculum_learning" not in handed
     DeepSpeedConfig(handed)  # accepted
     assert any(n.startswith(f"--deepspeed_config {path}: curriculum_learning (fixed_linear, 8 to 32 "
@@ -176,12 +176,12 @@ def test_a_disabled_legacy_section_is_left_out_of_deepspeeds_config(tmp_path):
     """"enabled": false: the run trains at --seq-length, DeepSpeed gets no section (it would
     refuse it), and a start-up note says so."""
     from helpers.flags import parse
-    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from megatron.config.deepspeed_config import deepspeed_config
 
     path = _ds_json(tmp_path, dict(MICROSOFT_SECTION, enabled=False))
     args = parse(["--deepspeed_config", path])
     assert args.seq_length_plan is None
-    assert "curriculum_learning" not in deepspeed_config_from_args(args, args.global_batch_size)
+    assert "curriculum_learning" not in deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     assert any(n.startswith(f"--deepspeed_config {path}: curriculum_learning is disabled")
                for n in args.run_config.notes)
 
@@ -193,8 +193,8 @@ def test_both_spellings_of_one_curriculum_give_the_same_run(tmp_path):
     import yaml
 
     from helpers.flags import parse
-    from megatron.optim.learning_rates import build_schedules, schedule_context_from_args, scheduler_params_from_args
-    from megatron.schedules.units import batch_schedule_from_args
+    from megatron.optim.learning_rates import build_schedules, schedule_context, scheduler_params
+    from megatron.schedules.units import batch_schedule
 
     legacy = parse(["--deepspeed_config", _ds_json(tmp_path, MICROSOFT_SECTION), "--train-iters", "12",
                     "--lr-warmup-tokens", "200", "--lr-decay-tokens", "2000"])
@@ -209,9 +209,10 @@ def test_both_spellings_of_one_curriculum_give_the_same_run(tmp_path):
     runs = (legacy, flag, in_file)
     for args in runs:
         assert args.seq_length_plan.lengths.tolist() == deepspeed_lengths(MICROSOFT_SECTION, 12)
-    assert scheduler_params_from_args(legacy) == scheduler_params_from_args(flag)
-    lr = [build_schedules(scheduler_params_from_args(a), schedule_context_from_args(a))[0] for a in runs]
-    tokens = batch_schedule_from_args(legacy).tokens_at_iterations(np.arange(13))
+    assert scheduler_params(legacy.run_config.schedule) == scheduler_params(flag.run_config.schedule)
+    lr = [build_schedules(scheduler_params(a.run_config.schedule),
+                          schedule_context(a.run_config.schedule))[0] for a in runs]
+    tokens = batch_schedule(legacy.run_config.batch).tokens_at_iterations(np.arange(13))
     assert np.array_equal(lr[0](tokens), lr[1](tokens))
     # the file's cosine in tokens spans the run's trained tokens
     assert lr[2](tokens[-1]) == pytest.approx(0.0, abs=1e-12)
@@ -222,7 +223,7 @@ def test_the_data_efficiency_form_trains_its_sequence_length_metric(tmp_path):
     the data_efficiency section leaves DeepSpeed's config; other metrics are refused naming
     them, as is the flag without a section."""
     from helpers.flags import parse
-    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from megatron.config.deepspeed_config import deepspeed_config
 
     def data_efficiency(metrics):
         return {"enabled": True, "seed": 1234, "data_sampling": {
@@ -243,7 +244,7 @@ def test_the_data_efficiency_form_trains_its_sequence_length_metric(tmp_path):
         if mode == "split":  # the largest divisor of --seq-length 32 not above each length
             want = [max(d for d in (8, 16, 32) if d <= k) for k in want]
         assert args.seq_length_plan.lengths.tolist() == want
-        assert "data_efficiency" not in deepspeed_config_from_args(args, args.global_batch_size)
+        assert "data_efficiency" not in deepspeed_config(args.run_config.deepspeed, args.global_batch_size)
     path = _ds_json(tmp_path, name="voc.json", data_efficiency=data_efficiency(
         {"vocabularyrarity": dict(metric, difficulty_type="percentile")}))
     with pytest.raises(ConfigError, match="metric 'vocabularyrarity' needs DeepSpeed's offline "
@@ -346,7 +347,7 @@ def test_the_lr_in_tokens_follows_the_trained_tokens():
     class Optimizer:
         param_groups = [{}]
 
-    scheduler = build_opt_param_scheduler(args, Optimizer())
+    scheduler = build_opt_param_scheduler(args.run_config.schedule, Optimizer())
     for i in range(12):
         t = tokens[i]
         if t <= 300:
@@ -358,7 +359,7 @@ def test_the_lr_in_tokens_follows_the_trained_tokens():
         scheduler.step(increment=4)
     power = parse(curriculum + ["--lr", "1e-2", "--lr-decay-style", "power", "--lr-warmup-iters", "0",
                                 "--power-scheduler-a", "4.6", "--power-scheduler-b", "-0.51"])
-    scheduler = build_opt_param_scheduler(power, Optimizer())
+    scheduler = build_opt_param_scheduler(power.run_config.schedule, Optimizer())
     for i in range(1, 12):
         scheduler.step(increment=4)
         n = tokens[i]

@@ -140,14 +140,14 @@ def _tiny_engine(args):
     """(a Tiny model, its one-rank DeepSpeed engine) of the training flags ``args``."""
     import deepspeed
 
-    from megatron.config.deepspeed_config import deepspeed_config_from_args
+    from megatron.config.deepspeed_config import deepspeed_config
     from megatron.optim.optimizer import build_optimizer
     from megatron.parallel.topology import MegatronCoreMPU
 
     model = Tiny()
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=build_optimizer(args.run_config.optimizer, model),
-        config=deepspeed_config_from_args(args, args.global_batch_size), mpu=MegatronCoreMPU(),
+        config=deepspeed_config(args.run_config.deepspeed, args.global_batch_size), mpu=MegatronCoreMPU(),
         dist_init_required=False)
     return model, engine
 
@@ -196,7 +196,8 @@ def test_a_skipped_step_changes_no_parameter_and_no_optimizer_state(
     trains (Adam's count says 2 steps after it). The norm decided on is the one DeepSpeed logs."""
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.optim.skip_step_engine import step_skipper_from_args
+    from megatron.optim.loss_normalization import normalization
+    from megatron.optim.skip_step_engine import step_skipper
 
     if "--fp16" in flags:
         monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: True)
@@ -204,7 +205,7 @@ def test_a_skipped_step_changes_no_parameter_and_no_optimizer_state(
     args = parse(flags + ["--grad-norm-skip-threshold", "100"])  # --clip-grad 1 by default
     model, engine = _tiny_engine(args)
     assert type(engine.optimizer).__name__ == wrapper
-    skipper = step_skipper_from_args(args, engine)
+    skipper = step_skipper(args.run_config.skip_step, normalization(args.run_config.loss), engine)
     first = _iteration(engine, skipper, 1, 1.0)
     before = _snapshot(engine)
     spike = _iteration(engine, skipper, 2, 30.0)
@@ -233,14 +234,15 @@ def test_deepspeed_overflow_skip_is_counted(one_rank_model_parallel, monkeypatch
     stay out of the z-score window."""
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.optim.skip_step_engine import step_skipper_from_args
+    from megatron.optim.loss_normalization import normalization
+    from megatron.optim.skip_step_engine import step_skipper
 
     monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: True)
     monkeypatch.setenv("LOCAL_RANK", "0")
     args = parse(["--fp16", "--loss-scale", "1024", "--skip-step-zscore-threshold", "6",
                   "--skip-step-zscore-window", "4"])
     model, engine = _tiny_engine(args)
-    skipper = step_skipper_from_args(args, engine)
+    skipper = step_skipper(args.run_config.skip_step, normalization(args.run_config.loss), engine)
     forward = skipper.wrap_forward_step(lambda engine, x: (engine(x), None))
     outcomes = []
     for number, scale in enumerate((1.0, 1e3, 1.0), start=1):
@@ -265,12 +267,13 @@ def test_a_skipped_first_step_leaves_deepspeeds_optimizer_state_links_working(
     it) finds the moments."""
     from deepspeed.utils import safe_get_full_optimizer_state
 
-    from megatron.optim.skip_step_engine import step_skipper_from_args
+    from megatron.optim.loss_normalization import normalization
+    from megatron.optim.skip_step_engine import step_skipper
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     args = parse(flags + ["--grad-norm-skip-threshold", "100"])
     model, engine = _tiny_engine(args)
-    skipper = step_skipper_from_args(args, engine)
+    skipper = step_skipper(args.run_config.skip_step, normalization(args.run_config.loss), engine)
     assert _iteration(engine, skipper, 1, 30.0).skipped
     assert not _iteration(engine, skipper, 2, 1.0).skipped
     moment = safe_get_full_optimizer_state(model.linear.weight, "exp_avg")

@@ -23,7 +23,7 @@ __all__ = ["FILES_PER_SOURCE", "RESERVED_FILES", "POOLS_PER_PROCESS", "pool_capa
 FILES_PER_SOURCE = 6     # .idx, .bin, three index arrays, and one for the open in progress
 RESERVED_FILES = 192     # what a training process holds besides its datasets (torch, gloo, logs)
 POOLS_PER_PROCESS = 4    # a training blend and up to three evaluation blends reading at once
-MAX_OPEN = 512           # the most datasets a pool keeps open, whatever the limit
+MAX_OPEN = 4096          # the most a pool keeps open, whatever the limit (memory maps: 5 each)
 MIN_OPEN = 4             # the fewest that still serve a batch without reopening in a loop
 
 

@@ -97,4 +97,4 @@ def test_the_pool_closes_the_least_recently_read():
     sources = [LazySource(k, 5, lambda k=k: opened.append(k) or [k] * 5, pool) for k in range(3)]
     assert [s[0] for s in (sources[0], sources[1], sources[0], sources[2], sources[1])] == [0, 1, 0, 2, 1]
     assert opened == [0, 1, 2, 1] and len(pool) == 2  # 1 was closed when 2 opened, 0 kept
-    assert len(sources[2]) == 5 and pool_capacity(10 ** 6, 10 ** 6) == 512
+    assert len(sources[2]) == 5 and pool_capacity(10 ** 6, 10 ** 6) == 4096

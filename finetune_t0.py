@@ -58,7 +58,8 @@ def model_provider(args):
     The loss is ``sum(token_loss * loss_mask) / sum(loss_mask)``; with --norm-target-loss the
     weights of each target sum to 1, so that is the mean over targets of each target's mean token
     loss."""
-    return gpt_model_for_layout(args)
+    run = args.run_config
+    return gpt_model_for_layout(run.transformer, run.model, args.padded_vocab_size, args.vocab_size)
 
 
 def parse_t0_args(argv=None):

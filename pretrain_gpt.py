@@ -21,7 +21,8 @@ from megatron.train.loop import pretrain
 def model_provider(args):
     """The GPT model for ``args`` (vocab padded for the tokenizer): ``GPTModel``, or this rank's
     ``GPTModelPipe`` stage with --pipeline-model-parallel-size > 1."""
-    return gpt_model_for_layout(args)
+    run = args.run_config
+    return gpt_model_for_layout(run.transformer, run.model, args.padded_vocab_size, args.vocab_size)
 
 
 def datasets_provider(args, resume=None) -> TrainData:

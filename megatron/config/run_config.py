@@ -10,6 +10,9 @@ fails at start-up, by name.
 - ``tokenizer``: megatron/tokenizer/types.py ``TokenizerConfig`` (the type resolved, its files);
 - ``optimizer``: megatron-core's ``OptimizerConfig`` (megatron/optim/optimizer.py);
 - ``transformer``: megatron-core's ``TransformerConfig`` (validation builds it: the model);
+- ``model``: megatron/model/model_config.py ``ModelConfig`` (position encoding, layer
+  implementation, core attention, pipe and parallel layout, MoE layout: the model's builders,
+  megatron/config/model_config.py);
 - ``notes``: the start-up notes validation returned (printed once the run starts).
 
 The configs the train package consumes are defined here, the layer below it; the lower layers'
@@ -21,7 +24,9 @@ from typing import Optional, Sequence, Tuple
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
+from megatron.config.model_config import model_config_from_args
 from megatron.metrics.writers import MetricsConfig
+from megatron.model.model_config import ModelConfig
 from megatron.schedules.units import BatchConfig
 from megatron.tokenizer.types import TokenizerConfig, tokenizer_config_from_args
 from megatron.utils.typed_config import config_from_args
@@ -81,6 +86,7 @@ class RunConfig:
     tokenizer: TokenizerConfig
     optimizer: OptimizerConfig
     transformer: TransformerConfig
+    model: ModelConfig
     notes: Tuple[str, ...]
 
 
@@ -106,4 +112,5 @@ def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
                      tokenizer=tokenizer_config_from_args(args),
                      optimizer=optimizer_config_from_args(args),
                      transformer=args.transformer_config,
+                     model=model_config_from_args(args),
                      notes=tuple(notes))

@@ -23,7 +23,7 @@ checkpoints). A new feature adds a hook here instead of a parameter to ``train``
 from typing import Callable, Dict, List, Protocol, Tuple
 
 from megatron.checkpoint.engine import TrainingState
-from megatron.metrics.moe import moe_training_from_args
+from megatron.metrics.moe import moe_training
 from megatron.optim.skip_step_engine import step_skipper_from_args
 
 
@@ -54,6 +54,6 @@ def loop_hooks_from_args(args, engine) -> List[LoopHook]:
     """The hooks of this run, in the order their fields appear in the log line and the record:
     the MoE bookkeeping of a model with ``--num-experts``, then the step skipper of the skip-step
     flags (each only when its flags ask for it)."""
-    hooks = [moe_training_from_args(engine.module, args),
+    hooks = [moe_training(engine.module, args.run_config.model.moe),
              step_skipper_from_args(args, engine)]  # --grad-norm-skip-threshold, ... or None
     return [hook for hook in hooks if hook is not None]

@@ -141,8 +141,8 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     """
     run = args.run_config
     loop, checkpoint = run.loop, run.checkpoint
-    check_backend_trains(args)  # before start-up: FlexAttention has no backward on a CPU
-    start_notes = initialize_distributed(args)
+    check_backend_trains(run.model.attention)  # before start-up: FlexAttention has no backward on a CPU
+    start_notes = initialize_distributed(run.model.layout, args.distributed_backend)
     # flag compatibility, --deepspeed_config, the tokenizer's, distributed start-up's
     for note in run.notes + tuple(notes) + tuple(start_notes):
         print_rank_0(note)
@@ -165,8 +165,10 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
                      f"LR schedule follows the new length)")
         metrics.close()
         return state
+    layout = layout_line(run.model.layout, engine.zero_optimization_stage(),
+                         args.gradient_accumulation_steps, run.transformer)
     print_rank_0(f"training: {loop.train_iters} iterations, global batch {loop.global_batch_size}, "
-                 f"micro batch {loop.micro_batch_size} | {layout_line(args, engine)}")
+                 f"micro batch {loop.micro_batch_size} | {layout}")
     if loop.train_tokens_note:
         print_rank_0(loop.train_tokens_note)
     if loop.skip_train:

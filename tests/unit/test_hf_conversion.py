@@ -451,13 +451,14 @@ def test_gelu_follows_megatron_lms_bias_gelu_rule(tp1, tmp_path, flags, form, hf
     import torch.nn.functional as F
 
     from megatron.checkpoint.format import read_model_args
-    from megatron.model.activations import activation_from_args
+    from megatron.model.activations import mlp_activation
     from megatron.model.gelu import gelu_form
 
     args = default_flag_args(*flags)
     x = torch.linspace(-4, 4, 101)
     expected = F.gelu(x, approximate="tanh" if form == "tanh" else "none")
-    torch.testing.assert_close(activation_from_args(args)(x), expected, rtol=0, atol=0)
+    torch.testing.assert_close(mlp_activation(args.swiglu, gelu_form(vars(args)))(x), expected,
+                               rtol=0, atol=0)
     directory = save_model(our_model(args), args, tmp_path / "ckpt")
     assert gelu_form(read_model_args(directory)["model"]) == form
     export(tmp_path / "ckpt", tmp_path / "hf")

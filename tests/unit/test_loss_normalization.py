@@ -83,8 +83,8 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     """(logged loss, per-dataset losses, token shares, evaluation loss of the same batch, the
     parameters' change = -gradient) of one iteration at ``micro_batch_size``."""
     import finetune_t0
+    from helpers.models import model_for_layout
     from megatron.data.train_data import EvalGroup
-    from megatron.model.gpt_model_pipe import gpt_model_for_layout
     from megatron.tokenizer import tokenizer_setup
     from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
     from megatron.train.evaluation import evaluate
@@ -95,7 +95,7 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     args = finetune_t0.parse_t0_args(_flags(toy, cache, micro_batch_size, extra))
     tokenizer_setup(args).apply(args)
     data = finetune_t0.datasets_provider(args)
-    engine, _, _ = setup_model_and_optimizer(args, gpt_model_for_layout, args.global_batch_size)
+    engine, _, _ = setup_model_and_optimizer(args, model_for_layout, args.global_batch_size)
     normalizer = loss_normalizer_from_args(args, data)
     steps = step_functions(engine, gpt_forward_step, normalizer)
     before = [p.detach().clone() for p in engine.module.parameters()]

@@ -129,14 +129,14 @@ def build_model(args) -> torch.nn.Module:
     """The GPT model of ``args`` in eval mode with the ``--load`` weights (random initial weights
     without ``--load``); sets ``args.tokenizer``, ``args.padded_vocab_size`` (the checkpoint's
     embedding rows) and ``args.vocab_size`` (the rows that take probability); the tokenizer's
-    (``tokenizer_setup``) unless the caller set them already."""
-    from megatron.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds)
+    (``apply_tokenizer_setup``) unless the caller set them already."""
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup  # lazy: megatron-core (seconds)
     from megatron.tokenizer.tokenizer import model_vocab_size  # lazy: megatron-core (seconds)
 
     init_single_process()
     check_moe_evaluable(args)
     if getattr(args, "tokenizer", None) is None:
-        tokenizer_setup(args).apply(args)
+        apply_tokenizer_setup(args)
     if not args.load:
         return _gpt_model(args).eval()
     with CheckpointWeights(args.load, args.load_iteration) as weights:

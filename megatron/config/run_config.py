@@ -8,6 +8,7 @@ fails at start-up, by name.
 - ``checkpoint``: :class:`CheckpointConfig` (megatron/train/resume.py: ``--save``/``--load``);
 - ``metrics``: megatron/metrics/writers.py ``MetricsConfig`` (jsonl, TensorBoard, W&B);
 - ``tokenizer``: megatron/tokenizer/types.py ``TokenizerConfig`` (the type resolved, its files);
+- ``vocab``: megatron/tokenizer/tokenizer.py ``VocabConfig`` (what the embedding rows follow);
 - ``optimizer``: megatron-core's ``OptimizerConfig`` (megatron/optim/optimizer.py);
 - ``transformer``: megatron-core's ``TransformerConfig`` (validation builds it: the model);
 - ``model``: megatron/model/model_config.py ``ModelConfig`` (position encoding, layer
@@ -25,10 +26,12 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
 from megatron.config.model_config import model_config_from_args
+from megatron.config.tokenizer_flags import tokenizer_config_from_args
 from megatron.metrics.writers import MetricsConfig
 from megatron.model.model_config import ModelConfig
 from megatron.schedules.units import BatchConfig
-from megatron.tokenizer.types import TokenizerConfig, tokenizer_config_from_args
+from megatron.tokenizer.tokenizer import VocabConfig
+from megatron.tokenizer.types import TokenizerConfig
 from megatron.utils.typed_config import config_from_args
 
 
@@ -84,6 +87,7 @@ class RunConfig:
     checkpoint: CheckpointConfig
     metrics: MetricsConfig
     tokenizer: TokenizerConfig
+    vocab: VocabConfig
     optimizer: OptimizerConfig
     transformer: TransformerConfig
     model: ModelConfig
@@ -110,6 +114,7 @@ def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
                      checkpoint=config_from_args(CheckpointConfig, args),
                      metrics=config_from_args(MetricsConfig, args),
                      tokenizer=tokenizer_config_from_args(args),
+                     vocab=config_from_args(VocabConfig, args),
                      optimizer=optimizer_config_from_args(args),
                      transformer=args.transformer_config,
                      model=model_config_from_args(args),

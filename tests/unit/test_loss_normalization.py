@@ -84,8 +84,8 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     parameters' change = -gradient) of one iteration at ``micro_batch_size``."""
     import finetune_t0
     from helpers.models import model_for_layout
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup
     from megatron.data.train_data import EvalGroup
-    from megatron.tokenizer import tokenizer_setup
     from megatron.train.engine_setup import loss_normalizer_from_args, setup_model_and_optimizer
     from megatron.train.evaluation import evaluate
     from megatron.train.loader import _loader
@@ -93,7 +93,7 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     from megatron.train.steps import gpt_forward_step, step_functions
 
     args = finetune_t0.parse_t0_args(_flags(toy, cache, micro_batch_size, extra))
-    tokenizer_setup(args).apply(args)
+    apply_tokenizer_setup(args)
     data = finetune_t0.datasets_provider(args)
     engine, _, _ = setup_model_and_optimizer(args, model_for_layout, args.global_batch_size)
     normalizer = loss_normalizer_from_args(args, data)

@@ -16,12 +16,12 @@ from megatron.runtime.known_warnings import quiet_known_warnings
 quiet_known_warnings()
 
 from megatron.config.parser import parse_args
+from megatron.config.tokenizer_flags import apply_tokenizer_setup
 from megatron.data.mtf_builder import build_mtf_data
 from megatron.data.train_data import TrainData
 from megatron.errors import ArgumentError
 from megatron.model.gpt_model_pipe import gpt_model_for_layout
 from megatron.runtime.process_exit import run_entry_point
-from megatron.tokenizer import tokenizer_setup
 from megatron.train.loop import pretrain
 
 
@@ -58,7 +58,8 @@ def model_provider(args):
     The loss is ``sum(token_loss * loss_mask) / sum(loss_mask)``; with --norm-target-loss the
     weights of each target sum to 1, so that is the mean over targets of each target's mean token
     loss."""
-    return gpt_model_for_layout(args)
+    run = args.run_config
+    return gpt_model_for_layout(run.transformer, run.model, args.padded_vocab_size, args.vocab_size)
 
 
 def parse_t0_args(argv=None):
@@ -76,8 +77,7 @@ def parse_t0_args(argv=None):
 def main(argv=None):
     """Parse flags, build the tokenizer, finetune."""
     args = parse_t0_args(argv)
-    setup = tokenizer_setup(args)
-    setup.apply(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     return pretrain(args, datasets_provider, model_provider, notes=setup.notes)
 
 

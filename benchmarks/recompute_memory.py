@@ -64,7 +64,7 @@ def measure(opts, recompute_flags) -> dict:
         "--transformer-impl", "local", *recompute_flags]), 1, require_data=False)
     args.padded_vocab_size = opts.vocab
     model_parallel_manual_seed(1)
-    model = build_gpt_model(args)
+    model = build_gpt_model(args.run_config.transformer, args.run_config.model, opts.vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, opts.vocab, (opts.micro_batch_size, opts.seq_length), generator=g)

@@ -59,8 +59,10 @@ def time_ours(args, opts) -> float:
     from megatron.train.steps import gpt_forward_step, step_functions
 
     torch.manual_seed(0)
-    engine, optimizer, scheduler = setup_model_and_optimizer(args.run_config, build_gpt_model(args),
-                                                             args.global_batch_size)
+    run = args.run_config
+    engine, optimizer, scheduler = setup_model_and_optimizer(
+        run, build_gpt_model(run.transformer, run.model, args.padded_vocab_size),
+        args.global_batch_size)
     dataset = FixedBatchDataset(args.seq_length, 256, args.global_batch_size * (args.train_iters + 1))
     metrics = MetricsWriter([])  # no outputs
     warm = TrainingState()
@@ -82,7 +84,7 @@ def time_bare(args, opts) -> float:
     from megatron.model.gpt_model import build_gpt_model
 
     torch.manual_seed(0)
-    model = build_gpt_model(args)
+    model = build_gpt_model(args.run_config.transformer, args.run_config.model, args.padded_vocab_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     sample = FixedBatchDataset(args.seq_length, 256, 1).sample
     batch = {k: v.unsqueeze(0).repeat(args.micro_batch_size, *([1] * v.dim())) for k, v in sample.items()}
@@ -122,7 +124,7 @@ def main():
 
     args = parse_args(model_flags(opts), world_size=1)
     args.padded_vocab_size = 256
-    initialize_distributed(args)
+    initialize_distributed(args.run_config.model.layout, args.distributed_backend)
     ours, bare = [], []
     for _ in range(opts.repeats):  # alternate so drift on a shared machine hits both
         bare.append(time_bare(args, opts))

@@ -74,9 +74,9 @@ def worker(opts) -> None:
         "--seed", "1234", "--ds-sequence-parallel-size", str(world)],
         world_size=world, require_data=False)
     args.padded_vocab_size = opts.vocab
-    initialize_distributed(args)
+    initialize_distributed(args.run_config.model.layout, args.distributed_backend)
     set_seeds(args.seed)
-    model = build_gpt_model(args)
+    model = build_gpt_model(args.run_config.transformer, args.run_config.model, opts.vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     group = parallel_state.get_context_parallel_group()
     sp = parallel_state.get_context_parallel_world_size()

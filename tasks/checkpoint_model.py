@@ -116,21 +116,29 @@ def init_single_process() -> None:
         parallel_state.initialize_model_parallel(1)
 
 
+def _gpt_model(args) -> torch.nn.Module:
+    """``build_gpt_model`` of the run's typed configs with the embedding rows of ``args``."""
+    from megatron.model.gpt_model import build_gpt_model  # lazy: megatron-core + deepspeed (seconds)
+
+    run = args.run_config
+    return build_gpt_model(run.transformer, run.model, args.padded_vocab_size,
+                           getattr(args, "vocab_size", None))
+
+
 def build_model(args) -> torch.nn.Module:
     """The GPT model of ``args`` in eval mode with the ``--load`` weights (random initial weights
     without ``--load``); sets ``args.tokenizer``, ``args.padded_vocab_size`` (the checkpoint's
     embedding rows) and ``args.vocab_size`` (the rows that take probability); the tokenizer's
-    (``tokenizer_setup``) unless the caller set them already."""
-    from megatron.model.gpt_model import build_gpt_model  # lazy: megatron-core + deepspeed (seconds)
-    from megatron.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds)
+    (``apply_tokenizer_setup``) unless the caller set them already."""
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup  # lazy: megatron-core (seconds)
     from megatron.tokenizer.tokenizer import model_vocab_size  # lazy: megatron-core (seconds)
 
     init_single_process()
     check_moe_evaluable(args)
     if getattr(args, "tokenizer", None) is None:
-        tokenizer_setup(args).apply(args)
+        apply_tokenizer_setup(args)
     if not args.load:
-        return build_gpt_model(args).eval()
+        return _gpt_model(args).eval()
     with CheckpointWeights(args.load, args.load_iteration) as weights:
         rows = weights.vocab_rows()
         if rows is not None and rows != args.padded_vocab_size:
@@ -145,6 +153,6 @@ def build_model(args) -> torch.nn.Module:
         if real:
             args.vocab_size = model_vocab_size(args.tokenizer.vocab_size, args.padded_vocab_size,
                                                real)
-        model = build_gpt_model(args)
+        model = _gpt_model(args)
         weights.copy_into(model)
     return model.eval()

@@ -36,10 +36,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from megatron.config.parser import parse_args  # noqa: E402
+from megatron.config.tokenizer_flags import apply_tokenizer_setup  # noqa: E402
 from megatron.data.device_transfer import batch_to_device  # noqa: E402
 from megatron.data.mtf_dataset import pack_sample, truncated_lengths  # noqa: E402
 from megatron.model.masks import attention_structure_from_batch, collate_with_segment_layout  # noqa: E402
-from megatron.tokenizer import tokenizer_setup  # noqa: E402
 
 # the model and its checkpoint (any layout); re-exported as this script's Python API
 from tasks.checkpoint_model import build_model, one_process_argv  # noqa: E402
@@ -74,7 +74,7 @@ def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     argv = one_process_argv(sys.argv[1:] if argv is None else argv)
     args = parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,
                       require_data=False)
-    tokenizer_setup(args).apply(args)  # the tokenizer and the embedding rows it needs
+    apply_tokenizer_setup(args)  # the tokenizer and the embedding rows it needs
     return args
 
 

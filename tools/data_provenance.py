@@ -80,10 +80,10 @@ def parse_provenance_args(argv: Optional[List[str]] = None):
 def training_mix_of(args):
     """The run's training mix with its data ledger, built as a resume with these flags would
     build it (megatron/data/mix_resume.py)."""
-    from megatron.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds)
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup  # lazy: megatron-core (seconds)
     from megatron.train.resume import data_resume  # lazy: megatron-core (seconds)
 
-    tokenizer_setup(args).apply(args)
+    apply_tokenizer_setup(args)
     resume = data_resume(args.run_config.checkpoint, args.run_config.loop.skip_train)
     if resume is None:
         raise ConfigError(f"--load {args.load}: no checkpoint there (no "

@@ -25,10 +25,13 @@ from megatron.runtime.known_warnings import quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()  # before megatron.core is imported
 
-from megatron.config.tokenizer_flags import add_tokenizer_args, check_tokenizer_args  # noqa: E402
+from megatron.config.tokenizer_flags import (  # noqa: E402
+    add_tokenizer_args,
+    check_tokenizer_args,
+    tokenizer_config_from_args,  # noqa: E402
+)
 from megatron.data.preprocess import preprocess_jsonl  # noqa: E402
 from megatron.errors import ConfigError  # noqa: E402
-from megatron.tokenizer.types import tokenizer_config_from_args  # noqa: E402
 
 
 def get_args(argv=None) -> argparse.Namespace:

@@ -53,9 +53,9 @@ import numpy as np  # noqa: E402
 
 from megatron.config.arguments import validate_args  # noqa: E402
 from megatron.config.parser import get_parser  # noqa: E402
+from megatron.config.tokenizer_flags import tokenizer_setup_from_args  # noqa: E402
 from megatron.errors import ArgumentError, ConfigError  # noqa: E402
 from megatron.schedules.units import batch_schedule, batch_schedule_from_args, train_iterations  # noqa: E402
-from megatron.tokenizer import tokenizer_setup  # noqa: E402
 from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
 
@@ -133,7 +133,8 @@ def mixture_arrays(args, train_iters: int) -> Optional[dict]:
 
     index = CurriculumIndex(blend, resolve_constituents(blend, args.seq_length),
                             train_valid_test_num_samples(args)[0], batch_schedule_from_args(args),
-                            seed=args.seed, cache_dir=args.data_cache_path)
+                            seed=args.seed, cache_dir=args.data_cache_path,
+                            order=args.data_index_order)
     mixture = index.iteration_mixture(train_iters)
     target = index.target_iteration_mixture(train_iters)
     return {"mixture": {name: mixture[d] for d, name in enumerate(index.names)},
@@ -246,7 +247,7 @@ def _padded_vocab_size(args) -> Optional[int]:
     """The embedding rows the run's tokenizer gives (None, with a warning, when the tokenizer
     cannot be built here: its files are elsewhere)."""
     try:
-        return int(tokenizer_setup(args).padded_vocab_size)
+        return int(tokenizer_setup_from_args(args).padded_vocab_size)
     except (ConfigError, OSError) as e:
         print(f"warning: seq_length_savings: the tokenizer cannot be built ({e}); the output "
               "layer's V x h is left out of the model's parameters", file=sys.stderr)

@@ -7,7 +7,7 @@ deepspeed_config.py), and the parser that registers them is megatron/config/pars
 ``--train-samples`` run, the attention backend, megatron-core's ``TransformerConfig`` ...) and
 rejects impossible combinations with an :class:`ArgumentError` that names the flags and values. It
 is the last writer of ``args``: only the entry points add the tokenizer and its embedding rows
-(``megatron.tokenizer.tokenizer_setup(args).apply(args)``), which need the tokenizer's files.
+(megatron/config/tokenizer_flags.py ``apply_tokenizer_setup``), which need the tokenizer's files.
 """
 import argparse
 from typing import List

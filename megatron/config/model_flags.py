@@ -103,14 +103,15 @@ def resolve_attention_backend(args) -> None:
     (``check_backend_trains``, before distributed start-up), not by parsing: resolved for
     forward use, FlexAttention may evaluate on a CPU; one that cannot run at all is left
     unresolved (None) for the run to refuse."""
+    from megatron.config.model_config import attention_choice_from_args  # lazy: megatron-core + deepspeed (seconds)
     from megatron.model.attention_backends import (  # lazy: ~2 ms import; --help needs none
         TE_BACKENDS,
-        resolve_attention_backend_from_args,
+        resolve_attention_choice,
     )
 
     try:
-        args.resolved_attention_backend = resolve_attention_backend_from_args(
-            args, te=args.transformer_engine_status, training=False)
+        args.resolved_attention_backend = resolve_attention_choice(
+            attention_choice_from_args(args), te=args.transformer_engine_status, training=False)
     except ArgumentError:
         if args.attention_backend in TE_BACKENDS:
             raise
@@ -120,9 +121,9 @@ def resolve_attention_backend(args) -> None:
 def build_transformer_config(args) -> None:
     """``args.transformer_config``: megatron-core's ``TransformerConfig`` of the model flags,
     layout (TP, sequence parallelism), recompute and precision flags
-    (megatron/model/gpt_model.py ``transformer_config_from_args``); the model is built from it.
+    (megatron/config/model_config.py ``transformer_config_from_args``); the model is built from it.
     Its own checks (``ValueError`` from ``__post_init__``) are an ArgumentError here."""
-    from megatron.model.gpt_model import transformer_config_from_args  # lazy: megatron-core + deepspeed (seconds)
+    from megatron.config.model_config import transformer_config_from_args  # lazy: megatron-core + deepspeed (seconds)
 
     try:
         args.transformer_config = transformer_config_from_args(args)

@@ -2,9 +2,9 @@
 recompute, ZeRO stage, ...) and its checks: the data-parallel size, the layouts megatron-core or
 DeepSpeed cannot run, the recompute flags, and the pipe engine's gradient accumulation."""
 import argparse
+from typing import List, Optional
 
 from megatron.errors import ArgumentError
-from megatron.parallel.recompute import resolve_recompute_flags
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
@@ -95,15 +95,13 @@ def validate_layout(args) -> None:
                             f"--tensor-model-parallel-size {tp} (needed by --sequence-parallel)")
     if args.no_pipeline_parallel and pp > 1:
         raise ArgumentError(f"--no-pipeline-parallel contradicts --pipeline-model-parallel-size {pp}")
-    from megatron.parallel.ulysses import ulysses_layout_problem  # lazy: torch (~1 s); --help needs none
-
     problem = ulysses_layout_problem(args)
     if problem:
         raise ArgumentError(problem)
-    from megatron.model.gpt_model_pipe import partition_method_from_args  # lazy: megatron-core + deepspeed (seconds)
+    from megatron.model.gpt_model_pipe import partition_method  # lazy: megatron-core + deepspeed (seconds)
 
     method = args.pp_partition_method
-    partition_method_from_args(args)  # the one check of --pp-partition-method (ArgumentError)
+    partition_method(method)  # the one check of --pp-partition-method (ArgumentError)
     if pp > 1:
         if args.num_layers < pp:
             raise ArgumentError(f"--num-layers {args.num_layers} is fewer than "
@@ -122,6 +120,115 @@ def validate_layout(args) -> None:
     if args.checkpoint_num_layers < 1:
         raise ArgumentError(f"--checkpoint-num-layers {args.checkpoint_num_layers} must be positive")
     resolve_recompute_flags(args)
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def ulysses_layout_problem(args) -> Optional[str]:
+    """Why ``--ds-sequence-parallel-size`` cannot run with the other flags of ``args`` (one
+    sentence naming the values and what works instead), or None. Checks the heads (and query
+    groups) of each tensor-parallel rank and the sequence length against the size, and refuses
+    pipeline parallelism and ZeRO stage 3 (whose gradient reduction DeepSpeed does not adjust
+    for Ulysses)."""
+    sp = args.ds_sequence_parallel_size
+    if sp == 1:
+        return None
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    flag = f"--ds-sequence-parallel-size {sp}"
+    if pp > 1:
+        return (f"{flag} with --pipeline-model-parallel-size {pp}: DeepSpeed's pipe engine reduces "
+                "gradients over the data-parallel group only, not over the sequence-data-parallel "
+                "group Ulysses needs; use --pipeline-model-parallel-size 1 (with "
+                "--tensor-model-parallel-size for the model's memory)")
+    problems = []
+    if args.zero_stage == 3:
+        problems.append(f"{flag} with ZeRO stage 3: DeepSpeed's ZeRO-3 reduce-scatter averages the "
+                        "gradients over the sequence-parallel ranks where they must be summed (its "
+                        "stage 1/2 and stage 0 reductions sum them); use --zero-stage 1 or 2")
+    heads, groups = args.num_attention_heads, args.num_query_groups or args.num_attention_heads
+    if heads % tp == 0 and groups % tp == 0:
+        per_rank_heads, per_rank_groups = heads // tp, groups // tp
+        fits = [d for d in _divisors(per_rank_groups) if per_rank_heads % d == 0
+                and args.seq_length % d == 0]
+        for what, n, count in (("--num-attention-heads", heads, per_rank_heads),
+                               ("--num-query-groups", groups, per_rank_groups)):
+            if count % sp:
+                problems.append(
+                    f"{what} {n} gives {count} per tensor-parallel rank (--tensor-model-parallel-"
+                    f"size {tp}), not divisible by {flag} (each sequence-parallel rank attends with "
+                    f"1/{sp} of them); sizes that divide heads, query groups and --seq-length: "
+                    f"{', '.join(map(str, fits))}")
+    if args.seq_length % sp:
+        problems.append(f"--seq-length {args.seq_length} is not divisible by {flag} (each rank "
+                        "holds an equal slice of every sequence)")
+    elif args.sequence_parallel and (args.seq_length // sp) % tp:
+        problems.append(f"--seq-length {args.seq_length} / {flag} = {args.seq_length // sp} tokens "
+                        f"per rank is not divisible by --tensor-model-parallel-size {tp} (needed by "
+                        "--sequence-parallel)")
+    return "; ".join(problems) or None
+
+
+def resolve_recompute_flags(args) -> None:
+    """Fold BigScience's ``--checkpoint-activations`` / ``--deepspeed-activation-checkpointing``
+    into Megatron-LM's three recompute flags (in place) and check their combination; raises
+    :class:`megatron.errors.ArgumentError` naming the flags and values."""
+    bigscience = [f for f, v in (("--checkpoint-activations", args.checkpoint_activations),
+                                 ("--deepspeed-activation-checkpointing",
+                                  args.deepspeed_activation_checkpointing)) if v]
+    if bigscience:
+        if args.recompute_granularity not in (None, "full") or args.recompute_method not in (None, "uniform"):
+            raise ArgumentError(
+                f"{' and '.join(bigscience)} (full recompute, uniform method) contradicts "
+                f"--recompute-granularity {args.recompute_granularity} --recompute-method "
+                f"{args.recompute_method}")
+        args.recompute_granularity = "full"
+        args.recompute_method = "uniform"
+        if args.recompute_num_layers is None:
+            args.recompute_num_layers = args.checkpoint_num_layers
+    granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if granularity is None:
+        if method is not None or n is not None or args.distribute_saved_activations:
+            given = [f for f, v in (("--recompute-method", method), ("--recompute-num-layers", n),
+                                    ("--distribute-saved-activations",
+                                     args.distribute_saved_activations or None)) if v is not None]
+            raise ArgumentError(f"{', '.join(given)} needs --recompute-granularity full (or "
+                                "--checkpoint-activations)")
+        return
+    if granularity == "selective":
+        if method is not None or n is not None:
+            raise ArgumentError(
+                f"--recompute-granularity selective recomputes the core attention of every layer; "
+                f"--recompute-method {method} / --recompute-num-layers {n} apply to 'full' only")
+        if args.distribute_saved_activations:
+            raise ArgumentError("--distribute-saved-activations needs --recompute-granularity full")
+        return
+    if method is None or n is None:
+        raise ArgumentError(
+            f"--recompute-granularity full needs --recompute-method (uniform or block) and "
+            f"--recompute-num-layers N (given: --recompute-method {method}, --recompute-num-layers {n})")
+    layers_per_stage = args.num_layers // args.pipeline_model_parallel_size
+    if method == "uniform" and not 1 <= n <= layers_per_stage:
+        raise ArgumentError(
+            f"--recompute-num-layers {n} with --recompute-method uniform must be in [1, "
+            f"{layers_per_stage}] (layers per pipeline stage: --num-layers {args.num_layers} / "
+            f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size})")
+    if method == "block" and not 0 <= n <= layers_per_stage:
+        raise ArgumentError(
+            f"--recompute-num-layers {n} with --recompute-method block must be in [0, "
+            f"{layers_per_stage}] (layers per pipeline stage)")
+    if method == "block" and args.pipeline_model_parallel_size > 1:
+        raise ArgumentError(
+            f"--recompute-method block with --pipeline-model-parallel-size "
+            f"{args.pipeline_model_parallel_size} is not supported: DeepSpeed's pipe engine "
+            "recomputes every N layers (use --recompute-method uniform)")
+    if args.distribute_saved_activations and args.sequence_parallel:
+        raise ArgumentError("--distribute-saved-activations and --sequence-parallel are mutually "
+                            "exclusive (sequence parallelism already splits the saved activations)")
+    if args.distribute_saved_activations and args.tensor_model_parallel_size == 1:
+        raise ArgumentError("--distribute-saved-activations splits saved activations over the "
+                            "tensor-parallel group; it needs --tensor-model-parallel-size > 1")
 
 
 def validate_pipe_accumulation(args) -> None:

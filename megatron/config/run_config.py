@@ -14,8 +14,12 @@ fails at start-up, by name.
 - ``schedule``: megatron/optim/learning_rates.py ``ScheduleConfig`` (the LR/WD schedule);
 - ``deepspeed``: megatron/config/deepspeed_config.py ``DeepSpeedFlags`` (what the DeepSpeed
   engine's config is built from: megatron/train/engine_setup.py);
+- ``vocab``: megatron/tokenizer/tokenizer.py ``VocabConfig`` (what the embedding rows follow);
 - ``optimizer``: megatron-core's ``OptimizerConfig`` (megatron/optim/optimizer.py);
 - ``transformer``: megatron-core's ``TransformerConfig`` (validation builds it: the model);
+- ``model``: megatron/model/model_config.py ``ModelConfig`` (position encoding, layer
+  implementation, core attention, pipe and parallel layout, MoE layout: the model's builders,
+  megatron/config/model_config.py);
 - ``notes``: the start-up notes validation returned (printed once the run starts).
 
 The configs the train package consumes are defined here, the layer below it; the lower layers'
@@ -29,13 +33,17 @@ from megatron.core.transformer import TransformerConfig
 
 from megatron.config.deepspeed_config import DeepSpeedFlags, deepspeed_flags_from_args
 from megatron.config.lr_flags import schedule_config_from_args
+from megatron.config.model_config import model_config_from_args
 from megatron.config.moe_flags import describe_layer_freq
+from megatron.config.tokenizer_flags import tokenizer_config_from_args
 from megatron.metrics.writers import MetricsConfig
+from megatron.model.model_config import ModelConfig
 from megatron.optim.learning_rates import ScheduleConfig
 from megatron.optim.loss_normalization import LossNormalizationConfig
 from megatron.optim.skip_step import SkipStepConfig
 from megatron.schedules.units import BatchConfig
-from megatron.tokenizer.types import TokenizerConfig, tokenizer_config_from_args
+from megatron.tokenizer.tokenizer import VocabConfig
+from megatron.tokenizer.types import TokenizerConfig
 from megatron.utils.typed_config import config_from_args
 
 
@@ -112,8 +120,10 @@ class RunConfig:
     skip_step: SkipStepConfig
     schedule: ScheduleConfig
     deepspeed: DeepSpeedFlags
+    vocab: VocabConfig
     optimizer: OptimizerConfig
     transformer: TransformerConfig
+    model: ModelConfig
     notes: Tuple[str, ...]
 
 
@@ -145,6 +155,8 @@ def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
                      skip_step=config_from_args(SkipStepConfig, args),
                      schedule=schedule_config_from_args(args),
                      deepspeed=deepspeed_flags_from_args(args),
+                     vocab=config_from_args(VocabConfig, args),
                      optimizer=optimizer_config_from_args(args),
                      transformer=args.transformer_config,
+                     model=model_config_from_args(args),
                      notes=tuple(notes))

@@ -2,13 +2,15 @@
 The types, the files each reads and how the type is resolved: megatron/tokenizer/types.py.
 """
 import argparse
+import dataclasses
 
 from megatron.errors import ArgumentError, ConfigError
 from megatron.tokenizer.types import (
     DEFAULT_TOKENIZER_TYPE,
     GPT2_FILES_DEFAULT_TYPE,
     TOKENIZER_TYPES,
-    tokenizer_config_from_args,
+    TokenizerConfig,
+    tokenizer_config,
 )
 
 
@@ -35,6 +37,37 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                             "(PretrainedFromHF); never downloaded from the Hub.")
     parser.set_defaults(tokenizer_type_note=None)  # set by check_tokenizer_args
     return parser
+
+
+def tokenizer_config_from_args(args) -> TokenizerConfig:
+    """:func:`tokenizer_config` of the five tokenizer flags of parsed ``args`` (every dest must be
+    there: a parser with the tokenizer flag group, whose ``tokenizer_type_note`` defaults to
+    None); a type validation resolved keeps its note."""
+    config = tokenizer_config(args.tokenizer_type, args.vocab_file, args.merge_file,
+                              args.tokenizer_model, args.tokenizer_name_or_path)
+    return dataclasses.replace(config,
+                               tokenizer_type_note=config.tokenizer_type_note or args.tokenizer_type_note)
+
+
+def tokenizer_setup_from_args(args):
+    """megatron/tokenizer/tokenizer.py ``tokenizer_setup`` of the run's typed configs
+    (``args.run_config.tokenizer`` and ``.vocab``): the tokenizer, its embedding rows and the
+    start-up lines; nothing is written into ``args`` (:func:`apply_tokenizer_setup` does)."""
+    from megatron.tokenizer.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds); parsers build fast
+
+    return tokenizer_setup(args.run_config.tokenizer, args.run_config.vocab)
+
+
+def apply_tokenizer_setup(args):
+    """:func:`tokenizer_setup_from_args`, assigned to ``args.tokenizer``,
+    ``args.padded_vocab_size`` and ``args.vocab_size`` (what the entry points' model and datasets
+    providers read), and returned (its notes are the caller's to print: the entry points hand
+    them to the training loop)."""
+    setup = tokenizer_setup_from_args(args)
+    args.tokenizer = setup.tokenizer
+    args.padded_vocab_size = setup.padded_vocab_size
+    args.vocab_size = setup.vocab_size
+    return setup
 
 
 def check_tokenizer_args(args: argparse.Namespace) -> None:

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from megatron.model.model_config import MoELayout
 from megatron.model.moe import moe_layer_pattern, moe_routers
 from megatron.runtime.mcore_compat import MoEMetric, clear_moe_metrics, moe_metric_entries
 from megatron.utils.rank_utils import all_reduce_small
@@ -32,15 +33,15 @@ class MoETraining:
     """MoE bookkeeping of one run's model (this rank's pipeline stage): see module doc. One of the
     loop's hooks (megatron/train/hooks.py ``LoopHook``)."""
 
-    def __init__(self, model: torch.nn.Module, args):
+    def __init__(self, model: torch.nn.Module, moe: MoELayout):
         self.routers = moe_routers(model)
-        pattern = moe_layer_pattern(args.moe_layer_freq, args.num_layers)
-        self.num_layers = args.num_layers
+        pattern = moe_layer_pattern(moe.moe_layer_freq, moe.num_layers)
+        self.num_layers = moe.num_layers
         self.moe_layers = [i for i, moe in enumerate(pattern) if moe]  # 0-based layer numbers
         self.num_moe_layers = len(self.moe_layers)
-        self.num_experts = args.num_experts
-        self.loss_names = tracked_loss_names(args)
-        self.per_layer = args.moe_per_layer_logging
+        self.num_experts = moe.num_experts
+        self.loss_names = tracked_loss_names(moe)
+        self.per_layer = moe.moe_per_layer_logging
         self._scale = torch.ones(())  # CPU scalar: multiplies device tensors without a copy
 
     def wrap_forward_step(self, forward_step: Callable) -> Callable:
@@ -128,20 +129,22 @@ class MoETraining:
         return table[self.moe_layers], forwards
 
 
-def tracked_loss_names(args) -> List[str]:
-    """The names megatron-core's router logs its auxiliary losses under for these flags."""
+def tracked_loss_names(moe: MoELayout) -> List[str]:
+    """The names megatron-core's router logs its auxiliary losses under for the MoE layout
+    ``moe`` (its load-balancing type and the aux-loss and z-loss coefficients)."""
     names = []
-    kind = args.moe_router_load_balancing_type
-    if args.moe_aux_loss_coeff:
+    kind = moe.moe_router_load_balancing_type
+    if moe.moe_aux_loss_coeff:
         names += {"aux_loss": ["load_balancing_loss"], "seq_aux_loss": ["seq_load_balancing_loss"],
                   "global_aux_loss": ["global_load_balancing_loss"]}.get(kind, [])
-    if args.moe_z_loss_coeff:
+    if moe.moe_z_loss_coeff:
         names.append("z_loss")
     return names
 
 
-def moe_training_from_args(model: torch.nn.Module, args) -> Optional[MoETraining]:
-    """:class:`MoETraining` for a model with ``--num-experts``, else None."""
-    if args.num_experts is None:
+def moe_training(model: torch.nn.Module, moe: Optional[MoELayout]) -> Optional[MoETraining]:
+    """:class:`MoETraining` for a model with experts (``moe``: the run's MoE layout,
+    ``args.run_config.model.moe``), else None (a dense model, ``moe`` None)."""
+    if moe is None:
         return None
-    return MoETraining(model, args)
+    return MoETraining(model, moe)

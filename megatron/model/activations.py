@@ -1,10 +1,12 @@
 """The MLP's activation function from the flags: SiLU (gated) with ``--swiglu``, else GeLU in the
 form Megatron-LM's rule gives (megatron/model/gelu.py). megatron/model/fusions.py picks the kernel
 that computes it (``TransformerConfig.activation_func`` and the bias-activation fusion)."""
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
-from megatron.model.gelu import TANH, gelu_form
+from megatron.model.gelu import TANH
 
 
 def tanh_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -13,10 +15,11 @@ def tanh_gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-def activation_from_args(args):
-    """The MLP activation: SiLU (gated) with ``--swiglu``, else GeLU in the form Megatron-LM's
-    rule gives (megatron/model/gelu.py): the tanh approximation by default (with biases and
-    without ``--no-bias-gelu-fusion``) or with ``--openai-gelu``, else the exact erf form."""
-    if args.swiglu:
+def mlp_activation(swiglu: bool, gelu: Optional[str]):
+    """The MLP activation: SiLU (gated) with ``swiglu`` (``--swiglu``), else GeLU in the form
+    ``gelu`` (megatron/model/gelu.py ``gelu_form`` of the flags: Megatron-LM's rule): the tanh
+    approximation by default (with biases and without ``--no-bias-gelu-fusion``) or with
+    ``--openai-gelu``, else the exact erf form."""
+    if swiglu:
         return F.silu
-    return tanh_gelu if gelu_form(vars(args)) == TANH else F.gelu
+    return tanh_gelu if gelu == TANH else F.gelu

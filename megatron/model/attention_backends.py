@@ -18,10 +18,10 @@ and ``te``. What each runs (every one honours the batch's segments, prefixes and
             that with ALiBi (a dense bias for SDPA) ``flex`` comes before ``sdpa``.
 ==========  ==================================================================================
 
-The backend is resolved once, by ``validate_args`` (``args.resolved_attention_backend``); the
-model builds what it names. An explicit choice that cannot run stops the run before distributed
-start-up: Transformer Engine's when the flags are validated, FlexAttention's limits (no CPU
-backward, no dropout) when the run starts (``check_backend_trains``), so tools that only parse
+The backend is resolved once, by ``validate_args`` (``AttentionChoice.resolved``, in
+``args.run_config.model.attention``); the model builds what it names. An explicit choice that
+cannot run stops the run before distributed start-up: Transformer Engine's when the flags are
+validated, FlexAttention's limits (no CPU backward, no dropout) when the run starts (``check_backend_trains``), so tools that only parse
 flags accept them. Transformer Engine combinations that have no kernel are refused, naming
 what runs instead: ``flash`` without a flash-attn package, with attention dropout when only
 flash-attn 3/4 (no dropout) is installed, or for ``--prefix-lm`` batches (their ``arbitrary``
@@ -203,19 +203,25 @@ def resolve_attention_backend(requested: str, *, device_type: str, te_available:
     return AttentionBackend("sdpa", requested, "GPU, causal batches, no Transformer Engine: SDPA")
 
 
-def batches_have_structure(args) -> bool:
-    """Whether this run's batches carry segments or prefixes: ``--reset-attention-mask``, or an
-    entry point that packs samples (``finetune_t0.py`` sets ``packed_samples``)."""
-    return bool(args.reset_attention_mask or getattr(args, "packed_samples", False))
+@dataclasses.dataclass(frozen=True)
+class AttentionChoice:
+    """What resolving the core attention of a run reads (megatron/config/model_config.py builds it
+    from the flags): ``attention_backend`` (the ``--attention-backend`` asked for),
+    ``--transformer-impl``, whether batches carry segments or prefixes (``structured_batches``)
+    and prefixes (``prefix_batches``: ``--prefix-lm``), ``--attention-dropout``, whether the model
+    uses ALiBi, ``dense_scores_mib`` (MiB of one ``[b, h, s, s]`` tensor of this run) and
+    ``--ds-sequence-parallel-size``; ``resolved``: the backend validation resolved (forward use on
+    this machine), None where it could not (a FlexAttention choice that cannot run here)."""
 
-
-def dense_scores_mib(args) -> float:
-    """MiB of one ``[b, h, s, s]`` tensor of attention probabilities of this run: micro batch x
-    this rank's heads (over TP x Ulysses SP) x seq-length squared, in the parameters' dtype."""
-    element = 2 if (args.bf16 or args.fp16) else 4
-    heads = args.num_attention_heads / (max(args.tensor_model_parallel_size, 1)
-                                        * args.ds_sequence_parallel_size)
-    return args.micro_batch_size * heads * args.seq_length ** 2 * element / 2 ** 20
+    attention_backend: str
+    transformer_impl: str
+    structured_batches: bool
+    prefix_batches: bool
+    attention_dropout: float
+    alibi: bool
+    dense_scores_mib: float
+    ds_sequence_parallel_size: int
+    resolved: Optional[AttentionBackend] = None
 
 
 def _this_device_type() -> str:
@@ -224,14 +230,14 @@ def _this_device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_attention_backend_from_args(args, te=None, device_type: Optional[str] = None,
-                                        training: bool = True) -> AttentionBackend:
-    """:func:`resolve_attention_backend` for parsed flags on this machine (``cuda`` when a GPU is
+def resolve_attention_choice(choice: AttentionChoice, te=None, device_type: Optional[str] = None,
+                             training: bool = True) -> AttentionBackend:
+    """:func:`resolve_attention_backend` of ``choice`` on this machine (``cuda`` when a GPU is
     visible, unless ``device_type`` says otherwise), with what importing Transformer Engine found
     (``te``: a ``TransformerEngineStatus`` of megatron/model/transformer_engine_support.py; asked
     for when None). ``validate_args`` calls it once (what runs here, forward at least:
-    ``training=False``) and keeps the result in ``args.resolved_attention_backend``; whether it
-    also trains here is :func:`check_backend_trains`, asked by the training loop before start-up."""
+    ``training=False``) and keeps the result in ``choice.resolved``; whether it also trains here
+    is :func:`check_backend_trains`, asked by the training loop before start-up."""
     from megatron.model import transformer_engine_support  # lazy: importlib.metadata (~20 ms), for TE only
 
     if device_type is None:
@@ -239,32 +245,30 @@ def resolve_attention_backend_from_args(args, te=None, device_type: Optional[str
     if te is None:
         te = transformer_engine_support.transformer_engine_status()
     return resolve_attention_backend(
-        args.attention_backend, device_type=device_type,
-        te_available=te.importable, transformer_impl=args.transformer_impl,
-        structured_batches=batches_have_structure(args), attention_dropout=args.attention_dropout,
+        choice.attention_backend, device_type=device_type,
+        te_available=te.importable, transformer_impl=choice.transformer_impl,
+        structured_batches=choice.structured_batches, attention_dropout=choice.attention_dropout,
         training=training, flex_available=flex_attention_available(),
-        alibi=args.position_embedding_type == "alibi",
-        prefix_batches=bool(getattr(args, "prefix_lm", False)), te_version=te.version,
+        alibi=choice.alibi,
+        prefix_batches=choice.prefix_batches, te_version=te.version,
         flash_attn=te.flash_attn, te_problem=te.describe_absence() if te.problem else None,
-        dense_scores_mib=dense_scores_mib(args),
-        sequence_parallel_size=args.ds_sequence_parallel_size)
+        dense_scores_mib=choice.dense_scores_mib,
+        sequence_parallel_size=choice.ds_sequence_parallel_size)
 
 
-def attention_backend_from_args(args) -> AttentionBackend:
-    """The backend of ``args``: the one ``validate_args`` resolved
-    (``args.resolved_attention_backend``); one it left unresolved (a FlexAttention choice that
-    cannot run here) or a namespace that never went through validation (built by hand) is
-    resolved now, for training (:func:`resolve_attention_backend_from_args`: ArgumentError when
-    it cannot run)."""
-    resolved = args.resolved_attention_backend
-    return resolved if resolved is not None else resolve_attention_backend_from_args(args)
+def attention_backend(choice: AttentionChoice) -> AttentionBackend:
+    """The backend of ``choice``: the one ``validate_args`` resolved (``choice.resolved``); one it
+    left unresolved (a FlexAttention choice that cannot run here) is resolved now, for training
+    (:func:`resolve_attention_choice`: ArgumentError when it cannot run)."""
+    resolved = choice.resolved
+    return resolved if resolved is not None else resolve_attention_choice(choice)
 
 
-def check_backend_trains(args, device_type: Optional[str] = None) -> None:
-    """ArgumentError when the backend of ``args`` cannot train here (FlexAttention on a CPU: no
+def check_backend_trains(choice: AttentionChoice, device_type: Optional[str] = None) -> None:
+    """ArgumentError when the backend of ``choice`` cannot train here (FlexAttention on a CPU: no
     backward pass; or with attention dropout), for the training loop to ask before distributed
     start-up; evaluation (forward only) may run FlexAttention on a CPU."""
-    backend = attention_backend_from_args(args)  # unresolved by validation: refused here
+    backend = attention_backend(choice)  # unresolved by validation: refused here
     if backend.name == "flex" and (device_type or _this_device_type()) == "cpu":
         raise _error(backend.requested, FLEX_NO_CPU_BACKWARD)
 

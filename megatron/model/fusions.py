@@ -30,8 +30,29 @@ from typing import Any, Dict, Optional
 
 import torch.nn.functional as F
 
-from megatron.model.activations import activation_from_args
+from megatron.model.activations import mlp_activation
 from megatron.model.gelu import TANH, gelu_form
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionFlags:
+    """The flags the activation and the fusions follow (argparse dests): the MLP
+    (``--disable-bias-linear``, ``--swiglu``, ``--openai-gelu``), each fusion's switch
+    (``--no-bias-gelu-fusion``, ``--no-bias-swiglu-fusion``, ``--no-bias-dropout-fusion``,
+    ``--no-rope-fusion``, ``--no-persist-layer-norm``) and what a fusion applies to
+    (``--position-embedding-type``, ``--normalization``, ``--transformer-impl``)."""
+
+    disable_bias_linear: bool
+    swiglu: bool
+    openai_gelu: bool
+    bias_gelu_fusion: bool
+    bias_swiglu_fusion: bool
+    bias_dropout_fusion: bool
+    apply_rope_fusion: bool
+    persist_layer_norm: bool
+    position_embedding_type: str
+    normalization: str
+    transformer_impl: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,41 +74,42 @@ def fusion_support() -> FusionSupport:
                          apex_layer_norm=bool(gpt_layer_specs.HAVE_APEX))
 
 
-def fusion_config_from_args(args, device_type: str,
-                            support: Optional[FusionSupport] = None) -> Dict[str, Any]:
+def fusion_config(flags: FusionFlags, device_type: str,
+                  support: Optional[FusionSupport] = None) -> Dict[str, Any]:
     """The ``TransformerConfig`` fields ``activation_func``, ``bias_activation_fusion``,
     ``bias_dropout_fusion``, ``apply_rope_fusion``, ``persist_layer_norm``,
-    ``masked_softmax_fusion`` and ``gradient_accumulation_fusion`` for the flags ``args`` on
+    ``masked_softmax_fusion`` and ``gradient_accumulation_fusion`` for the flags ``flags`` on
     ``device_type`` (``cuda`` or ``cpu``); ``support`` (default :func:`fusion_support`, asked only
     for ``cuda``) says which TE/Apex kernels exist. The MLP computes the same function on every
     device (module docstring)."""
     gpu = device_type == "cuda"
     if gpu and support is None:
         support = fusion_support()
-    biases = not args.disable_bias_linear
-    if args.swiglu:
-        fuse_activation = gpu and args.bias_swiglu_fusion
-        activation = activation_from_args(args)  # F.silu, which bias_swiglu_impl fuses
+    biases = not flags.disable_bias_linear
+    if flags.swiglu:
+        fuse_activation = gpu and flags.bias_swiglu_fusion
+        activation = mlp_activation(True, None)  # F.silu, which bias_swiglu_impl fuses
     else:
         # megatron-core fuses F.gelu with its tanh kernel: only where the tanh form is wanted
-        fuse_activation = (gpu and args.bias_gelu_fusion and biases
-                           and gelu_form(vars(args)) == TANH)
-        activation = F.gelu if fuse_activation else activation_from_args(args)
+        fuse_activation = (gpu and flags.bias_gelu_fusion and biases
+                           and gelu_form(dataclasses.asdict(flags)) == TANH)
+        activation = (F.gelu if fuse_activation
+                      else mlp_activation(False, gelu_form(dataclasses.asdict(flags))))
     return {
         "activation_func": activation,
         "bias_activation_fusion": fuse_activation,
-        "bias_dropout_fusion": gpu and args.bias_dropout_fusion,
-        "apply_rope_fusion": (gpu and args.apply_rope_fusion and args.position_embedding_type == "rope"
+        "bias_dropout_fusion": gpu and flags.bias_dropout_fusion,
+        "apply_rope_fusion": (gpu and flags.apply_rope_fusion and flags.position_embedding_type == "rope"
                               and support.te_fused_rope),
-        "persist_layer_norm": (gpu and args.persist_layer_norm and args.normalization == "LayerNorm"
-                               and args.transformer_impl == "local" and support.apex_layer_norm),
+        "persist_layer_norm": (gpu and flags.persist_layer_norm and flags.normalization == "LayerNorm"
+                               and flags.transformer_impl == "local" and support.apex_layer_norm),
         "masked_softmax_fusion": False,
         "gradient_accumulation_fusion": False,
     }
 
 
 def describe_fusions(fields: Dict[str, Any]) -> str:
-    """One start-up log line naming the fusions ``fields`` (from :func:`fusion_config_from_args`)
+    """One start-up log line naming the fusions ``fields`` (from :func:`fusion_config`)
     turn on."""
     names = {"bias_activation_fusion": "bias-activation", "bias_dropout_fusion": "bias-dropout-add",
              "apply_rope_fusion": "rope", "persist_layer_norm": "persistent layer norm"}

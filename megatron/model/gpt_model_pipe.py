@@ -31,6 +31,7 @@ per layer).
 """
 import collections
 import contextlib
+import copy
 import dataclasses
 from typing import Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -48,13 +49,14 @@ from megatron.model.embedding_norm import add_embedding_layernorm
 from megatron.model.init import initialize_parameters
 from megatron.model.lm_loss import masked_lm_loss, vocab_parallel_token_loss
 from megatron.model.masks import AttentionStructure
+from megatron.model.model_config import ModelConfig
 from megatron.model.norms import sequence_parallel_capable
 from megatron.model.param_names import global_expert_name, pipe_key_to_gpt_name
 from megatron.model.rotary import RotaryEmbedding
 from megatron.model.segment_layout import padded_cu_seqlens
 from megatron.model.vocab_padding import local_padding_start, mask_padding_logits_, tp_coordinates
 from megatron.parallel.experts import first_local_expert
-from megatron.parallel.topology import ParallelLayout, deepspeed_topology
+from megatron.parallel.topology import deepspeed_topology
 
 TIED_EMBEDDING_KEY = "embed"
 # What GPTModel's transformer_layer_spec takes: one layer's spec or the block's submodules.
@@ -325,7 +327,7 @@ class GPTModelPipe(PipelineModule):
     balanced numbers of the layers whose class name matches, e.g. ``type:transformer`` for
     transformer layers, ``type:transformer|embedding`` as BigScience's BLOOM, which counts the
     embedding on the first and the tied output layer on the last stage as one layer each; see
-    :func:`partition_method_from_args` for ``uniform``).
+    :func:`partition_method` for ``uniform``).
     ``activation_checkpoint_interval`` N > 0 keeps only the input of every chunk of N pipe layers of
     a stage and recomputes the chunk in the backward pass (:func:`recompute_function`); chunks that
     hold anything but transformer layers (the embedding, norm and output layer) are not recomputed.
@@ -454,16 +456,15 @@ class GPTModelPipe(PipelineModule):
 PIPE_LAYER_CLASSES = (EmbeddingPipe, TransformerLayerPipe, FinalNormPipe, OutputLayerPipe)
 
 
-def partition_method_from_args(args) -> str:
-    """DeepSpeed's partition method for ``--pp-partition-method``, and the one check of the flag
-    (``validate_args`` calls it). ``uniform`` keeps Megatron-LM's meaning, the same number of
+def partition_method(method: str) -> str:
+    """DeepSpeed's partition method for ``--pp-partition-method`` ``method``, and the one check of
+    the flag (validation calls it). ``uniform`` keeps Megatron-LM's meaning, the same number of
     transformer layers on every stage (``validate_args`` checks that ``--num-layers`` divides),
     which is DeepSpeed's ``type:TransformerLayerPipe``; DeepSpeed's own ``uniform`` would also
     count the embedding, final norm and output layer as layers. ``parameters`` and ``type:REGEX``
     are passed through; ArgumentError for any other value, an empty or bad pattern, or one that
     matches no layer class (DeepSpeed would fail on every rank at start-up). Patterns are
     compiled with the ``regex`` package, as DeepSpeed's partitioner does."""
-    method = args.pp_partition_method
     if method == "uniform":
         return f"type:{TransformerLayerPipe.__name__}"
     if method == "parameters":
@@ -486,52 +487,56 @@ def partition_method_from_args(args) -> str:
     return method
 
 
-def activation_checkpoint_interval_from_args(args) -> int:
+def activation_checkpoint_interval(recompute_granularity: Optional[str],
+                                   recompute_num_layers: Optional[int]) -> int:
     """Transformer layers per recomputed chunk in the pipe: ``--recompute-num-layers`` with
     ``--recompute-granularity full --recompute-method uniform`` (or ``--checkpoint-activations``),
     else 0 (selective recompute stays inside each layer through the ``TransformerConfig``)."""
-    if args.recompute_granularity == "full":
-        return int(args.recompute_num_layers)
+    if recompute_granularity == "full":
+        return int(recompute_num_layers)
     return 0
 
 
-def build_gpt_model_pipe(args) -> GPTModelPipe:
-    """The ``GPTModelPipe`` for ``args`` on this rank's stage (``args.padded_vocab_size`` set and the
-    parallel state initialised): same config and layer spec as ``build_gpt_model``, DeepSpeed's
-    topology equal to megatron-core's, weights from the layout-independent initializer."""
-    from megatron.model.gpt_model import (  # lazy: TE/apex probes (megatron-core's GPT specs); not --help
-        layer_spec_from_args,
-        model_transformer_config,
-    )
+def build_gpt_model_pipe(transformer: TransformerConfig, model: ModelConfig, padded_vocab_size: int,
+                         vocab_size: Optional[int] = None) -> GPTModelPipe:
+    """The ``GPTModelPipe`` of ``transformer`` and ``model`` on this rank's stage (the parallel
+    state initialised) with ``padded_vocab_size`` embedding rows (``vocab_size``: the rows that
+    take probability, from the tokenizer set-up): same config and layer spec as
+    ``build_gpt_model``, DeepSpeed's topology equal to megatron-core's, weights from the
+    layout-independent initializer."""
+    from megatron.model.gpt_model import gpt_layer_spec  # lazy: TE/apex probes (megatron-core's GPT specs); not --help
 
-    config = model_transformer_config(args)
-    layer_spec = layer_spec_from_args(args)
-    if args.sequence_parallel:  # as build_gpt_model: norms that tag their parameters for SP
+    config = copy.copy(transformer)  # the model's own object, as build_gpt_model
+    layer_spec = gpt_layer_spec(model, config)
+    if model.sequence_parallel:  # as build_gpt_model: norms that tag their parameters for SP
         layer_spec = sequence_parallel_capable(layer_spec, config.num_layers)
-    model = GPTModelPipe(
-        config, layer_spec, args.padded_vocab_size, args.max_position_embeddings,
-        deepspeed_topology(ParallelLayout.from_args(args)),
-        position_embedding_type=model_position_embedding_type(args.position_embedding_type),
-        rotary_percent=args.rotary_percent,
-        rotary_base=args.rotary_base,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        partition_method=partition_method_from_args(args),
-        activation_checkpoint_interval=activation_checkpoint_interval_from_args(args),
-        embed_layernorm=args.embed_layernorm,
-        real_vocab_size=getattr(args, "vocab_size", None))  # from tokenizer_setup
+    pipe = GPTModelPipe(
+        config, layer_spec, padded_vocab_size, model.max_position_embeddings,
+        deepspeed_topology(model.layout),
+        position_embedding_type=model_position_embedding_type(model.position_embedding_type),
+        rotary_percent=model.rotary_percent,
+        rotary_base=model.rotary_base,
+        share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+        partition_method=model.partition_method,
+        activation_checkpoint_interval=model.activation_checkpoint_interval,
+        embed_layernorm=model.embed_layernorm,
+        real_vocab_size=vocab_size)
     # experts by their global ids, as build_gpt_model: every expert-parallel layout draws the same
     # experts (the checkpoint's namer reads the attribute too, megatron/checkpoint/engine_index.py)
-    model.first_local_expert = first_local_expert(args.num_experts)
-    initialize_parameters(model.named_parameters(), config, args.seed, canonical_name=lambda n:
-                          global_expert_name(model.canonical_name(n), model.first_local_expert))
-    return model
+    pipe.first_local_expert = first_local_expert(model.num_experts)
+    initialize_parameters(pipe.named_parameters(), config, model.seed, canonical_name=lambda n:
+                          global_expert_name(pipe.canonical_name(n), pipe.first_local_expert))
+    return pipe
 
 
-def gpt_model_for_layout(args) -> torch.nn.Module:
-    """``GPTModel`` when the layout has one pipeline stage (``--pipeline-model-parallel-size 1``,
-    with or without ``--no-pipeline-parallel``), else this rank's ``GPTModelPipe`` stage."""
-    if args.pipeline_model_parallel_size > 1:
-        return build_gpt_model_pipe(args)
+def gpt_model_for_layout(transformer: TransformerConfig, model: ModelConfig,
+                         padded_vocab_size: int, vocab_size: Optional[int] = None) -> torch.nn.Module:
+    """``GPTModel`` of ``transformer`` and ``model`` with ``padded_vocab_size`` embedding rows (of
+    which ``vocab_size`` take probability) when the layout has one pipeline stage
+    (``--pipeline-model-parallel-size 1``, with or without ``--no-pipeline-parallel``), else this
+    rank's ``GPTModelPipe`` stage."""
+    if model.pipeline_model_parallel_size > 1:
+        return build_gpt_model_pipe(transformer, model, padded_vocab_size, vocab_size)
     from megatron.model.gpt_model import build_gpt_model  # lazy: TE/apex probes (megatron-core's GPT specs); not --help
 
-    return build_gpt_model(args)
+    return build_gpt_model(transformer, model, padded_vocab_size, vocab_size)

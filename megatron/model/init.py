@@ -7,7 +7,7 @@ block k seeded from (seed, name, k); this rank's tensor-parallel shard is cut ou
 megatron-core shards (``partition_dim``/``partition_stride``), drawing only the blocks it needs.
 So the model is the same model under every (TP, PP) layout, and a pipeline stage holding layers
 4..7 draws exactly what a single rank does.
-The vocabulary rows are ``args.padded_vocab_size``, which depends on TP (Megatron-LM pads to a
+The vocabulary rows are ``padded_vocab_size`` (the tokenizer set-up's), which depends on TP (Megatron-LM pads to a
 multiple of ``--make-vocab-size-divisible-by`` x TP); the real rows are the first rows of the
 full tensor, drawn alike whatever the padding, and the padding rows take no probability
 (megatron/model/vocab_padding.py), so layouts are the same model.

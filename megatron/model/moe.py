@@ -1,6 +1,6 @@
-"""megatron-core's MoE layer in the model's layer spec: the ``TransformerConfig`` fields of the MoE
-flags and the model's MoE summary line, a router that also runs on a CPU and counts the tokens each
-expert receives, and the per-layer specs of ``--moe-layer-freq``.
+"""megatron-core's MoE layer in the model's layer spec: the model's MoE summary line, a router that
+also runs on a CPU and counts the tokens each expert receives, and the per-layer specs of
+``--moe-layer-freq``.
 
 megatron-core 0.16's ``TopKRouter.gating`` moves a CPU weight to the GPU. Its gating GEMM also
 names a Transformer Engine function that is undefined when TE is absent. :class:`MoERouter`
@@ -24,6 +24,7 @@ from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
 
+from megatron.model.model_config import MoELayout
 from megatron.runtime.mcore_compat import spec_submodules
 
 
@@ -35,51 +36,24 @@ def moe_layer_pattern(freq: Union[int, List[int]], num_layers: int) -> List[int]
     return list(freq)
 
 
-def moe_config_from_args(args) -> dict:
-    """The ``TransformerConfig`` fields of the MoE flags (empty for a dense model)."""
-    if args.num_experts is None:
-        return {}
-    return dict(
-        num_moe_experts=args.num_experts,
-        expert_model_parallel_size=args.expert_model_parallel_size,
-        moe_router_topk=args.moe_router_topk,
-        moe_router_load_balancing_type=args.moe_router_load_balancing_type,
-        moe_aux_loss_coeff=args.moe_aux_loss_coeff,
-        moe_z_loss_coeff=args.moe_z_loss_coeff,
-        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
-        moe_layer_freq=args.moe_layer_freq,
-        moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
-        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
-        moe_grouped_gemm=args.moe_grouped_gemm,
-        moe_expert_capacity_factor=args.moe_expert_capacity_factor,
-        moe_pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
-        moe_token_drop_policy=args.moe_token_drop_policy,
-        moe_router_pre_softmax=args.moe_router_pre_softmax,
-        moe_router_score_function=args.moe_router_score_function,
-        moe_router_dtype=args.moe_router_dtype,
-        moe_input_jitter_eps=args.moe_input_jitter_eps,
-        moe_per_layer_logging=args.moe_per_layer_logging,
-    )
-
-
-def describe_moe(args) -> str:
-    """The start-up line of the MoE flags, e.g. ``MoE: 8 experts (FFN 512) in 4 of 4 layers,
+def describe_moe(moe: MoELayout) -> str:
+    """The start-up line of the MoE layout ``moe``, e.g. ``MoE: 8 experts (FFN 512) in 4 of 4 layers,
     top-2 softmax router, aux_loss x 0.01, dropless, allgather dispatcher, expert-parallel 2``."""
-    pattern = moe_layer_pattern(args.moe_layer_freq, args.num_layers)
-    capacity = ("dropless" if args.moe_expert_capacity_factor is None else
-                f"capacity factor {args.moe_expert_capacity_factor:g} (drop by "
-                f"{args.moe_token_drop_policy})")
-    parts = [f"MoE: {args.num_experts} experts (FFN {args.moe_ffn_hidden_size}) in "
-             f"{sum(pattern)} of {args.num_layers} layers",
-             f"top-{args.moe_router_topk} {args.moe_router_score_function} router"
-             f"{' (pre-softmax)' if args.moe_router_pre_softmax else ''}",
-             f"{args.moe_router_load_balancing_type} x {args.moe_aux_loss_coeff:g}"]
-    if args.moe_z_loss_coeff:
-        parts.append(f"z-loss x {args.moe_z_loss_coeff:g}")
-    if args.moe_shared_expert_intermediate_size:
-        parts.append(f"shared expert {args.moe_shared_expert_intermediate_size}")
-    parts += [capacity, f"{args.moe_token_dispatcher_type} dispatcher",
-              f"expert-parallel {args.expert_model_parallel_size}"]
+    pattern = moe_layer_pattern(moe.moe_layer_freq, moe.num_layers)
+    capacity = ("dropless" if moe.moe_expert_capacity_factor is None else
+                f"capacity factor {moe.moe_expert_capacity_factor:g} (drop by "
+                f"{moe.moe_token_drop_policy})")
+    parts = [f"MoE: {moe.num_experts} experts (FFN {moe.moe_ffn_hidden_size}) in "
+             f"{sum(pattern)} of {moe.num_layers} layers",
+             f"top-{moe.moe_router_topk} {moe.moe_router_score_function} router"
+             f"{' (pre-softmax)' if moe.moe_router_pre_softmax else ''}",
+             f"{moe.moe_router_load_balancing_type} x {moe.moe_aux_loss_coeff:g}"]
+    if moe.moe_z_loss_coeff:
+        parts.append(f"z-loss x {moe.moe_z_loss_coeff:g}")
+    if moe.moe_shared_expert_intermediate_size:
+        parts.append(f"shared expert {moe.moe_shared_expert_intermediate_size}")
+    parts += [capacity, f"{moe.moe_token_dispatcher_type} dispatcher",
+              f"expert-parallel {moe.expert_model_parallel_size}"]
     return ", ".join(parts)
 
 

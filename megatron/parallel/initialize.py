@@ -1,7 +1,7 @@
 """Process setup: torch.distributed through DeepSpeed, megatron-core model parallel state, seeds."""
 import os
 import random
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -9,7 +9,7 @@ import torch
 from megatron.errors import ConfigError
 from megatron.parallel.cpu_rng import model_parallel_manual_seed
 from megatron.parallel.cuda_connections import apply_max_connections
-from megatron.parallel.topology import initialize_model_parallel
+from megatron.parallel.topology import ParallelLayout, initialize_model_parallel
 from megatron.runtime import cpu_comm
 from megatron.runtime.jit_ops import build_done
 from megatron.runtime.ports import busy_port_message
@@ -20,10 +20,11 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def initialize_distributed(args) -> List[str]:
+def initialize_distributed(layout: ParallelLayout, distributed_backend: Optional[str]) -> List[str]:
     """Start torch.distributed (DeepSpeed's launcher sets RANK/WORLD_SIZE/MASTER_*; a plain
     ``python`` run becomes a 1-rank group) and megatron-core's tensor/pipeline/data-parallel
-    groups (megatron/parallel/topology.py). Returns the start-up notes it has (on a GPU: how
+    groups of ``layout`` (megatron/parallel/topology.py), with ``distributed_backend``
+    (``--distributed-backend``; None: :func:`default_backend`). Returns the start-up notes it has (on a GPU: how
     ``CUDA_DEVICE_MAX_CONNECTIONS`` was set)."""
     import deepspeed  # noqa: F401  (unused, kept: deepspeed is loaded before start-up, as it always was)
 
@@ -34,24 +35,24 @@ def initialize_distributed(args) -> List[str]:
     os.environ.setdefault("MASTER_PORT", "29500")
     notes = []
     if torch.cuda.is_available():
-        notes += _apply_cuda_max_connections(args)  # before this process touches the GPU
+        notes += _apply_cuda_max_connections(layout.tp)  # before this process touches the GPU
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not torch.distributed.is_initialized():
-        _init_deepspeed_distributed(args)
-    initialize_model_parallel(args)
+        _init_deepspeed_distributed(distributed_backend)
+    initialize_model_parallel(layout)
     return notes
 
 
-def _apply_cuda_max_connections(args) -> List[str]:
+def _apply_cuda_max_connections(tensor_model_parallel_size: int) -> List[str]:
     """``CUDA_DEVICE_MAX_CONNECTIONS`` as Megatron-LM requires it (megatron/parallel/cuda_connections.py);
     the note saying so, if any."""
     note = apply_max_connections(
-        args.tensor_model_parallel_size, "cuda", os.environ,
+        tensor_model_parallel_size, "cuda", os.environ,
         lambda: torch.cuda.get_device_capability(int(os.environ["LOCAL_RANK"])))
     return [note] if note else []
 
 
-def _init_deepspeed_distributed(args) -> None:
+def _init_deepspeed_distributed(distributed_backend: Optional[str]) -> None:
     """``deepspeed.init_distributed`` with a notice before DeepSpeed's one-time CPU op build, a
     one-line error for a busy MASTER_PORT, and no shared-memory buffers left behind (see
     megatron/runtime/cpu_comm.py)."""
@@ -62,7 +63,7 @@ def _init_deepspeed_distributed(args) -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     claim = cpu_comm.announce_shm_op_build() if on_cpu else None
     try:
-        deepspeed.init_distributed(dist_backend=args.distributed_backend or default_backend(),
+        deepspeed.init_distributed(dist_backend=distributed_backend or default_backend(),
                                    verbose=False)
     except torch.distributed.DistNetworkError as e:
         if "EADDRINUSE" not in str(e):

@@ -36,14 +36,6 @@ class ParallelLayout:
     sp: int = 1
     ep: int = 1
 
-    @classmethod
-    def from_args(cls, args) -> "ParallelLayout":
-        """The layout validated by ``validate_args`` (``args.data_parallel_size`` is set there)."""
-        return cls(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                   dp=args.data_parallel_size, world=args.world_size,
-                   sp=args.ds_sequence_parallel_size,
-                   ep=args.expert_model_parallel_size)
-
     def describe(self) -> str:
         """``tensor-parallel T, pipeline-parallel P[, Ulysses sequence-parallel S], data-parallel
         D[, expert-parallel E]`` (the start-up line's part; the Ulysses and expert-parallel sizes
@@ -66,14 +58,13 @@ class ParallelLayout:
                 "expert_model_parallel_size": self.ep, "world_size": self.world}
 
 
-def initialize_model_parallel(args) -> None:
+def initialize_model_parallel(layout: ParallelLayout) -> None:
     """Create megatron-core's tensor/pipeline/(context = Ulysses sequence)/data-parallel groups
-    for ``args``' layout (once; ``torch.distributed`` must be initialised) and check that
-    DeepSpeed's topology puts every rank at the same coordinates."""
+    of ``layout`` (the run's validated layout; once; ``torch.distributed`` must be initialised)
+    and check that DeepSpeed's topology puts every rank at the same coordinates."""
     from megatron.core import parallel_state
 
     allocate_megatron_core_buffers_on_cpu()
-    layout = ParallelLayout.from_args(args)
     if torch.distributed.get_world_size() != layout.world:
         raise RuntimeError(f"validated for {layout.world} ranks but torch.distributed has "
                            f"{torch.distributed.get_world_size()}")
@@ -247,19 +238,22 @@ class MegatronCoreMPU:
     get_pipe_parallel_rank = get_pipeline_model_parallel_rank
 
 
-def layout_line(args, engine) -> str:
-    """The start-up line naming the layout, e.g. ``tensor-parallel 2, pipeline-parallel 2,
-    data-parallel 1, ZeRO stage 1, micro-batches per iteration 4`` (micro-batches per rank per
-    optimizer step at the full global batch), then sequence parallelism and recompute when on."""
-    line = (f"{ParallelLayout.from_args(args).describe()}, ZeRO stage "
-            f"{engine.zero_optimization_stage()}, micro-batches per iteration "
-            f"{args.gradient_accumulation_steps}")
-    if args.sequence_parallel:
+def layout_line(layout: ParallelLayout, zero_stage: int, micro_batches: int,
+                transformer) -> str:
+    """The start-up line naming ``layout``, e.g. ``tensor-parallel 2, pipeline-parallel 2,
+    data-parallel 1, ZeRO stage 1, micro-batches per iteration 4`` (``zero_stage``: the engine's;
+    ``micro_batches``: micro-batches per rank per optimizer step at the full global batch), then
+    sequence parallelism and recompute when on (from ``transformer``, the run's
+    ``TransformerConfig``)."""
+    line = (f"{layout.describe()}, ZeRO stage {zero_stage}, micro-batches per iteration "
+            f"{micro_batches}")
+    if transformer.sequence_parallel:
         line += ", sequence-parallel"
-    if args.recompute_granularity == "selective":
+    if transformer.recompute_granularity == "selective":
         line += ", recompute selective (core attention)"
-    elif args.recompute_granularity == "full":
-        line += (f", recompute full ({args.recompute_method}, {args.recompute_num_layers} "
-                 f"layer{'s' if args.recompute_num_layers != 1 else ''}"
-                 f"{', saved inputs split over tensor-parallel ranks' if args.distribute_saved_activations else ''})")
+    elif transformer.recompute_granularity == "full":
+        n = transformer.recompute_num_layers
+        line += (f", recompute full ({transformer.recompute_method}, {n} "
+                 f"layer{'s' if n != 1 else ''}"
+                 f"{', saved inputs split over tensor-parallel ranks' if transformer.distribute_saved_activations else ''})")
     return line

@@ -21,61 +21,13 @@ one rank.
 The sequence-parallel ranks of one tensor-parallel rank share their dropout streams (as megatron-
 core's context-parallel ranks do): they draw the same masks for different tokens or heads.
 """
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
 # batch fields laid out per token ([micro batch, sequence]) that each rank keeps a slice of; the
 # attention structure (segment_ids, is_prefix and the host layout of its segments) stays whole
 PER_TOKEN_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "dataset_id")
-
-
-def _divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def ulysses_layout_problem(args) -> Optional[str]:
-    """Why ``--ds-sequence-parallel-size`` cannot run with the other flags of ``args`` (one
-    sentence naming the values and what works instead), or None. Checks the heads (and query
-    groups) of each tensor-parallel rank and the sequence length against the size, and refuses
-    pipeline parallelism and ZeRO stage 3 (whose gradient reduction DeepSpeed does not adjust
-    for Ulysses)."""
-    sp = args.ds_sequence_parallel_size
-    if sp == 1:
-        return None
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    flag = f"--ds-sequence-parallel-size {sp}"
-    if pp > 1:
-        return (f"{flag} with --pipeline-model-parallel-size {pp}: DeepSpeed's pipe engine reduces "
-                "gradients over the data-parallel group only, not over the sequence-data-parallel "
-                "group Ulysses needs; use --pipeline-model-parallel-size 1 (with "
-                "--tensor-model-parallel-size for the model's memory)")
-    problems = []
-    if args.zero_stage == 3:
-        problems.append(f"{flag} with ZeRO stage 3: DeepSpeed's ZeRO-3 reduce-scatter averages the "
-                        "gradients over the sequence-parallel ranks where they must be summed (its "
-                        "stage 1/2 and stage 0 reductions sum them); use --zero-stage 1 or 2")
-    heads, groups = args.num_attention_heads, args.num_query_groups or args.num_attention_heads
-    if heads % tp == 0 and groups % tp == 0:
-        per_rank_heads, per_rank_groups = heads // tp, groups // tp
-        fits = [d for d in _divisors(per_rank_groups) if per_rank_heads % d == 0
-                and args.seq_length % d == 0]
-        for what, n, count in (("--num-attention-heads", heads, per_rank_heads),
-                               ("--num-query-groups", groups, per_rank_groups)):
-            if count % sp:
-                problems.append(
-                    f"{what} {n} gives {count} per tensor-parallel rank (--tensor-model-parallel-"
-                    f"size {tp}), not divisible by {flag} (each sequence-parallel rank attends with "
-                    f"1/{sp} of them); sizes that divide heads, query groups and --seq-length: "
-                    f"{', '.join(map(str, fits))}")
-    if args.seq_length % sp:
-        problems.append(f"--seq-length {args.seq_length} is not divisible by {flag} (each rank "
-                        "holds an equal slice of every sequence)")
-    elif args.sequence_parallel and (args.seq_length // sp) % tp:
-        problems.append(f"--seq-length {args.seq_length} / {flag} = {args.seq_length // sp} tokens "
-                        f"per rank is not divisible by --tensor-model-parallel-size {tp} (needed by "
-                        "--sequence-parallel)")
-    return "; ".join(problems) or None
 
 
 def sequence_shard(length: int, size: int, rank: int) -> slice:

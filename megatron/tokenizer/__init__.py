@@ -1,5 +1,5 @@
-"""Tokenizers for this training stack; ``build_tokenizer(args)`` is the entry point, and
-``tokenizer_setup(args)`` adds the embedding rows (padded vocabulary) a model of ``args`` needs.
+"""Tokenizers for this training stack; ``build_tokenizer(config)`` is the entry point, and
+``tokenizer_setup(config, vocab)`` adds the embedding rows (padded vocabulary) the model needs.
 
 Names are resolved lazily, so that only the runs that use the Hugging Face or sentencepiece
 tokenizers import transformers (``core_tokenizers``). The tokenizer flags and their checks are
@@ -14,6 +14,7 @@ __all__ = [
     "HuggingFaceTokenizer",
     "SentencePieceTokenizer",
     "TokenizerSetup",
+    "VocabConfig",
     "build_tokenizer",
     "padded_vocab_size",
     "tokenizer_setup",

@@ -1,7 +1,7 @@
 """``build_tokenizer(config)``: the tokenizer a ``TokenizerConfig`` names (megatron/tokenizer/types.py:
-the type and its files); ``tokenizer_setup(args)``:
-it with the padded vocabulary (embedding rows) and the start-up lines, returned for the caller that
-sets up the run's ``args`` to assign (nothing here writes the sizes into ``args``).
+the type and its files); ``tokenizer_setup(config, vocab)``: it with the padded vocabulary
+(embedding rows, from the :class:`VocabConfig`) and the start-up lines, returned for the caller
+that sets up the run to assign (megatron/config/tokenizer_flags.py ``apply_tokenizer_setup``).
 
 Hugging Face and sentencepiece tokenizers are megatron-core's (``megatron.core.tokenizers``, see
 ``core_tokenizers.py``); the byte-level default and GPT-2 BPE files are the project's own
@@ -11,7 +11,6 @@ list[int]`` (no special tokens added; ``--append-eod`` or the dataset adds ``eod
 ``detokenize(ids)``, ``vocab_size`` (unpadded), ``eod``, ``pad``, ``bos``, ``eos`` and ``name``.
 """
 
-import argparse
 import dataclasses
 from typing import Any, List, Optional, Tuple
 
@@ -20,7 +19,7 @@ from megatron.tokenizer.byte_level import ByteLevelTokenizer
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
 from megatron.tokenizer.types import TOKENIZER_FILE_FLAGS, TokenizerConfig
 
-__all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "TokenizerSetup", "build_tokenizer",
+__all__ = ["ByteLevelTokenizer", "GPT2BPETokenizer", "TokenizerSetup", "VocabConfig", "build_tokenizer",
            "padded_vocab_size", "tokenizer_setup"]
 
 
@@ -74,44 +73,51 @@ def build_tokenizer(config: TokenizerConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class VocabConfig:
+    """What the embedding rows follow besides the tokenizer (argparse dests): Megatron-LM's
+    rounding (``--make-vocab-size-divisible-by`` x ``--tensor-model-parallel-size``) or
+    BigScience's ``--pad-vocab-size-to``; with ``--use-checkpoint-args``, the checkpoint's record
+    (``checkpoint_model_args``: the ``model_args.json`` of ``--load`` ``load``, None without) and
+    the note on its tokenizer (``checkpoint_tokenizer_note``)."""
+
+    make_vocab_size_divisible_by: int
+    tensor_model_parallel_size: int
+    pad_vocab_size_to: Optional[int]
+    load: Optional[str]
+    checkpoint_model_args: Optional[dict]
+    checkpoint_tokenizer_note: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
 class TokenizerSetup:
     """What a run's tokenizer gives the model, returned by :func:`tokenizer_setup` for the caller
-    that sets up ``args`` (the entry points: ``setup.apply(args)``): ``tokenizer``;
-    ``padded_vocab_size``, the embedding rows (Megatron-LM's rounding, or
-    ``--pad-vocab-size-to``); ``vocab_size``, the rows that take probability
-    (:func:`model_vocab_size`; the others are padding, megatron/model/vocab_padding.py);
-    ``notes``, the start-up lines (the tokenizer summary and its warnings)."""
+    that sets up the run (the entry points: megatron/config/tokenizer_flags.py
+    ``apply_tokenizer_setup``): ``tokenizer``; ``padded_vocab_size``, the embedding rows
+    (Megatron-LM's rounding, or ``--pad-vocab-size-to``); ``vocab_size``, the rows that take
+    probability (:func:`model_vocab_size`; the others are padding,
+    megatron/model/vocab_padding.py); ``notes``, the start-up lines (the tokenizer summary and its
+    warnings)."""
 
     tokenizer: Any
     padded_vocab_size: int
     vocab_size: int
     notes: Tuple[str, ...] = ()
 
-    def apply(self, args: argparse.Namespace) -> None:
-        """Assign ``args.tokenizer``, ``args.padded_vocab_size`` and ``args.vocab_size`` (the
-        notes are the caller's to print: the entry points hand them to the training loop)."""
-        args.tokenizer = self.tokenizer
-        args.padded_vocab_size = self.padded_vocab_size
-        args.vocab_size = self.vocab_size
 
-
-def tokenizer_setup(args: argparse.Namespace) -> TokenizerSetup:
-    """:func:`build_tokenizer` of the run's ``TokenizerConfig`` (``args.run_config.tokenizer``,
-    built by validation) with the embedding rows
-    for it, as Megatron-LM computes them: the vocabulary padded to a multiple of
-    ``--make-vocab-size-divisible-by`` x ``--tensor-model-parallel-size``, or
-    ``--pad-vocab-size-to``; the rows that take probability (more than the tokenizer's with a
-    ``--use-checkpoint-args`` record of more real rows) and the start-up lines. Nothing is
-    written into ``args`` (:meth:`TokenizerSetup.apply` does)."""
-    config = args.run_config.tokenizer
+def tokenizer_setup(config: TokenizerConfig, vocab: VocabConfig) -> TokenizerSetup:
+    """:func:`build_tokenizer` of the run's ``TokenizerConfig`` ``config`` (built by validation)
+    with the embedding rows for it, as Megatron-LM computes them (``vocab``): the vocabulary
+    padded to a multiple of ``--make-vocab-size-divisible-by`` x ``--tensor-model-parallel-size``,
+    or ``--pad-vocab-size-to``; the rows that take probability (more than the tokenizer's with a
+    ``--use-checkpoint-args`` record of more real rows) and the start-up lines."""
     tokenizer = build_tokenizer(config)
-    record = args.checkpoint_model_args or {}  # --use-checkpoint-args: model_args.json
-    check_fits_checkpoint(tokenizer, config, record, args.load)
-    padded = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
-                               args.tensor_model_parallel_size, args.pad_vocab_size_to)
+    record = vocab.checkpoint_model_args or {}  # --use-checkpoint-args: model_args.json
+    check_fits_checkpoint(tokenizer, config, record, vocab.load)
+    padded = padded_vocab_size(tokenizer.vocab_size, vocab.make_vocab_size_divisible_by,
+                               vocab.tensor_model_parallel_size, vocab.pad_vocab_size_to)
     notes = [tokenizer_summary(tokenizer, padded, config.tokenizer_type_note)]
-    if args.checkpoint_tokenizer_note:
-        notes.append(args.checkpoint_tokenizer_note)
+    if vocab.checkpoint_tokenizer_note:
+        notes.append(vocab.checkpoint_tokenizer_note)
     unused = unused_tokenizer_flags(config)
     if unused:
         notes.append(f"warning: {' '.join(unused)} not used by --tokenizer-type "

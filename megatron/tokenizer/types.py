@@ -6,7 +6,6 @@ Names and meanings follow Megatron-LM (``--tokenizer-type``, ``--vocab-file``, `
 ``--tokenizer-model``) and BigScience's Megatron-DeepSpeed (``--tokenizer-type PretrainedFromHF
 --tokenizer-name-or-path``).
 """
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -89,13 +88,3 @@ def tokenizer_config(tokenizer_type: Optional[str] = None, vocab_file: Optional[
         raise ConfigError(f"--tokenizer-type {ttype} needs {' and '.join(needed)}")
     return TokenizerConfig(ttype, vocab_file, merge_file, tokenizer_model, tokenizer_name_or_path,
                            note)
-
-
-def tokenizer_config_from_args(args) -> TokenizerConfig:
-    """:func:`tokenizer_config` of the five tokenizer flags of parsed ``args`` (every dest must be
-    there: a parser with the tokenizer flag group, whose ``tokenizer_type_note`` defaults to
-    None); a type validation resolved keeps its note."""
-    config = tokenizer_config(args.tokenizer_type, args.vocab_file, args.merge_file,
-                              args.tokenizer_model, args.tokenizer_name_or_path)
-    return dataclasses.replace(config,
-                               tokenizer_type_note=config.tokenizer_type_note or args.tokenizer_type_note)

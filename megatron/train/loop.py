@@ -13,7 +13,7 @@ from megatron.checkpoint.engine import TrainingState
 from megatron.config.checkpoint_args import model_args_from_args
 from megatron.config.run_config import LoopConfig, RunConfig
 from megatron.data.train_data import TrainData
-from megatron.metrics.moe import moe_training_from_args
+from megatron.metrics.moe import moe_training
 from megatron.metrics.writers import MetricsWriter, metrics_writer
 from megatron.model.attention_backends import check_backend_trains
 from megatron.optim.loss_normalization import normalization_line
@@ -146,8 +146,8 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     """
     run = args.run_config
     loop, checkpoint = run.loop, run.checkpoint
-    check_backend_trains(args)  # before start-up: FlexAttention has no backward on a CPU
-    start_notes = initialize_distributed(args)
+    check_backend_trains(run.model.attention)  # before start-up: FlexAttention has no backward on a CPU
+    start_notes = initialize_distributed(run.model.layout, args.distributed_backend)
     # flag compatibility, --deepspeed_config, the tokenizer's, distributed start-up's
     for note in run.notes + tuple(notes) + tuple(start_notes):
         print_rank_0(note)
@@ -170,15 +170,17 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
                      f"LR schedule follows the new length)")
         metrics.close()
         return state
+    layout = layout_line(run.model.layout, engine.zero_optimization_stage(),
+                         args.gradient_accumulation_steps, run.transformer)
     print_rank_0(f"training: {loop.train_iters} iterations, global batch {loop.global_batch_size}, "
-                 f"micro batch {loop.micro_batch_size} | {layout_line(args, engine)}")
+                 f"micro batch {loop.micro_batch_size} | {layout}")
     if loop.train_tokens_note:
         print_rank_0(loop.train_tokens_note)
     if loop.skip_train:
         print_rank_0(f"--eval-only/--skip-train: evaluating the model of iteration "
                      f"{state.iteration} on the validation and test sets, no training")
     # MoE bookkeeping, skip-step: as the flags ask
-    hooks = loop_hooks(engine, moe_training_from_args(engine.module, args), run.skip_step, run.loss)
+    hooks = loop_hooks(engine, moe_training(engine.module, run.model.moe), run.skip_step, run.loss)
     for hook in hooks:
         hook.restore_state(state)
         forward_step = hook.wrap_forward_step(forward_step)

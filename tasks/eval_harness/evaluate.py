@@ -114,7 +114,7 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The shared parser's flags (model, tokenizer, checkpoint) plus the evaluation flags."""
     from megatron.config.parser import parse_args  # lazy: numpy + the flag modules, only to parse
-    from megatron.tokenizer import tokenizer_setup  # lazy: megatron-core (seconds)
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup  # lazy: megatron-core (seconds)
     from tasks.checkpoint_model import one_process_argv  # lazy: torch (~1 s), only to parse
     from tasks.zero_shot_rank_classification import _DEFAULTS  # lazy: megatron-core (seconds)
 
@@ -122,7 +122,7 @@ def parse_eval_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     argv = one_process_argv(sys.argv[1:] if argv is None else argv)
     args = parse_args(_DEFAULTS + argv, extra_args_provider=extra_args_provider, world_size=1,
                       require_data=False)
-    tokenizer_setup(args).apply(args)  # the tokenizer and the embedding rows it needs
+    apply_tokenizer_setup(args)  # the tokenizer and the embedding rows it needs
     return args
 
 

@@ -82,9 +82,9 @@ def test_prefix_lm_with_input_loss_is_refused(toy, tmp_path):
 
 
 def test_datasets_provider_builds_named_groups(toy, tmp_path, dist_group):
-    from megatron.tokenizer import tokenizer_setup
+    from megatron.config.tokenizer_flags import tokenizer_setup_from_args
     args = finetune_t0.parse_t0_args(t0_flags(toy, tmp_path))
-    args.tokenizer = tokenizer_setup(args).tokenizer
+    args.tokenizer = tokenizer_setup_from_args(args).tokenizer
     data = finetune_t0.datasets_provider(args)
     assert [g.name for g in data.eval_groups] == ["animal_or_object", "first_word", "copy_valid"]
     assert data.dataset_names == ["train_sentiment", "train_topic", "train_copy", "train_addition",

@@ -10,6 +10,7 @@ resume      the pretraining scenario of the exact-resume tests (staged LR, 3-dat
 curriculum  a CurriculumIndex over fake datasets; megatron-core's blending rule
 hf          tiny models, checkpoints and exports for the Hugging Face conversion tests
 eval_tasks  the local lm-eval task files of the evaluation tests
+models      the model builders of a validated namespace (its typed configs, vocabulary rows)
 tensors     every tensor of a nested state, by path
 wandb_offline  reading an offline W&B run back
 

@@ -34,9 +34,9 @@ def our_args(flags, load=None):
 
 def our_model(args, seed=0):
     """GPTModel of ``args`` with every weight perturbed (norm weights and biases included)."""
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
 
-    model = build_gpt_model(args)
+    model = gpt_model(args)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

@@ -33,7 +33,7 @@ def main(out_dir: str) -> None:
 
     from megatron.checkpoint.engine_index import canonical_namer
     from megatron.config.parser import parse_args
-    from megatron.metrics.moe import moe_training_from_args
+    from megatron.metrics.moe import moe_training
     from megatron.model.gpt_model_pipe import gpt_model_for_layout
     from megatron.parallel.initialize import initialize_distributed, set_seeds
     from megatron.train.engine_setup import setup_model_and_optimizer
@@ -41,11 +41,12 @@ def main(out_dir: str) -> None:
 
     args = parse_args(FLAGS, world_size=4, require_data=False)
     args.padded_vocab_size = VOCAB
-    initialize_distributed(args)
+    run = args.run_config
+    initialize_distributed(run.model.layout, args.distributed_backend)
     set_seeds(args.seed)
-    engine, _, _ = setup_model_and_optimizer(args.run_config, gpt_model_for_layout(args),
+    engine, _, _ = setup_model_and_optimizer(run, gpt_model_for_layout(run.transformer, run.model, VOCAB),
                                              args.global_batch_size)
-    moe = moe_training_from_args(engine.module, args)
+    moe = moe_training(engine.module, run.model.moe)
     rank = torch.distributed.get_rank()
     g = torch.Generator().manual_seed(100 + rank)  # every rank its own data
     for _ in range(args.train_iters):

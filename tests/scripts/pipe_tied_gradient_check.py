@@ -25,8 +25,6 @@ VOCAB = 128
 
 
 def main(out_dir: str) -> None:
-    import copy
-
     import deepspeed
 
     from megatron.config.parser import parse_args
@@ -38,7 +36,8 @@ def main(out_dir: str) -> None:
 
     args = parse_args(FLAGS, world_size=2, require_data=False)
     args.padded_vocab_size = VOCAB
-    initialize_distributed(args)
+    run = args.run_config
+    initialize_distributed(run.model.layout, args.distributed_backend)
     set_seeds(args.seed)
     rank = torch.distributed.get_rank()
 
@@ -48,14 +47,12 @@ def main(out_dir: str) -> None:
              "position_ids": torch.arange(16).expand(2, 16).contiguous()}
 
     # The reference: the one-stage model from the same canonical initial weights.
-    one_stage = copy.copy(args)
-    one_stage.pipeline_model_parallel_size = 1
-    reference_model = build_gpt_model(one_stage)
+    reference_model = build_gpt_model(run.transformer, run.model, VOCAB)
     per_token = reference_model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     masked_lm_loss(per_token, batch["loss_mask"])[0].backward()
     reference = reference_model.embedding.word_embeddings.weight.grad
 
-    pipe = build_gpt_model_pipe(args)
+    pipe = build_gpt_model_pipe(run.transformer, run.model, VOCAB)
     tied = pipe.tied_modules["embed"].word_embeddings.weight
     captured = {}
     tied.register_post_accumulate_grad_hook(lambda p: captured.__setitem__("stage", p.grad.clone()))

@@ -39,13 +39,12 @@ def recording_forward_step(out_dir: str):
 
 def main(out_dir: str, argv):
     from megatron.config.parser import parse_args
-    from megatron.tokenizer import tokenizer_setup
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup
     from megatron.train.loop import pretrain
 
     os.makedirs(out_dir, exist_ok=True)
     args = parse_args(argv)
-    setup = tokenizer_setup(args)
-    setup.apply(args)
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     return pretrain(args, pretrain_gpt.datasets_provider, pretrain_gpt.model_provider,
                     forward_step=recording_forward_step(out_dir), notes=setup.notes)
 

@@ -10,7 +10,7 @@ and the ALiBi slopes each rank's core attention holds. Writes ``OUT/rank{R}.json
 
     deepspeed --num_gpus 2 tests/scripts/ulysses_model_check.py OUT
 """
-import copy
+import dataclasses
 import json
 import os
 import sys
@@ -61,7 +61,7 @@ def _batch(structured: bool):
     return batch
 
 
-def _run(args, batch):
+def _run(args, model_config, batch):
     """(loss, per-sample losses, {name: grad}, ALiBi slopes of layer 1) of one forward/backward
     of ``batch`` through the training loop's forward step on a plain module."""
     from megatron.model.gpt_model import build_gpt_model
@@ -69,9 +69,9 @@ def _run(args, batch):
     from megatron.parallel.topology import initialize_model_parallel
     from megatron.train.steps import gpt_forward_step
 
-    initialize_model_parallel(args)
+    initialize_model_parallel(model_config.layout)
     set_seeds(args.seed)
-    model = build_gpt_model(args)
+    model = build_gpt_model(args.run_config.transformer, model_config, VOCAB)
 
     class Engine:  # what gpt_forward_step asks of an engine
         device = torch.device("cpu")
@@ -98,19 +98,21 @@ def main(out_dir: str) -> None:
         args = parse_args(BASE + extra, world_size=2, require_data=False)
         args.padded_vocab_size = VOCAB
         if not torch.distributed.is_initialized():
-            initialize_distributed(args)
+            initialize_distributed(args.run_config.model.layout, args.distributed_backend)
         elif parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
         batch = _batch(structured)
-        loss, per_sample, grads, slopes = _run(args, batch)
+        model_config = args.run_config.model
+        loss, per_sample, grads, slopes = _run(args, model_config, batch)
         group = parallel_state.get_context_parallel_group()
         for g in grads.values():  # DeepSpeed sums them over the sequence-data-parallel group
             torch.distributed.all_reduce(g, group=group)
         parallel_state.destroy_model_parallel()
-        whole = copy.copy(args)
-        whole.ds_sequence_parallel_size = 1
-        whole.data_parallel_size = 2
-        ref_loss, ref_per_sample, ref_grads, _ = _run(whole, batch)
+        whole = dataclasses.replace(
+            model_config, ds_sequence_parallel_size=1,
+            layout=dataclasses.replace(model_config.layout, sp=1, dp=2),
+            attention=dataclasses.replace(model_config.attention, ds_sequence_parallel_size=1))
+        ref_loss, ref_per_sample, ref_grads, _ = _run(args, whole, batch)
         records[name] = {
             "loss": loss, "reference_loss": ref_loss, "per_sample": per_sample,
             "reference_per_sample": ref_per_sample,

@@ -553,6 +553,7 @@ def test_t0_prefix_lm_losses_compact_equal_dense_reference(monkeypatch, position
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     import megatron.model.gpt_model as gpt_model
+    from helpers.models import gpt_model as build
     from megatron.config.parser import parse_args
     from megatron.data.mtf_dataset import pack_sample
 
@@ -576,11 +577,11 @@ def test_t0_prefix_lm_losses_compact_equal_dense_reference(monkeypatch, position
                 used += n_in + n_tg
             samples.append(pack_sample(pairs, 64, 255, prefix_lm=True, norm_target_loss=True))
         batches.append({k: torch.stack([s[k] for s in samples]) for k in samples[0]})
-    compact = t0_losses(gpt_model.build_gpt_model(args), batches, 10)
+    compact = t0_losses(build(args), batches, 10)
     monkeypatch.setattr(gpt_model, "core_attention_spec",
                         lambda backend, alibi: ModuleSpec(module=DenseReferenceAttention,
                                                           params={"alibi": alibi}))
-    dense_model = gpt_model.build_gpt_model(args)
+    dense_model = build(args)
     assert any(isinstance(m, DenseReferenceAttention) for m in dense_model.modules())
     dense = t0_losses(dense_model, batches, 10)
     assert compact[-1] < compact[0] - 0.1  # it trains
@@ -611,6 +612,7 @@ def test_flex_model_forward_equals_sdpa_model_on_cpu(monkeypatch, position):
     """Through the whole GPTModel (same weights): FlexAttention's logits (forward only, as CPU
     evaluation may run it) equal SDPA's on a packed prefix-LM batch."""
     import megatron.model.gpt_model as gpt_model
+    from helpers.models import gpt_model as build
     from megatron.config.parser import parse_args
     from megatron.model.flex_attention import FlexCoreAttention
     from megatron.model.masks import attention_structure
@@ -624,10 +626,10 @@ def test_flex_model_forward_equals_sdpa_model_on_cpu(monkeypatch, position):
     seg, pre = random_batch(5)
     tokens = torch.randint(0, 128, (3, 37), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(37).expand(3, 37)
-    sdpa_model = gpt_model.build_gpt_model(args).eval()
-    monkeypatch.setattr(gpt_model, "attention_backend_from_args",
-                        lambda a: resolve("flex", device="cpu", training=False))
-    flex_model = gpt_model.build_gpt_model(args).eval()
+    sdpa_model = build(args).eval()
+    monkeypatch.setattr(gpt_model, "attention_backend",
+                        lambda choice: resolve("flex", device="cpu", training=False))
+    flex_model = build(args).eval()
     assert any(isinstance(m, FlexCoreAttention) for m in flex_model.modules())
     with torch.no_grad():
         want = sdpa_model(tokens, positions, None, packed_seq_params=attention_structure(seg, pre))

@@ -97,8 +97,8 @@ def test_each_pipeline_stage_gets_seed_plus_100_times_its_rank(monkeypatch):
     (Megatron-LM's _set_random_seed); the initial weights are the same for every stage's seeds."""
     from megatron.core import parallel_state, tensor_parallel
 
+    from helpers.models import gpt_model
     from megatron.config.parser import parse_args
-    from megatron.model.gpt_model import build_gpt_model
     from megatron.parallel.initialize import set_seeds
 
     args = parse_args(["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -117,6 +117,6 @@ def test_each_pipeline_stage_gets_seed_plus_100_times_its_rank(monkeypatch):
         with tensor_parallel.get_cuda_rng_tracker().fork():
             drawn = torch.rand(3)
         assert torch.equal(drawn, torch.rand(3, generator=torch.Generator().manual_seed(seed + 2718)))
-        weights[stage] = {n: p.detach().clone() for n, p in build_gpt_model(args).named_parameters()}
+        weights[stage] = {n: p.detach().clone() for n, p in gpt_model(args).named_parameters()}
     for name, value in weights[0].items():
         assert torch.equal(value, weights[2][name]), name

@@ -45,11 +45,11 @@ def _inputs(args, seed=0):
 def test_gpt_model_output_equals_hand_normalised_embeddings(one_rank, position):
     """logits(tokens) == logits(decoder_input = LayerNorm(W[tokens]) (+ P[positions])): the norm
     acts on the word embeddings only, before position embeddings are added (BigScience)."""
+    from helpers.models import gpt_model
     from megatron.model.embedding_norm import embedding_layernorm
-    from megatron.model.gpt_model import build_gpt_model
 
     args = model_args("--position-embedding-type", position)
-    model = build_gpt_model(args).eval()
+    model = gpt_model(args).eval()
     norm = embedding_layernorm(model.embedding)
     _randomise_norm(norm)
     tokens, positions = _inputs(args)
@@ -72,11 +72,11 @@ def test_gpt_model_output_equals_hand_normalised_embeddings(one_rank, position):
 def test_norm_equals_huggingface_bloom_word_embeddings_layernorm(one_rank):
     from transformers import BloomConfig, BloomModel
 
+    from helpers.models import gpt_model
     from megatron.model.embedding_norm import embedding_layernorm
-    from megatron.model.gpt_model import build_gpt_model
 
     args = model_args("--position-embedding-type", "alibi")
-    model = build_gpt_model(args).eval()
+    model = gpt_model(args).eval()
     norm = embedding_layernorm(model.embedding)
     _randomise_norm(norm)
     bloom = BloomModel(BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=1, n_head=4,
@@ -94,11 +94,12 @@ def test_norm_equals_huggingface_bloom_word_embeddings_layernorm(one_rank):
 def _pipe(args):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
+    from helpers.models import layer_spec
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.alibi import model_position_embedding_type
-    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
 
-    return GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args), VOCAB,
+    return GPTModelPipe(transformer_config_from_args(args), layer_spec(args), VOCAB,
                         args.max_position_embeddings,
                         PipeModelDataParallelTopology(num_pp=1, num_mp=1, num_dp=1),
                         position_embedding_type=model_position_embedding_type(
@@ -108,14 +109,15 @@ def _pipe(args):
 
 @pytest.mark.parametrize("position", ["learned_absolute", "alibi"])
 def test_pipe_equals_gpt_model_and_starts_from_the_same_weights(one_rank, position):
+    from helpers.models import gpt_model
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.embedding_norm import embedding_layernorm
-    from megatron.model.gpt_model import build_gpt_model, transformer_config_from_args
     from megatron.model.init import initialize_parameters
     from megatron.model.lm_loss import masked_lm_loss
     from megatron.model.pipe_io import pipe_batch
 
     args = model_args("--position-embedding-type", position, "--seed", "11")
-    reference = build_gpt_model(args)
+    reference = gpt_model(args)
     pipe = _pipe(args)
     initialize_parameters(pipe.canonical_named_parameters(), transformer_config_from_args(args),
                           args.seed)
@@ -143,11 +145,12 @@ def test_pipe_equals_gpt_model_and_starts_from_the_same_weights(one_rank, positi
 def test_tied_output_copy_has_no_embedding_norm(one_rank):
     """On a last stage the tied embedding module only lends its weight to the output layer: it is
     built without the norm (no unused parameters there)."""
-    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
+    from helpers.models import layer_spec
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
 
     args = model_args()
-    specs = GPTModelPipe.layer_specs(transformer_config_from_args(args), layer_spec_from_args(args),
+    specs = GPTModelPipe.layer_specs(transformer_config_from_args(args), layer_spec(args),
                                      VOCAB, args.max_position_embeddings, embed_layernorm=True)
     first, last = specs[0].build(), specs[-1].build()
     assert [n for n, _ in first.named_parameters() if ".norm." in n] == [
@@ -156,12 +159,12 @@ def test_tied_output_copy_has_no_embedding_norm(one_rank):
 
 
 def test_without_the_flag_there_is_no_norm(one_rank):
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
 
     args = parse_args([f for f in FLAGS if f != "--embed-layernorm"], world_size=1,
                       require_data=False)
     args.padded_vocab_size = VOCAB
-    assert not any("word_embeddings.norm" in n for n, _ in build_gpt_model(args).named_parameters())
+    assert not any("word_embeddings.norm" in n for n, _ in gpt_model(args).named_parameters())
 
 
 @pytest.mark.parametrize("sequence_parallel, reduce_scatter, tagged", [

@@ -34,14 +34,14 @@ def test_blended_dataset_index_is_independent_of_world(tmp_path, dist_group):
     """The curriculum dataset (global sample -> dataset, sample) is rebuilt identically from the
     same flags, so a resumed run with any data-parallel size reads the same global samples."""
     from megatron.config.parser import parse_args
+    from megatron.config.tokenizer_flags import tokenizer_setup_from_args
     from megatron.data.builder import build_pretraining_data
-    from megatron.tokenizer import tokenizer_setup
     data = make_pretrain_data(tmp_path / "data")
     datasets = []
     for run in ("a", "b"):
         args = parse_args(pretrain_flags(data, tmp_path / run))
         args.data_cache_path = str(tmp_path / f"cache_{run}")  # built from scratch each time
-        args.tokenizer = tokenizer_setup(args).tokenizer
+        args.tokenizer = tokenizer_setup_from_args(args).tokenizer
         datasets.append(build_pretraining_data(args, args.tokenizer).train)
     a, b = datasets
     assert len(a) == len(b)

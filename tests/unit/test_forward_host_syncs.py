@@ -109,13 +109,13 @@ KINDS = ["causal", "packed", "prefix", "packed_prefix"]
 @pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpt_model_sdpa_forward_backward_without_host_syncs(one_rank, kind, alibi):
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
     from megatron.model.lm_loss import masked_lm_loss
     from megatron.model.masks import attention_structure_from_batch
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
     extra = ["--attention-dropout", "0.1"] + (["--position-embedding-type", "alibi"] if alibi else [])
-    model = build_gpt_model(model_args(*extra))
+    model = gpt_model(model_args(*extra))
     model_parallel_manual_seed(1)
     batch = loader_batch(kind)
     structure = attention_structure_from_batch(batch)
@@ -131,13 +131,14 @@ def test_gpt_model_sdpa_forward_backward_without_host_syncs(one_rank, kind, alib
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpt_model_flex_forward_without_host_syncs(one_rank, kind, monkeypatch):
     import megatron.model.gpt_model as gpt_model
+    from helpers.models import gpt_model as build
     from megatron.model.attention_backends import resolve_attention_backend
     from megatron.model.masks import attention_structure_from_batch
 
-    monkeypatch.setattr(gpt_model, "attention_backend_from_args", lambda a: resolve_attention_backend(
+    monkeypatch.setattr(gpt_model, "attention_backend", lambda choice: resolve_attention_backend(
         "flex", device_type="cpu", te_available=False, transformer_impl="local",
         structured_batches=True, attention_dropout=0.0, training=False))
-    model = gpt_model.build_gpt_model(model_args("--attention-dropout", "0")).eval()
+    model = build(model_args("--attention-dropout", "0")).eval()
     batch = loader_batch(kind)
     with torch.no_grad(), no_host_syncs():
         out = model(batch["tokens"], batch["position_ids"], None,
@@ -150,13 +151,14 @@ def test_gpt_model_flex_forward_without_host_syncs(one_rank, kind, monkeypatch):
 def test_pipe_stage_forward_backward_without_host_syncs(one_rank, kind, interval):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
+    from helpers.models import layer_spec
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
     from megatron.model.pipe_io import pipe_batch
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
     args = model_args("--attention-dropout", "0.1")
-    pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args), 128,
+    pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec(args), 128,
                         args.max_position_embeddings,
                         PipeModelDataParallelTopology(num_pp=1, num_mp=1, num_dp=1),
                         activation_checkpoint_interval=interval)

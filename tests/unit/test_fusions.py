@@ -7,11 +7,17 @@ import torch
 import torch.nn.functional as F
 
 from megatron.model.activations import tanh_gelu
-from megatron.model.fusions import FusionSupport, describe_fusions, fusion_config_from_args
+from megatron.model.fusions import FusionFlags, FusionSupport, describe_fusions, fusion_config
+from megatron.utils.typed_config import config_from_args
 
 FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
            "persist_layer_norm", "masked_softmax_fusion", "gradient_accumulation_fusion")
 EVERYTHING = FusionSupport(te_fused_rope=True, apex_layer_norm=True)
+
+
+def fusion_config_from_args(args, device_type, support):
+    """``fusion_config`` of the flags of ``args``."""
+    return fusion_config(config_from_args(FusionFlags, args), device_type, support)
 
 
 def _args(*extra):
@@ -29,11 +35,12 @@ def _fused(fields):
                                    ("--openai-gelu",), ("--no-bias-gelu-fusion",),
                                    ("--disable-bias-linear",)])
 def test_cpu_runs_every_module_unfused_with_the_same_activation(extra):
-    from megatron.model.activations import activation_from_args
+    from megatron.model.activations import mlp_activation
+    from megatron.model.gelu import gelu_form
     args = _args(*extra)
     fields = fusion_config_from_args(args, "cpu", EVERYTHING)
     assert _fused(fields) == set()
-    assert fields["activation_func"] is activation_from_args(args)
+    assert fields["activation_func"] is mlp_activation(args.swiglu, gelu_form(vars(args)))
     assert describe_fusions(fields).startswith("fused kernels: none")
 
 

@@ -33,12 +33,13 @@ def one_stage_topology():
 
 def build_pair(args, seed=3):
     """(GPTModel, GPTModelPipe on one stage holding GPTModel's weights)."""
-    from megatron.model.gpt_model import build_gpt_model, layer_spec_from_args, transformer_config_from_args
+    from helpers.models import gpt_model, layer_spec
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
 
     torch.manual_seed(seed)
-    reference = build_gpt_model(args)
-    pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args),
+    reference = gpt_model(args)
+    pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec(args),
                         args.padded_vocab_size, args.max_position_embeddings, one_stage_topology(),
                         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights)
     pipe.load_canonical_state_dict(dict(reference.named_parameters()))
@@ -80,14 +81,15 @@ def test_canonical_names_are_gpt_model_names(one_stage, untie):
 def test_pipe_starts_from_the_gpt_model_initial_weights(one_stage):
     """The layout-independent initializer, given the pipe's canonical names, draws exactly the
     weights build_gpt_model draws for the same --seed."""
-    from megatron.model.gpt_model import build_gpt_model, layer_spec_from_args, transformer_config_from_args
+    from helpers.models import gpt_model, layer_spec
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
     from megatron.model.init import initialize_parameters
 
     args = model_args("--seed", "17")
-    reference = dict(build_gpt_model(args).named_parameters())
+    reference = dict(gpt_model(args).named_parameters())
     config = transformer_config_from_args(args)
-    pipe = GPTModelPipe(config, layer_spec_from_args(args), args.padded_vocab_size,
+    pipe = GPTModelPipe(config, layer_spec(args), args.padded_vocab_size,
                         args.max_position_embeddings, one_stage_topology())
     initialize_parameters(pipe.canonical_named_parameters(), config, args.seed)
     state = pipe.canonical_state_dict()
@@ -193,11 +195,12 @@ def partition_counts(args, method, stages):
     from deepspeed.runtime.pipe.module import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
-    from megatron.model.gpt_model_pipe import GPTModelPipe, TransformerLayerPipe, partition_method_from_args
+    from helpers.models import layer_spec
+    from megatron.config.model_config import transformer_config_from_args
+    from megatron.model.gpt_model_pipe import GPTModelPipe, TransformerLayerPipe, partition_method
 
     args.pp_partition_method = method
-    specs = GPTModelPipe.layer_specs(transformer_config_from_args(args), layer_spec_from_args(args),
+    specs = GPTModelPipe.layer_specs(transformer_config_from_args(args), layer_spec(args),
                                      args.padded_vocab_size, args.max_position_embeddings,
                                      share_embeddings_and_output_weights=True)
     probe = types.SimpleNamespace(_layer_specs=specs, num_stages=stages, global_rank=1,
@@ -205,7 +208,7 @@ def partition_counts(args, method, stages):
                                   loss_fn=None)
     for name in ("_count_layer_params", "_find_layer_type", "_set_bounds"):
         setattr(probe, name, types.MethodType(getattr(PipelineModule, name), probe))
-    PipelineModule._partition_layers(probe, method=partition_method_from_args(args))
+    PipelineModule._partition_layers(probe, method=partition_method(method))
     return [sum(1 for spec in specs[probe.parts[s]:probe.parts[s + 1]]
                 if getattr(spec, "typename", None) is TransformerLayerPipe) for s in range(stages)]
 
@@ -266,7 +269,8 @@ def test_recompute_in_the_pipe_recomputes_each_layer_with_the_same_dropout(one_s
     pipe without recompute (the recomputed forward draws the same masks)."""
     from megatron.core import tensor_parallel
 
-    from megatron.model.gpt_model import layer_spec_from_args, transformer_config_from_args
+    from helpers.models import layer_spec
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.gpt_model_pipe import GPTModelPipe
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
@@ -277,7 +281,7 @@ def test_recompute_in_the_pipe_recomputes_each_layer_with_the_same_dropout(one_s
     grads, reference_state = [], None
     for interval in (0, 1):
         torch.manual_seed(3)
-        pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec_from_args(args), 260,
+        pipe = GPTModelPipe(transformer_config_from_args(args), layer_spec(args), 260,
                             args.max_position_embeddings, one_stage_topology(),
                             activation_checkpoint_interval=interval)
         pipe._precompute_checkpointable_values()  # what DeepSpeed's engine does at start-up
@@ -297,10 +301,10 @@ def test_recompute_in_the_pipe_recomputes_each_layer_with_the_same_dropout(one_s
 def test_partition_method_matching_no_layer_is_refused():
     """--pp-partition-method type:REGEX must name a pipe layer class (good and bad input)."""
     from megatron.errors import ArgumentError
-    from megatron.model.gpt_model_pipe import partition_method_from_args
+    from megatron.model.gpt_model_pipe import partition_method
 
     def method(value):
-        return partition_method_from_args(parsed(["--pp-partition-method", value]))
+        return partition_method(parsed(["--pp-partition-method", value]).pp_partition_method)
 
     assert method("uniform") == "type:TransformerLayerPipe"
     assert method("type:transformer|embedding") == "type:transformer|embedding"

@@ -202,13 +202,12 @@ def test_hf_tokenizer_travels_with_export_and_import(tp1, tmp_path, hf_tokenizer
     tokenizer, which --use-checkpoint-args resolves inside the checkpoint."""
     from transformers import AutoTokenizer
 
-    from megatron.tokenizer import tokenizer_setup
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup
     from tools.checkpoint.convert_from_hf import convert as import_hf
 
     args = our_args(FAMILIES["bloom"] + ["--tokenizer-type", "PretrainedFromHF",
                                          "--tokenizer-name-or-path", hf_tokenizer_dir])
-    setup = tokenizer_setup(args)
-    setup.apply(args)
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     ours = setup.tokenizer
     args.padded_vocab_size = VOCAB * 2  # 512 rows >= the tokenizer's 384
     save_model(our_model(args), args, tmp_path / "ckpt")
@@ -221,8 +220,7 @@ def test_hf_tokenizer_travels_with_export_and_import(tp1, tmp_path, hf_tokenizer
     assert got.tokenizer_type == "PretrainedFromHF"
     assert got.tokenizer_name_or_path == str(tmp_path / "imported" / "tokenizer")
     got.padded_vocab_size = None
-    setup = tokenizer_setup(got)
-    setup.apply(got)
+    setup = apply_tokenizer_setup(got)  # got.tokenizer, .padded_vocab_size, .vocab_size
     assert setup.tokenizer.tokenize(text) == ours.tokenize(text)
     # the export kept the tokenizer's 384 real rows of the 512 (the padding takes no probability)
     assert got.pad_vocab_size_to == 384 and got.padded_vocab_size == 384
@@ -383,12 +381,12 @@ def test_import_bad_inputs(tmp_path):
 def default_flag_args(*extra, load=None):
     """Validated args of a GPT with default flags (byte-level tokenizer, learned positions,
     GeLU by Megatron-LM's rule) and the tokenizer built: 258 real rows, 384 embedding rows."""
-    from megatron.tokenizer import tokenizer_setup
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup
 
     args = parse_args(BASE + SHAPE + list(extra) + (
         ["--load", load, "--use-checkpoint-args"] if load else []), world_size=1,
         require_data=False)
-    tokenizer_setup(args).apply(args)
+    apply_tokenizer_setup(args)
     return args
 
 
@@ -451,13 +449,14 @@ def test_gelu_follows_megatron_lms_bias_gelu_rule(tp1, tmp_path, flags, form, hf
     import torch.nn.functional as F
 
     from megatron.checkpoint.format import read_model_args
-    from megatron.model.activations import activation_from_args
+    from megatron.model.activations import mlp_activation
     from megatron.model.gelu import gelu_form
 
     args = default_flag_args(*flags)
     x = torch.linspace(-4, 4, 101)
     expected = F.gelu(x, approximate="tanh" if form == "tanh" else "none")
-    torch.testing.assert_close(activation_from_args(args)(x), expected, rtol=0, atol=0)
+    torch.testing.assert_close(mlp_activation(args.swiglu, gelu_form(vars(args)))(x), expected,
+                               rtol=0, atol=0)
     directory = save_model(our_model(args), args, tmp_path / "ckpt")
     assert gelu_form(read_model_args(directory)["model"]) == form
     export(tmp_path / "ckpt", tmp_path / "hf")
@@ -488,12 +487,12 @@ def test_checkpoint_args_take_the_command_lines_tokenizer(tp1, tmp_path, hf_toke
     BigScience and Megatron-LM spellings of one Hugging Face tokenizer are the same tokenizer (no
     note), another tokenizer is noted, and one with more tokens than the checkpoint's embedding
     rows is one error naming both sizes. Model-shape flags stay strict."""
-    from megatron.tokenizer import tokenizer_setup
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup, tokenizer_setup_from_args
     from tools.checkpoint.convert_from_hf import convert as import_hf
 
     args = our_args(FAMILIES["gpt2"] + ["--tokenizer-type", "PretrainedFromHF",
                                         "--tokenizer-name-or-path", hf_tokenizer_dir])
-    tokenizer_setup(args).apply(args)
+    apply_tokenizer_setup(args)
     args.padded_vocab_size = 384  # the tokenizer's 384 tokens, no padding
     save_model(our_model(args), args, tmp_path / "ckpt")
     export(tmp_path / "ckpt", tmp_path / "hf")
@@ -502,14 +501,14 @@ def test_checkpoint_args_take_the_command_lines_tokenizer(tp1, tmp_path, hf_toke
     same = default_flag_args("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
                              os.path.join(load, "tokenizer"), load=load)
     assert same.tokenizer_type == "HuggingFaceTokenizer" and same.checkpoint_tokenizer_note is None
-    assert not any("instead of the checkpoint's" in n for n in tokenizer_setup(same).notes)
+    assert not any("instead of the checkpoint's" in n for n in tokenizer_setup_from_args(same).notes)
     assert (same.padded_vocab_size, same.vocab_size) == (384, 384)
     # another tokenizer that fits (258 byte-level tokens in 384 rows): taken, and said so
     other = default_flag_args("--tokenizer-type", "ByteLevelTokenizer", load=load)
     assert other.tokenizer_type == "ByteLevelTokenizer"
     assert any(n.startswith("--use-checkpoint-args: tokenizer from the command line instead of "
                             "the checkpoint's (--tokenizer-type PretrainedFromHF")
-               for n in tokenizer_setup(other).notes)
+               for n in tokenizer_setup_from_args(other).notes)
     assert other.vocab_size == 384  # the imported model's rows all take probability
     # a tokenizer larger than the checkpoint's rows: one error naming both sizes
     small = tmp_path / "small"

@@ -36,11 +36,11 @@ def test_building_a_gpt_model_prints_no_deprecation(caplog, one_rank_model_paral
     """Whatever megatron-core is installed, building the project's GPT logs no deprecation of
     GPTModel once quiet_known_warnings ran (entry points call it first)."""
     from helpers.flags import parse
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
 
     quiet_known_warnings()
     args = parse(["--transformer-impl", "local", "--use-cpu-initialization"])
     args.padded_vocab_size = 128
     with caplog.at_level(logging.WARNING):
-        build_gpt_model(args)
+        gpt_model(args)
     assert not [r for r in caplog.records if "DEPRECATED" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""layer_spec_from_args (megatron/model/gpt_model.py) with Transformer Engine absent, installed
+"""gpt_layer_spec (megatron/model/gpt_model.py) with Transformer Engine absent, installed
 but failing to import, and with a stand-in for it: which megatron-core layer spec is built, called
 with arguments megatron-core's getter accepts, and which core attention it gets."""
 import importlib
@@ -50,28 +50,28 @@ def te_installed(monkeypatch):
 
 
 def test_without_transformer_engine_the_local_spec_with_sdpa(monkeypatch, capsys):
-    from megatron.model.gpt_model import layer_spec_from_args
+    from helpers.models import layer_spec
     from megatron.model.sdpa_attention import SDPAttention
 
     te_absent(monkeypatch)
     monkeypatch.setattr(gpt_layer_specs, "get_gpt_layer_with_transformer_engine_spec",
                         lambda *a, **k: pytest.fail("TE spec built without TE"))
-    spec = layer_spec_from_args(_args())
+    spec = layer_spec(_args())
     attention = spec.submodules.self_attention
     assert attention.submodules.core_attention.module is SDPAttention
     assert "attention backend: sdpa" in capsys.readouterr().out
 
 
 def test_with_transformer_engine_its_spec_with_valid_arguments(te_installed, capsys):
-    from megatron.model.gpt_model import layer_spec_from_args
+    from helpers.models import layer_spec
     from megatron.model.sdpa_attention import SDPAttention
 
-    spec = layer_spec_from_args(_args())  # --transformer-impl transformer_engine (the default)
+    spec = layer_spec(_args())  # --transformer-impl transformer_engine (the default)
     assert len(te_installed) == 1  # megatron-core's TE getter built this spec
     # on this CPU machine --attention-backend auto runs SDPA inside TE's spec
     assert spec.submodules.self_attention.submodules.core_attention.module is SDPAttention
     assert "attention backend: sdpa" in capsys.readouterr().out
-    layer_spec_from_args(_args(["--transformer-impl", "local"]))
+    layer_spec(_args(["--transformer-impl", "local"]))
     assert len(te_installed) == 1  # --transformer-impl local: not TE's
 
 

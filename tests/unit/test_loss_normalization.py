@@ -83,9 +83,9 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     """(logged loss, per-dataset losses, token shares, evaluation loss of the same batch, the
     parameters' change = -gradient) of one iteration at ``micro_batch_size``."""
     import finetune_t0
+    from helpers.models import model_for_layout
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup
     from megatron.data.train_data import EvalGroup
-    from megatron.model.gpt_model_pipe import gpt_model_for_layout
-    from megatron.tokenizer import tokenizer_setup
     from megatron.train.engine_setup import loss_normalizer, setup_model_and_optimizer
     from megatron.train.evaluation import evaluate
     from megatron.train.loader import _loader
@@ -93,9 +93,9 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     from megatron.train.steps import gpt_forward_step, step_functions
 
     args = finetune_t0.parse_t0_args(_flags(toy, cache, micro_batch_size, extra))
-    tokenizer_setup(args).apply(args)
+    apply_tokenizer_setup(args)
     data = finetune_t0.datasets_provider(args)
-    engine, _, _ = setup_model_and_optimizer(args.run_config, gpt_model_for_layout(args),
+    engine, _, _ = setup_model_and_optimizer(args.run_config, model_for_layout(args),
                                              args.global_batch_size)
     normalizer = loss_normalizer(args.run_config.loss, data, args.data_parallel_size)
     steps = step_functions(engine, gpt_forward_step, normalizer)

@@ -44,10 +44,11 @@ def _unshard(shards, like):
 def test_tp2_shards_concatenate_to_the_tp1_weights(tp1_state, extra, block_elements):
     """Also with blocks of 100 elements (a few rows: every weight is drawn in several blocks, so a
     rank draws only some of them for row-split weights and slices each for column-split ones)."""
-    from megatron.model.gpt_model import build_gpt_model, transformer_config_from_args
+    from helpers.models import gpt_model
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.init import initialize_parameters
 
-    model = build_gpt_model(_args(extra))
+    model = gpt_model(_args(extra))
     if block_elements:
         initialize_parameters(model.named_parameters(), transformer_config_from_args(_args(extra)), 9,
                               block_elements=block_elements)
@@ -84,12 +85,13 @@ def _shard_shape(param, name, extra):
 def test_pipeline_stage_with_global_names_draws_the_same_layers(tp1_state):
     """A 2-layer model whose layers are named 2 and 3 (the second of two pipeline stages) gets the
     4-layer model's layers 2 and 3."""
-    from megatron.model.gpt_model import build_gpt_model, transformer_config_from_args
+    from helpers.models import gpt_model
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.init import initialize_parameters
 
-    whole = dict(build_gpt_model(_args()).named_parameters())
+    whole = dict(gpt_model(_args()).named_parameters())
     stage_args = _args(["--num-layers", "2"])
-    stage = build_gpt_model(stage_args)
+    stage = gpt_model(stage_args)
 
     def to_global(name):
         parts = name.split(".")
@@ -106,10 +108,10 @@ def test_pipeline_stage_with_global_names_draws_the_same_layers(tp1_state):
 
 
 def test_init_kinds_follow_megatron_core(tp1_state):
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
 
     args = _args()
-    params = dict(build_gpt_model(args).named_parameters())
+    params = dict(gpt_model(args).named_parameters())
     std = args.init_method_std
     scaled = std / math.sqrt(2 * args.num_layers)
     for name, p in params.items():
@@ -122,7 +124,7 @@ def test_init_kinds_follow_megatron_core(tp1_state):
         else:
             assert abs(p.std().item() - std) < 0.25 * std, name
     # a different --seed gives different weights; the same seed the same ones
-    other = dict(build_gpt_model(_args(["--seed", "10"])).named_parameters())
-    again = dict(build_gpt_model(_args()).named_parameters())
+    other = dict(gpt_model(_args(["--seed", "10"])).named_parameters())
+    again = dict(gpt_model(_args()).named_parameters())
     name = "decoder.layers.0.self_attention.linear_qkv.weight"
     assert not torch.equal(other[name], params[name]) and torch.equal(again[name], params[name])

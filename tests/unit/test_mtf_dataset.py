@@ -390,8 +390,8 @@ def test_packed_segments_do_not_see_each_other_in_the_model(dist_group, position
     attention structure -> the model's SDPA backend), with and without --prefix-lm."""
     from megatron.core import parallel_state
 
+    from helpers.models import gpt_model
     from megatron.config.parser import parse_args
-    from megatron.model.gpt_model import build_gpt_model
     from megatron.model.masks import attention_structure_from_batch
 
     if not parallel_state.model_parallel_is_initialized():
@@ -403,7 +403,7 @@ def test_packed_segments_do_not_see_each_other_in_the_model(dist_group, position
                       require_data=False)
     args.padded_vocab_size = 1024
     torch.manual_seed(0)
-    model = build_gpt_model(args).eval()
+    model = gpt_model(args).eval()
 
     def logits(sample):
         batch = {k: v[None] for k, v in sample.items()}

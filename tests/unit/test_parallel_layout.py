@@ -132,7 +132,7 @@ def test_zero_stage_from_deepspeed_json_refused_with_pipeline(tmp_path):
     (["--recompute-granularity", "selective"], ("selective", None, None)),
 ])
 def test_recompute_flags_become_transformer_config_fields(extra, expected):
-    from megatron.model.gpt_model import transformer_config_from_args
+    from megatron.config.model_config import transformer_config_from_args
 
     args = parse(extra)
     config = transformer_config_from_args(args)
@@ -142,7 +142,7 @@ def test_recompute_flags_become_transformer_config_fields(extra, expected):
 
 
 def test_sequence_parallel_reaches_transformer_config():
-    from megatron.model.gpt_model import transformer_config_from_args
+    from megatron.config.model_config import transformer_config_from_args
 
     args = parse(["--tensor-model-parallel-size", "2", "--sequence-parallel"], 2)
     config = transformer_config_from_args(args)

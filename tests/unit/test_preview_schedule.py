@@ -97,8 +97,8 @@ def test_preview_bad_flags_exit_2(capsys):
 def test_preview_mixture_is_the_training_index(tmp_path, demo_data, dist_group):
     """mixture[d][i] equals the fraction of step i's global batch that the dataset built for
     training draws from d (same seed, same cache), and the target follows the schedule."""
+    from megatron.config.tokenizer_flags import tokenizer_setup_from_args
     from megatron.data.builder import build_pretraining_data
-    from megatron.tokenizer import tokenizer_setup
 
     blend = tmp_path / "blend.json"
     blend.write_text(json.dumps({"train": {"blend": [
@@ -115,7 +115,7 @@ def test_preview_mixture_is_the_training_index(tmp_path, demo_data, dist_group):
     assert set(data["mixture"]) == {"web", "math"} and len(data["mixture"]["web"]) == 30
 
     train_args = parse_args(flags, world_size=1)
-    train_args.tokenizer = tokenizer_setup(train_args).tokenizer
+    train_args.tokenizer = tokenizer_setup_from_args(train_args).tokenizer
     train = build_pretraining_data(train_args, train_args.tokenizer).train
     ids = np.asarray(train.index.dataset_index[: 30 * 8]).reshape(30, 8)
     for d, name in enumerate(train.names):

@@ -11,7 +11,7 @@ from megatron.config.parser import get_parser
 
 
 def _model(extra):
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
 
     args = validate_args(get_parser().parse_args(
         ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -19,7 +19,7 @@ def _model(extra):
          "--hidden-dropout", "0.2", "--attention-dropout", "0.2", *extra]), 1, require_data=False)
     args.padded_vocab_size = 128
     torch.manual_seed(0)
-    return build_gpt_model(args)
+    return gpt_model(args)
 
 
 def _packed_prefix_structure():

@@ -35,9 +35,9 @@ def test_cpu_embedding_equals_megatron_cores(monkeypatch, interleaved, percent, 
 def test_gpt_model_with_rope_runs_forward_and_backward_on_cpu(dist_group):
     from megatron.core import parallel_state
 
+    from helpers.models import gpt_model
     from megatron.config.arguments import validate_args
     from megatron.config.parser import get_parser
-    from megatron.model.gpt_model import build_gpt_model
 
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
@@ -46,7 +46,7 @@ def test_gpt_model_with_rope_runs_forward_and_backward_on_cpu(dist_group):
          "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
          "--position-embedding-type", "rope", "--rotary-percent", "0.5"]), 1, require_data=False)
     args.padded_vocab_size = 128
-    model = build_gpt_model(args)
+    model = gpt_model(args)
     from megatron.parallel.cpu_rng import model_parallel_manual_seed
 
     model_parallel_manual_seed(args.seed)  # attention dropout runs on the model-parallel stream

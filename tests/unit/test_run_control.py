@@ -168,25 +168,24 @@ def test_eval_only_bad_value_exits_2(capsys):
 def test_pad_vocab_size_to_sets_the_embedding_rows(pad_to, tp, want):
     """Megatron-LM's rounding to --make-vocab-size-divisible-by x TP without the flag; exactly N
     rows with it (BLOOM: 250680 tokens padded to 250880)."""
-    from megatron.tokenizer import tokenizer_setup
+    from megatron.config.tokenizer_flags import apply_tokenizer_setup
 
     extra = ["--tensor-model-parallel-size", str(tp)]
     if pad_to is not None:
         extra += ["--pad-vocab-size-to", str(pad_to)]
     args = _args("--train-iters", "1", *extra, world_size=tp)
-    setup = tokenizer_setup(args)
-    setup.apply(args)
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     tokenizer = setup.tokenizer
     assert tokenizer.vocab_size <= 300
     assert args.padded_vocab_size == want
 
 
 def test_pad_vocab_size_smaller_than_the_vocabulary_is_refused():
-    from megatron.tokenizer import tokenizer_setup
+    from megatron.config.tokenizer_flags import tokenizer_setup_from_args
 
     args = _args("--train-iters", "1", "--pad-vocab-size-to", "200")
     with pytest.raises(ConfigError) as info:
-        tokenizer_setup(args)
+        tokenizer_setup_from_args(args)
     assert "--pad-vocab-size-to 200 is smaller than the tokenizer's vocabulary" in str(info.value)
 
 

@@ -81,7 +81,7 @@ def test_grouped_query_attention_matches_reference():
 
 
 def test_gpt_model_uses_sdpa_and_segments_change_output():
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
     from megatron.model.masks import attention_structure
     from megatron.model.sdpa_attention import SDPAttention
     args = parse(["--hidden-size", "32", "--ffn-hidden-size", "64", "--hidden-dropout", "0",
@@ -89,7 +89,7 @@ def test_gpt_model_uses_sdpa_and_segments_change_output():
                   "16", "--transformer-impl", "local", "--use-cpu-initialization", "--seed", "0"])
     args.padded_vocab_size = 128  # what the entry point's tokenizer set-up derives
     torch.manual_seed(0)
-    model = build_gpt_model(args).eval()
+    model = gpt_model(args).eval()
     assert any(isinstance(m, SDPAttention) for m in model.modules())
     tokens = torch.randint(0, 100, (2, 16))
     pos = torch.arange(16).expand(2, 16)

@@ -58,3 +58,11 @@ def test_the_collective_check_passes_on_a_shared_directory_and_leaves_no_marker(
                               exists=lambda path: looked.append(path) or True)
     assert len(looked) == 1 and os.path.dirname(looked[0]) == str(cache)
 
+
+def test_one_process_runs_the_body_alone():
+    from megatron.data.shared_cache import rank0_builds_first
+
+    ran = []
+    with rank0_builds_first("/nonexistent", "train") as rank:  # one rank: the body, no wait
+        ran.append(rank)
+    assert ran == [0]

@@ -24,6 +24,7 @@ PROCESS_FUNCTIONS = {
     "os": {"system", "popen", "fork", "forkpty", "spawn*", "exec*", "posix_spawn*"},
     "pty": {"spawn", "fork"},
     "multiprocessing": {"Process", "Pool", "get_context"},
+    "torch.multiprocessing": {"spawn", "start_processes", "Process", "Pool", "get_context"},
 }
 
 

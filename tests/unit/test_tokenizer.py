@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from megatron.core.tokenizers import MegatronTokenizerBase as BASE
 
 from helpers.flags import tiny_run_flags
+from megatron.config.tokenizer_flags import apply_tokenizer_setup, tokenizer_setup_from_args
 from megatron.errors import ConfigError
 from megatron.tokenizer import (
     ByteLevelTokenizer,
@@ -16,7 +17,6 @@ from megatron.tokenizer import (
     HuggingFaceTokenizer,
     build_tokenizer,
     padded_vocab_size,
-    tokenizer_setup,
 )
 from megatron.tokenizer.types import TOKENIZER_TYPES, tokenizer_config
 
@@ -89,8 +89,7 @@ def test_byte_level_round_trip_and_specials():
 
 def test_default_type_and_padded_vocab_size_attribute():
     args = run_args("--tensor-model-parallel-size", "2", world_size=2)
-    setup = tokenizer_setup(args)
-    setup.apply(args)
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     tok = setup.tokenizer
     assert isinstance(tok, ByteLevelTokenizer)
     assert args.padded_vocab_size == 512  # 258 rounded up to a multiple of 128 * 2
@@ -125,8 +124,7 @@ def test_padded_vocab_size_rejects_bad_values():
 def test_gpt2_bpe_from_vocab_and_merges(bpe_files):
     args = run_args("--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
                     str(bpe_files / "vocab.json"), "--merge-file", str(bpe_files / "merges.txt"))
-    setup = tokenizer_setup(args)
-    setup.apply(args)
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     tok = setup.tokenizer
     assert isinstance(tok, GPT2BPETokenizer) and isinstance(tok, BASE)
     vocab = json.loads((bpe_files / "vocab.json").read_text())
@@ -278,8 +276,7 @@ def test_hf_types_match_transformers_and_tokenizers(hf_tokenizer_dir, ttype, fla
 
     path = f"{hf_tokenizer_dir}/tokenizer.json" if as_file else hf_tokenizer_dir
     args = run_args("--tokenizer-type", ttype, "--" + flag.replace("_", "-"), path)
-    setup = tokenizer_setup(args)
-    setup.apply(args)
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     tok = setup.tokenizer
     assert isinstance(tok, GPTTokenizer) and isinstance(tok, HuggingFaceTokenizer)
     assert tok.name == ttype
@@ -318,8 +315,7 @@ def test_sentencepiece_types_match_sentencepiece(sentencepiece_model, ttype):
     from megatron.core.tokenizers.text.models import GPTTokenizer
 
     args = run_args("--tokenizer-type", ttype, "--tokenizer-model", sentencepiece_model)
-    setup = tokenizer_setup(args)
-    setup.apply(args)
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     tok = setup.tokenizer
     assert isinstance(tok, GPTTokenizer) and tok.name == ttype
     sp = spm.SentencePieceProcessor(model_file=sentencepiece_model)
@@ -490,8 +486,7 @@ def test_vocab_and_merge_files_without_type_mean_gpt2_bpe(bpe_files, tmp_path, c
              "--merge-file", str(bpe_files / "merges.txt")]
     args = parse_args(RUN_FLAGS + files, world_size=1)
     assert args.tokenizer_type == "GPT2BPETokenizer"
-    setup = tokenizer_setup(args)
-    setup.apply(args)
+    setup = apply_tokenizer_setup(args)  # args.tokenizer, .padded_vocab_size, .vocab_size
     tok = setup.tokenizer
     assert isinstance(tok, GPT2BPETokenizer)
     assert setup.notes[-1].startswith(
@@ -521,11 +516,11 @@ def test_file_flags_another_type_ignores_are_noted(hf_tokenizer_dir):
     tokenizer): accepted as Megatron-LM does, with one start-up warning naming them."""
     args = run_args("--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path",
                     hf_tokenizer_dir, "--vocab-file", "gpt2-vocab.json")
-    assert tokenizer_setup(args).notes[1] == ("warning: --vocab-file 'gpt2-vocab.json' not used by "
+    assert tokenizer_setup_from_args(args).notes[1] == ("warning: --vocab-file 'gpt2-vocab.json' not used by "
                                      "--tokenizer-type PretrainedFromHF (it reads "
                                      "--tokenizer-name-or-path)")
     args = run_args("--tokenizer-type", "ByteLevelTokenizer", "--tokenizer-model", "tok.model")
-    assert tokenizer_setup(args).notes[1] == ("warning: --tokenizer-model 'tok.model' not used by "
+    assert tokenizer_setup_from_args(args).notes[1] == ("warning: --tokenizer-model 'tok.model' not used by "
                                      "--tokenizer-type ByteLevelTokenizer (it reads no files)")
     args = run_args("--tokenizer-type", "ByteLevelTokenizer")
-    assert len(tokenizer_setup(args).notes) == 1
+    assert len(tokenizer_setup_from_args(args).notes) == 1

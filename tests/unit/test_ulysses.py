@@ -75,9 +75,7 @@ def test_alibi_slopes_of_each_sequence_parallel_rank(heads, tp, sp):
 def test_data_parallel_size_is_world_over_tp_pp_sp():
     args = parse(ULYSSES + ["2", "--tensor-model-parallel-size", "2"], world_size=8)
     assert (args.data_parallel_size, args.ds_sequence_parallel_size) == (2, 2)
-    from megatron.parallel.topology import ParallelLayout
-
-    assert ParallelLayout.from_args(args).describe() == (
+    assert args.run_config.model.layout.describe() == (
         "tensor-parallel 2, pipeline-parallel 1, Ulysses sequence-parallel 2, data-parallel 2")
     assert parse([], world_size=8).data_parallel_size == 8
 

@@ -49,10 +49,10 @@ def test_gpt_model_padding_rows_take_no_probability_and_no_gradient(one_rank):
     """GPTModel with 384 rows of which 258 are real: padding logits are -inf; the per-token loss
     equals log-softmax over the first 258 logits of the unmasked model (a model of exactly the
     real rows); the tied embedding's padding rows get a zero gradient, the real rows do not."""
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
 
-    masked = build_gpt_model(model_args(REAL, PADDED))
-    plain = build_gpt_model(model_args(None, PADDED))  # same seed: same weights, no mask
+    masked = gpt_model(model_args(REAL, PADDED))
+    plain = gpt_model(model_args(None, PADDED))  # same seed: same weights, no mask
     assert torch.equal(masked.embedding.word_embeddings.weight,
                        plain.embedding.word_embeddings.weight)
     tokens, positions, labels = _batch()
@@ -72,10 +72,10 @@ def test_gpt_model_padding_rows_take_no_probability_and_no_gradient(one_rank):
 def test_two_paddings_are_one_model(one_rank):
     """Rows padded to 384 and to 512 (TP 1 and TP 2 under the default divisor): the same initial
     real rows and the same loss."""
-    from megatron.model.gpt_model import build_gpt_model
+    from helpers.models import gpt_model
 
-    small = build_gpt_model(model_args(REAL, 384))
-    large = build_gpt_model(model_args(REAL, 512))
+    small = gpt_model(model_args(REAL, 384))
+    large = gpt_model(model_args(REAL, 512))
     torch.testing.assert_close(small.embedding.word_embeddings.weight[:REAL],
                                large.embedding.word_embeddings.weight[:REAL], rtol=0, atol=0)
     tokens, positions, labels = _batch(1)
@@ -87,7 +87,7 @@ def test_two_paddings_are_one_model(one_rank):
 def test_pipe_logits_mask_the_padding_rows(one_rank, untie):
     """GPTModelPipe's tied (EmbeddingPipe.logits) and untied (OutputLayerPipe) output layers give
     -inf for the padding rows, so the last stage's loss is the real-rows softmax."""
-    from megatron.model.gpt_model import transformer_config_from_args
+    from megatron.config.model_config import transformer_config_from_args
     from megatron.model.gpt_model_pipe import EmbeddingPipe, OutputLayerPipe
 
     config = transformer_config_from_args(model_args(REAL, PADDED))

@@ -16,6 +16,7 @@ from megatron.data.cache_key import array_digest
 from megatron.data.curriculum.constituents import Constituent, resolve_constituents, short_dataset_note
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import EpochShuffledSamples
+from megatron.data.shared_cache import rank0_builds_first
 from megatron.data.source_pool import LazySource, SourcePool, check_file_limit, pool_capacity
 from megatron.schedules.units import BatchSchedule
 from megatron.utils.rank_utils import print_rank_0
@@ -55,6 +56,7 @@ class CurriculumDataset(torch.utils.data.Dataset):
         self.epochs = index.epochs
         self.counts = index.counts
         self._ledger_cache: Tuple[int, np.ndarray] = (index.begin, index.base.copy())
+        self._views: Optional[Tuple[memoryview, memoryview]] = None
 
     def __len__(self) -> int:
         return self.index.num_samples
@@ -65,7 +67,10 @@ class CurriculumDataset(torch.utils.data.Dataset):
         if not 0 <= j < len(self.dataset_index):
             raise IndexError(f"global sample {idx} is outside this mix's samples [{self.begin}, "
                              f"{self.index.num_samples})")
-        return int(self.dataset_index[j]), int(self.dataset_sample_index[j])
+        views = self._views
+        if views is None:  # memoryviews: an item is a Python int, several times faster than numpy's
+            views = self._views = (memoryview(self.dataset_index), memoryview(self.dataset_sample_index))
+        return views[0][j], views[1][j]
 
     def __getitem__(self, idx: int) -> Dict[str, Any]:
         dataset_id, sample = self.locate(idx)
@@ -89,6 +94,7 @@ class CurriculumDataset(torch.utils.data.Dataset):
     def __getstate__(self):  # DataLoader workers: the index arrays are shared, not the cache
         state = dict(self.__dict__)
         state["_ledger_cache"] = (self.index.begin, self.index.base.copy())
+        state["_views"] = None  # not picklable; made again on first use
         return state
 
 
@@ -155,14 +161,12 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
     in ``order`` (``--data-index-order``: megatron/data/curriculum/blocked.py);
     ``make_source(constituent, n)`` opens a dataset's samples ``0..n - 1``. Rank 0 builds (and
     caches) the index and every dataset's own indices first (opening each and closing it again),
-    the other ranks then load; every rank opens its datasets on first use, a bounded number at a
+    the other ranks then load, having waited on a file in ``cache_dir`` rather than at a
+    collective (a build longer than the process group's timeout fails no rank); every rank opens its datasets on first use, a bounded number at a
     time (megatron/data/source_pool.py), so a blend of thousands of prefixes runs under the
     default ``ulimit -n``."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    rank = torch.distributed.get_rank() if distributed else 0
-    if distributed and rank != 0:
-        torch.distributed.barrier()
-    try:
+    # rank 0 first; the others wait on a file in the cache, not at a collective (shared_cache.py)
+    with rank0_builds_first(cache_dir, blend.where) as rank:
         begin, base, drawn_before = 0, None, None
         if continuation is not None:
             keys = [c.ledger_key for c in constituents]
@@ -185,9 +189,6 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
         if rank == 0:  # each dataset's own indices built (and cached) now, one open at a time
             _prepare(sources)
             pool.close_all()
-    finally:
-        if distributed and rank == 0:
-            torch.distributed.barrier()
     return CurriculumDataset(index, sources, constituents)
 
 

@@ -11,8 +11,10 @@ import pytest
 
 from helpers.curriculum import write_corpus
 from helpers.paths import ROOT
-from megatron.data.source_pool import LazySource, SourcePool, check_file_limit, pool_capacity
+from megatron.data.source_pool import check_file_limit, pool_capacity
 from megatron.errors import ConfigError
+
+pytestmark = pytest.mark.launch  # a child process with the lowered limit
 
 CHILD = textwrap.dedent("""
     import os, resource, sys, json
@@ -89,12 +91,3 @@ def test_a_limit_too_low_is_one_line_naming_ulimit(many_prefixes, tmp_path):
     with pytest.raises(ConfigError, match="at least 216"):
         check_file_limit(1, "train", soft_limit=100)
     check_file_limit(1, "train", soft_limit=216)
-
-
-def test_the_pool_closes_the_least_recently_read():
-    pool = SourcePool(2)
-    opened = []
-    sources = [LazySource(k, 5, lambda k=k: opened.append(k) or [k] * 5, pool) for k in range(3)]
-    assert [s[0] for s in (sources[0], sources[1], sources[0], sources[2], sources[1])] == [0, 1, 0, 2, 1]
-    assert opened == [0, 1, 2, 1] and len(pool) == 2  # 1 was closed when 2 opened, 0 kept
-    assert len(sources[2]) == 5 and pool_capacity(10 ** 6, 10 ** 6) == 4096

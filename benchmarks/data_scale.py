@@ -1,0 +1,327 @@
+"""Production-scale mixes: the curriculum index and the data set-up at thousands of prefixes and a
+billion samples, against megatron-core in the same run (run by hand; no timed asserts).
+
+    .venv/bin/python benchmarks/data_scale.py            # D-scaling at N = 1e7, edit, lookups,
+                                                          # set-up over sparse corpora
+    .venv/bin/python benchmarks/data_scale.py --g1       # also G1: D = 1,024, N = 1e9 (~5 min)
+
+What it measures:
+* **D-scaling**: the training index at N = 1e7 and D in {10, 100, 1,024, 4,096, 32,766} (skewed
+  static weights), ours in the blocked order against megatron-core's ``build_blending_indices``
+  (its C++ greedy loop, O(N x D)); megatron-core's time at D >= 4,096 is measured at a smaller N
+  and scaled linearly in N (its loop is exactly linear in N), and says so.
+* **G1** (``--g1``): D = 1,024 prefixes (1% hold half the mass, many below 1/2048), N = 1e9,
+  8 sequential weight stages, one a linear ramp; the build in a child process (its peak RSS), the
+  bytes per sample on disk, the warm load; megatron-core extrapolated from its N = 1e7 point.
+* **Edit at 60%**: one weight changed and one prefix added, the continuation built from the ledger
+  against the cold build, and the no-repeat/no-gap check on a sample of datasets.
+* **Lookups**: p99 of one index lookup (``CurriculumDataset.locate``), and sample fetches against
+  megatron-core's ``BlendedDataset`` over the same GPTDatasets.
+* **Set-up over sparse corpora**: D prefixes with real ``.idx`` files and sparse ``.bin`` files
+  (truncated to size: terabytes of tokens cost no disk), ``build_curriculum_dataset`` cold and warm
+  (constituents, index, each dataset's own indices) against megatron-core's
+  ``BlendedMegatronDatasetBuilder`` over the same prefixes, with the cache files each leaves.
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from megatron.data.blend_config import parse_blend_config  # noqa: E402
+from megatron.data.curriculum.index import CurriculumIndex  # noqa: E402
+from megatron.schedules.units import BatchSchedule  # noqa: E402
+
+SEQ, GBS = 4096, 1024
+
+
+def skewed_weights(D: int, seed: int) -> np.ndarray:
+    """Normalised weights where about 1% of the datasets hold half the mass (a Pareto tail)."""
+    rng = np.random.default_rng(seed)
+    w = np.sort(rng.pareto(0.7, D))[::-1] + 1e-4
+    return w / w.sum()
+
+
+def fake_constituents(blend, spe: int = 10 ** 7):
+    from helpers.curriculum import fake_constituents as fake
+
+    return fake(blend, spe, SEQ)
+
+
+def static_blend(D: int, seed: int = 0):
+    w = skewed_weights(D, seed)
+    return parse_blend_config({"train": {"blend": [{"path": f"p{d:05d}", "weight": float(w[d])}
+                                                   for d in range(D)]}},
+                              "bench.yaml", check_files=False).train
+
+
+def g1_blend(D: int, N: int, extra: int = 0, change: float = 1.0):
+    """G1: 8 sequential stages of skewed weights, stage 3 a linear ramp between two of them;
+    ``extra`` prefixes added to the last stages and the first weight times ``change`` there (the
+    edit)."""
+    stages = []
+    for k in range(8):
+        w = skewed_weights(D, k)
+        names = [f"p{d:05d}" for d in range(D)]
+        if k == 3:
+            w2 = skewed_weights(D, 100)
+            entries = [{"path": n, "weight": {"type": "linear", "unit": "samples",
+                                              "points": {int(N * 3 / 8): float(a), int(N * 4 / 8): float(b)}}}
+                       for n, a, b in zip(names, w, w2, strict=True)]
+        else:
+            entries = [{"path": n, "weight": float(x)} for n, x in zip(names, w, strict=True)]
+            if k >= 5:
+                entries[0]["weight"] *= change
+                entries += [{"path": f"new{e:03d}", "weight": 1e-3} for e in range(extra)]
+        stage = {"blend": entries}
+        if k < 7:
+            stage["until"] = {"samples": int(N * (k + 1) / 8)}
+        stages.append(stage)
+    return parse_blend_config({"train": {"sequential": stages}}, "g1.yaml", check_files=False).train
+
+
+def megatron_blend_seconds(weights: np.ndarray, N: int) -> float:
+    """megatron-core's ``build_blending_indices`` (C++) for ``N`` samples: seconds."""
+    from megatron.core.datasets import helpers
+
+    ids = np.zeros(N, dtype=np.int16)
+    samples = np.zeros(N, dtype=np.int64)
+    t0 = time.perf_counter()
+    helpers.build_blending_indices(ids, samples, weights.tolist(), len(weights), N, False)
+    return time.perf_counter() - t0
+
+
+def ours_seconds(blend, N: int, order: str = "blocked", cache_dir=None, **kwargs):
+    cons = fake_constituents(blend)
+    t0 = time.perf_counter()
+    idx = CurriculumIndex(blend, cons, N, BatchSchedule(GBS, None, SEQ), cache_dir=cache_dir,
+                          order=order, **kwargs)
+    return time.perf_counter() - t0, idx
+
+
+def d_scaling(N: int, sizes):
+    print(f"\n## D-scaling: the training index at N = {N:.0e}, skewed static weights")
+    print("| D | ours (blocked) ns/sample | megatron-core ns/sample | megatron-core / ours |")
+    print("|---|---|---|---|")
+    ours_ns = {}
+    ours_seconds(static_blend(10), 10 ** 5)  # the kernels loaded before timing
+    for D in sizes:
+        t, idx = ours_seconds(static_blend(D), N)
+        w = skewed_weights(D, 0)
+        n_peer = N if D <= 1024 else max(N * 1024 // D, 10 ** 5)
+        t_peer = megatron_blend_seconds(w, n_peer) * (N / n_peer)
+        note = "" if n_peer == N else f" (measured at N = {n_peer:.0e}, x{N // n_peer})"
+        ours_ns[D] = t / N * 1e9
+        print(f"| {D:,} | {ours_ns[D]:.1f} | {t_peer / N * 1e9:.1f}{note} | {t_peer / t:.1f}x |")
+    lo, hi = min(ours_ns), max(d for d in ours_ns if d <= 4096)
+    print(f"ours per sample, D = {hi:,} over D = {lo}: {ours_ns[hi] / ours_ns[lo]:.2f}x "
+          "(megatron-core's grows linearly in D)")
+
+
+def _child_build(D: int, N: int, cache: str) -> dict:
+    """The G1 index built in a fresh process: seconds, peak RSS, cache hit."""
+    code = ("import sys, json, time, resource; sys.path[:0] = [%r, %r]\n"
+            "import benchmarks.data_scale as b\n"
+            "from megatron.data.curriculum.index import CurriculumIndex\n"
+            "from megatron.schedules.units import BatchSchedule\n"
+            "blend = b.g1_blend(%d, %d)\n"
+            "cons = b.fake_constituents(blend)\n"
+            "t0 = time.perf_counter()\n"
+            "idx = CurriculumIndex(blend, cons, %d, BatchSchedule(b.GBS, None, b.SEQ), cache_dir=%r)\n"
+            "t = time.perf_counter() - t0\n"
+            "print(json.dumps({'seconds': t, 'rss_gb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,"
+            " 'hit': idx.cache_hit, 'order': idx.order, 'path': idx.cache_path}))\n"
+            % (ROOT, os.path.join(ROOT, "tests"), D, N, N, cache))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def g1(D: int, N: int, work: str):
+    print(f"\n## G1: D = {D:,} prefixes, N = {N:.0e} samples, 8 stages (one a linear ramp)")
+    cache = os.path.join(work, "g1-cache")
+    cold = _child_build(D, N, cache)
+    size = sum(os.path.getsize(os.path.join(cold["path"], f)) for f in os.listdir(cold["path"]))
+    warm = _child_build(D, N, cache)
+    # megatron-core at N = 1e7 over the same D (static weights: its loop's cost does not depend
+    # on them), scaled linearly to N
+    n_peer = 10 ** 7
+    peer = megatron_blend_seconds(skewed_weights(D, 0), n_peer) * (N / n_peer)
+    print(f"- cold build ({cold['order']} order): {cold['seconds']:.1f} s, peak RSS "
+          f"{cold['rss_gb']:.2f} GB, {size / N:.2f} bytes/sample on disk")
+    print(f"- warm load: {warm['seconds']:.2f} s (cache hit: {warm['hit']})")
+    print(f"- megatron-core build_blending_indices: {peer:.0f} s, extrapolated from N = 1e7 "
+          f"(x{N // n_peer}); ratio {peer / cold['seconds']:.1f}x")
+    return cold
+
+
+def edit_at_60(D: int, N: int):
+    """An edit at 60% of the run: one weight changed, one prefix added; the continuation from
+    the ledger against the cold build (the same process, fake constituents)."""
+    print(f"\n## Edit at 60% (D = {D:,}, N = {N:.0e}): one weight changed, one prefix added")
+    cold_t, cold = ours_seconds(g1_blend(D, N), N)
+    begin = int(N * 0.6)
+    ledger = dict(zip([c.ledger_key for c in cold.constituents], cold.drawn_before(begin), strict=True))
+    edited_blend = g1_blend(D, N, extra=1, change=2.0)
+    cons = fake_constituents(edited_blend)
+    base = [int(ledger.get(c.ledger_key, 0)) for c in cons]
+    t0 = time.perf_counter()
+    edited = CurriculumIndex(edited_blend, cons, N, BatchSchedule(GBS, None, SEQ), begin=begin,
+                             base=base, order=cold.order)
+    edit_t = time.perf_counter() - t0
+    # no repeat, no gap: a sample of datasets' numbers run on across the edit
+    names = [c.ledger_key for c in cons]
+    ids = np.concatenate([np.asarray(cold.dataset_index[:begin]),
+                          np.asarray(edited.dataset_index)])
+    old_to_new = {k: names.index(k) for k in [c.ledger_key for c in cold.constituents]}
+    remap = np.array([old_to_new[c.ledger_key] for c in cold.constituents])
+    ids[:begin] = remap[ids[:begin]]
+    samples = np.concatenate([np.asarray(cold.dataset_sample_index[:begin]),
+                              np.asarray(edited.dataset_sample_index)])
+    checked = 0
+    for d in list(range(0, D, max(1, D // 16))) + [len(cons) - 1]:
+        own = samples[ids == d]
+        assert np.array_equal(own, np.arange(len(own))), f"dataset {d}: a repeat or a gap"
+        checked += 1
+    print(f"- cold {cold_t:.1f} s ({cold.order}), edit {edit_t:.1f} s: {edit_t / cold_t:.2f}x the "
+          f"cold time; no repeat and no gap in {checked} datasets checked (the new one included)")
+
+
+def lookups(D: int, N: int):
+    print(f"\n## Lookups (D = {D:,}, N = {N:.0e})")
+    from megatron.data.curriculum.dataset import CurriculumDataset
+
+    _, idx = ours_seconds(static_blend(D), N)
+    ds = CurriculumDataset(idx, [None] * D)
+    rng = np.random.default_rng(0)
+    probes = rng.integers(0, N, 200_000).tolist()
+    times = np.empty(len(probes))
+    clock = time.perf_counter_ns
+    for k, i in enumerate(probes):
+        t0 = clock()
+        ds.locate(i)
+        times[k] = clock() - t0
+    print(f"- one index lookup (locate): p50 {np.percentile(times, 50) / 1e3:.2f} µs, "
+          f"p99 {np.percentile(times, 99) / 1e3:.2f} µs")
+
+
+def sparse_corpus(prefix: str, documents: int, doc_tokens: int) -> None:
+    """A real ``.idx`` of ``documents`` documents of ``doc_tokens`` tokens and a sparse ``.bin``
+    of the matching size (uint16 tokens; reads give zeros)."""
+    from megatron.core.datasets.indexed_dataset import _IndexWriter
+
+    lengths = np.full(documents, doc_tokens, dtype=np.int32)
+    with _IndexWriter(prefix + ".idx", np.uint16) as writer:
+        writer.write(lengths, None, list(range(documents + 1)))
+    with open(prefix + ".bin", "wb") as f:
+        f.truncate(int(lengths.sum()) * 2)
+
+
+def setup_over_sparse_corpora(D: int, N: int, work: str):
+    print(f"\n## Data set-up over {D:,} sparse prefixes (real .idx, sparse .bin), N = {N:.0e}, "
+          f"seq {SEQ}")
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    from megatron.data.curriculum.dataset import build_curriculum_dataset
+    from megatron.tokenizer import ByteLevelTokenizer
+
+    data = os.path.join(work, "corpus")
+    os.makedirs(data, exist_ok=True)
+    w = skewed_weights(D, 0)
+    prefixes = [os.path.join(data, f"ds{d:05d}_text_document") for d in range(D)]
+    for p in prefixes:
+        if not os.path.exists(p + ".idx"):
+            sparse_corpus(p, 64, 1 << 17)
+    apparent = sum(os.path.getsize(p + ".bin") for p in prefixes)
+    print(f"- corpus: {apparent / 2 / 1e12:.2f}e12 tokens in sparse .bin files "
+          f"({apparent / 1e9:.0f} GB apparent, no disk)")
+    blend = parse_blend_config({"train": {"blend": [{"path": p, "weight": float(x)}
+                                                    for p, x in zip(prefixes, w, strict=True)]}},
+                               "setup.yaml").train
+
+    def config(cache):
+        return GPTDatasetConfig(random_seed=1, sequence_length=SEQ, blend=None, split=None,
+                                path_to_cache=cache, tokenizer=ByteLevelTokenizer(),
+                                reset_position_ids=False, reset_attention_mask=False,
+                                eod_mask_loss=False)
+
+    ours_cache = os.path.join(work, "ours-cache")
+    shutil.rmtree(ours_cache, ignore_errors=True)
+    times = []
+    for _ in range(2):  # cold, warm
+        t0 = time.perf_counter()
+        ds = build_curriculum_dataset(blend, N, config(ours_cache), BatchSchedule(GBS, None, SEQ),
+                                      cache_dir=ours_cache)
+        ds[0]
+        times.append(time.perf_counter() - t0)
+    files = sum(len(fs) for _, _, fs in os.walk(ours_cache))
+    print(f"- ours ({ds.index.order} order): cold {times[0]:.1f} s, warm {times[1]:.1f} s to the "
+          f"first sample; {files} cache files")
+    peer_cache = os.path.join(work, "peer-cache")
+    shutil.rmtree(peer_cache, ignore_errors=True)
+    peer_config = GPTDatasetConfig(random_seed=1, sequence_length=SEQ,
+                                   blend=(prefixes, w.tolist()), split="100,0,0",
+                                   path_to_cache=peer_cache, tokenizer=ByteLevelTokenizer(),
+                                   reset_position_ids=False, reset_attention_mask=False,
+                                   eod_mask_loss=False)
+    t0 = time.perf_counter()
+    try:
+        peer = BlendedMegatronDatasetBuilder(GPTDataset, [N, 0, 0], lambda: True,
+                                             peer_config).build()[0]
+        peer[0]
+        peer_t = time.perf_counter() - t0
+        files = sum(len(fs) for _, _, fs in os.walk(peer_cache))
+        print(f"- megatron-core BlendedMegatronDatasetBuilder: cold {peer_t:.1f} s; {files} cache "
+              f"files; ratio {peer_t / times[0]:.2f}x")
+        fetch(ds, peer, N)
+    except OSError as exc:
+        print(f"- megatron-core BlendedMegatronDatasetBuilder: fails: {exc}")
+
+
+def fetch(ours, peer, N: int, count: int = 3000):
+    rng = np.random.default_rng(1)
+    probes = rng.integers(0, N, count).tolist()
+    for _name, ds in (("ours", ours), ("megatron-core", peer)):
+        for i in probes[:200]:
+            ds[i]
+    results = {}
+    for name, ds in (("ours", ours), ("megatron-core", peer)):
+        t0 = time.perf_counter()
+        for i in probes:
+            ds[i]
+        results[name] = count / (time.perf_counter() - t0)
+    print(f"- fetch: ours {results['ours']:.0f} samples/s, megatron-core BlendedDataset "
+          f"{results['megatron-core']:.0f} samples/s: {results['ours'] / results['megatron-core']:.2f}x")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--g1", action="store_true", help="also G1 (N = 1e9; minutes)")
+    parser.add_argument("--work", default=None, help="where corpora and caches go")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1024, 4096, 32766])
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # megatron-core opens every prefix
+    work = args.work or tempfile.mkdtemp(prefix="data_scale-")
+    print(f"# benchmarks/data_scale.py on {os.cpu_count()} CPU cores (work dir {work})")
+    d_scaling(10 ** 7, args.sizes)
+    edit_at_60(1024, 10 ** 7)
+    lookups(1024, 10 ** 7)
+    setup_over_sparse_corpora(1024, 10 ** 7, work)
+    if args.g1:
+        g1(1024, 10 ** 9, work)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+if __name__ == "__main__":
+    main()

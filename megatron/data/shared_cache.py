@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
+from megatron.data.data_config import DataConfig
 from megatron.errors import ConfigError
 
 MARKER_PREFIX = ".shared-cache-check-"
@@ -28,32 +29,32 @@ VISIBILITY_WAIT_S = 3.0  # network filesystems may show a new file a moment late
 DEFAULT_CACHE_SUBDIR = os.path.join("cache", "GPTDataset_indices")
 
 
-def dataset_prefixes(args) -> List[str]:
+def dataset_prefixes(config: DataConfig) -> List[str]:
     """Every ``.bin``/``.idx`` prefix the pretraining data flags name (static blends, the blend
     file, weighted split groups), in order, without repeats."""
     from megatron.core.datasets.utils import get_blend_from_list
 
     prefixes: List[str] = []
     for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
-        paths = getattr(args, flag, None)
+        paths = getattr(config, flag)
         if paths:
             prefixes += get_blend_from_list(paths)[0]
-    blend = args.data_blend
+    blend = config.data_blend
     if blend is not None:
         for split in ([blend.train] if blend.train is not None else []) + list(blend.valid) + list(blend.test):
             prefixes += [entry.path for stage in split.stages for entry in stage.entries]
-    for groups in (args.weighted_split_groups or {}).values():
+    for groups in (config.weighted_split_groups or {}).values():
         prefixes += [item.prefix for group in groups for item in group.items]
     return list(dict.fromkeys(prefixes))
 
 
-def index_cache_dirs(args) -> List[str]:
+def index_cache_dirs(config: DataConfig) -> List[str]:
     """The directories megatron-core caches this run's dataset indices in: ``--data-cache-path``,
     or its default beside each data prefix."""
-    if args.data_cache_path:
-        return [os.path.abspath(args.data_cache_path)]
+    if config.data_cache_path:
+        return [os.path.abspath(config.data_cache_path)]
     return list(dict.fromkeys(os.path.abspath(os.path.join(prefix, DEFAULT_CACHE_SUBDIR))
-                              for prefix in dataset_prefixes(args)))
+                              for prefix in dataset_prefixes(config)))
 
 
 def _rank_ranges(ranks: Sequence[int]) -> str:

@@ -6,10 +6,11 @@ from megatron.data.shared_cache import MARKER_PREFIX, index_cache_dirs, require_
 
 
 def _args(tmp_path, *extra):
+    """The data config of the tiny run's validated flags with ``extra``."""
     from megatron.config.parser import parse_args
     return parse_args(["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
                        "--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1",
-                       "--lr", "1e-3", *extra], require_data=False)
+                       "--lr", "1e-3", *extra], require_data=False).run_config.data
 
 
 def test_cache_dirs_are_the_flag_or_megatron_cores_default_beside_each_prefix(tmp_path):

@@ -48,7 +48,7 @@ def datasets_provider(args, resume=None) -> TrainData:
     EvalGroup per ``--valid-weighted-split-paths`` (and ``--test-...``) group
     (megatron/data/mtf_builder.py). Every sample carries ``segment_ids`` (checked by the blend,
     megatron/data/mtf_dataset.py, under every layout)."""
-    return build_mtf_data(args, args.tokenizer, resume)
+    return build_mtf_data(args.run_config.data, args.tokenizer, resume)
 
 
 def model_provider(args):

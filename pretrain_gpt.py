@@ -29,7 +29,7 @@ def datasets_provider(args, resume=None) -> TrainData:
     """Training set and evaluation groups from the data flags (static blend, curriculum blend
     file, or weighted split paths); ``resume``: the checkpoint whose data ledger a resumed run
     continues (megatron/data/mix_resume.py)."""
-    data = build_pretraining_data(args, args.tokenizer, resume)
+    data = build_pretraining_data(args.run_config.data, args.tokenizer, resume)
     if args.reset_attention_mask:
         data = with_document_segments(data, args.tokenizer.eod)
     return data

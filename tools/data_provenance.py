@@ -94,11 +94,11 @@ def training_mix_of(args):
     if args.weighted_split_groups["train"] and resume.record.kind == "t0":
         from megatron.data.mtf_builder import build_mtf_data  # lazy: megatron-core, only for a T0 mix
 
-        data = build_mtf_data(args, args.tokenizer, resume)
+        data = build_mtf_data(args.run_config.data, args.tokenizer, resume)
     else:
         from megatron.data.builder import build_pretraining_data  # lazy: megatron-core, only for a GPT mix
 
-        data = build_pretraining_data(args, args.tokenizer, resume)
+        data = build_pretraining_data(args.run_config.data, args.tokenizer, resume)
     if data.mix is None:
         raise ConfigError("these flags give no training data to trace")
     return data.mix

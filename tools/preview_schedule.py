@@ -52,10 +52,11 @@ from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
 import numpy as np  # noqa: E402
 
 from megatron.config.arguments import validate_args  # noqa: E402
+from megatron.config.batch_flags import batch_schedule_from_args  # noqa: E402
 from megatron.config.parser import get_parser  # noqa: E402
 from megatron.config.tokenizer_flags import tokenizer_setup_from_args  # noqa: E402
 from megatron.errors import ArgumentError, ConfigError  # noqa: E402
-from megatron.schedules.units import batch_schedule, batch_schedule_from_args, train_iterations  # noqa: E402
+from megatron.schedules.units import batch_schedule, train_iterations  # noqa: E402
 from megatron.utils.atomic_io import atomic_write_text  # noqa: E402
 
 
@@ -115,7 +116,7 @@ def training_blend(args):
     if args.data_path or args.train_data_path:
         from megatron.data.builder import data_path_blends  # lazy: megatron-core, only for --data-path
 
-        return data_path_blends(args)["train"]
+        return data_path_blends(args.run_config.data)["train"]
     return None
 
 
@@ -132,7 +133,8 @@ def mixture_arrays(args, train_iters: int) -> Optional[dict]:
     from megatron.data.curriculum.index import CurriculumIndex  # lazy: hashlib & co, only for a mixture
 
     index = CurriculumIndex(blend, resolve_constituents(blend, args.seq_length),
-                            train_valid_test_num_samples(args)[0], batch_schedule_from_args(args),
+                            train_valid_test_num_samples(args.run_config.data)[0],
+                            batch_schedule_from_args(args),
                             seed=args.seed, cache_dir=args.data_cache_path,
                             order=args.data_index_order)
     mixture = index.iteration_mixture(train_iters)

@@ -143,8 +143,6 @@ def validate_data(args, require_data: bool) -> None:
         from megatron.data.blend_config import load_blend_config  # lazy: PyYAML (~9 ms); not --help
 
         args.data_blend = load_blend_config(args.data_blend_config)
-    from megatron.data.weighted_splits import weighted_split_groups_from_args  # lazy: PyYAML (~9 ms); not --help
-
     # Files are checked when datasets are built (T0 prefixes name inputs/targets pairs).
     args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
 
@@ -154,6 +152,19 @@ def validate_data(args, require_data: bool) -> None:
         raise ArgumentError(str(e)) from None
     if args.num_workers < 0:
         raise ArgumentError(f"--num-workers {args.num_workers} must be non-negative")
+
+
+def weighted_split_groups_from_args(args, check_files: bool = True):
+    """``{"train": [...], "valid": [...], "test": [...]}`` (megatron/data/weighted_splits.py
+    ``WeightedSplitGroup``) from ``args.{split}_weighted_split_paths`` or
+    ``args.{split}_weighted_split_paths_path`` (mutually exclusive)."""
+    from megatron.data.weighted_splits import parse_weighted_split_flags  # lazy: PyYAML (~9 ms); not --help
+
+    splits = ("train", "valid", "test")
+    return parse_weighted_split_flags(
+        {split: getattr(args, f"{split}_weighted_split_paths", None) for split in splits},
+        {split: getattr(args, f"{split}_weighted_split_paths_path", None) for split in splits},
+        check_files)
 
 
 def _data_words(value, flag: str, where: str) -> Optional[List[str]]:
@@ -231,7 +242,8 @@ def check_data_path_weights(args, dest: str) -> None:
             weights.append(float(w))
         except ValueError:
             return  # prefixes only (megatron-core: weights inferred from the lengths)
-    flag = data_flag_name(args, dest)
+    flag = data_flag_name(dest, getattr(args, "data_args_path", None),
+                          getattr(args, "per_split_data_args_path", None))
     for w, prefix, value in zip(words[::2], words[1::2], weights, strict=True):
         if math.isnan(value) or math.isinf(value) or value < 0:
             raise ArgumentError(f"{flag}: weight {w!r} of {prefix!r} is not allowed; weights "

@@ -4,8 +4,9 @@ schedules, built once so that a bad shape fails with the flag or file named."""
 import argparse
 from typing import List
 
+from megatron.config.batch_flags import batch_config_from_args
 from megatron.errors import ArgumentError
-from megatron.schedules.units import BatchConfig, batch_schedule
+from megatron.schedules.units import batch_schedule
 from megatron.utils.typed_config import config_from_args
 
 
@@ -74,10 +75,7 @@ def schedule_config_from_args(args):
     curriculum's plan once validation made it)."""
     from megatron.optim.learning_rates import ScheduleConfig  # lazy: it imports logging (~10 ms); not --help
 
-    # the plan is derived by validation (megatron/config/seqlen_flags.py), not a flag: a namespace
-    # from before that check (or a tool's) has none
-    batch = config_from_args(BatchConfig, args, seq_length_plan=getattr(args, "seq_length_plan", None))
-    return config_from_args(ScheduleConfig, args, batch=batch)
+    return config_from_args(ScheduleConfig, args, batch=batch_config_from_args(args))
 
 
 def _given_flags(args, *dests: str) -> List[str]:

@@ -4,6 +4,8 @@ with no defaults (megatron/utils/typed_config.py), so a flag a consumer needs an
 fails at start-up, by name.
 
 - ``batch``: megatron/schedules/units.py ``BatchConfig`` (the batch schedule);
+- ``data``: megatron/data/data_config.py ``DataConfig`` (the data builders: sources, index,
+  samples and the run's length and evaluations);
 - ``loop``: :class:`LoopConfig` (megatron/train/: iterations, intervals, exits, the loader);
 - ``checkpoint``: :class:`CheckpointConfig` (megatron/train/resume.py: ``--save``/``--load``);
 - ``metrics``: megatron/metrics/writers.py ``MetricsConfig`` (jsonl, TensorBoard, W&B);
@@ -31,11 +33,13 @@ from typing import Optional, Sequence, Tuple, Union
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
+from megatron.config.batch_flags import batch_config_from_args
 from megatron.config.deepspeed_config import DeepSpeedFlags, deepspeed_flags_from_args
 from megatron.config.lr_flags import schedule_config_from_args
 from megatron.config.model_config import model_config_from_args
 from megatron.config.moe_flags import describe_layer_freq
 from megatron.config.tokenizer_flags import tokenizer_config_from_args
+from megatron.data.data_config import DataConfig
 from megatron.metrics.writers import MetricsConfig
 from megatron.model.model_config import ModelConfig
 from megatron.optim.learning_rates import ScheduleConfig
@@ -111,6 +115,7 @@ class RunConfig:
     """Every typed config of one run (module docstring)."""
 
     batch: BatchConfig
+    data: DataConfig
     loop: LoopConfig
     checkpoint: CheckpointConfig
     metrics: MetricsConfig
@@ -139,10 +144,21 @@ def optimizer_config_from_args(args) -> OptimizerConfig:
         loss_scale=args.loss_scale)
 
 
+def data_config_from_args(args, batch: Optional[BatchConfig] = None) -> DataConfig:
+    """megatron/data/data_config.py ``DataConfig`` of the validated data flags in ``args`` (every
+    field read, none defaulted but the T0 flags, which only finetune_t0.py's parser has) with the
+    batch config ``batch`` (default: the flags', megatron/config/batch_flags.py)."""
+    return config_from_args(DataConfig, args, batch=batch or batch_config_from_args(args),
+                            **{dest: getattr(args, dest, False) for dest in (
+                                "prefix_lm", "loss_on_targets_only", "norm_target_loss")})
+
+
 def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
     """The :class:`RunConfig` of validated ``args`` (every field read, none defaulted) with the
     start-up ``notes`` validation returned."""
-    return RunConfig(batch=config_from_args(BatchConfig, args),
+    batch = config_from_args(BatchConfig, args)
+    return RunConfig(batch=batch,
+                     data=data_config_from_args(args, batch),
                      loop=config_from_args(LoopConfig, args),
                      checkpoint=config_from_args(CheckpointConfig, args),
                      metrics=config_from_args(MetricsConfig, args),

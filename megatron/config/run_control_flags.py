@@ -5,8 +5,9 @@ run to it."""
 import argparse
 from typing import Optional
 
+from megatron.config.batch_flags import batch_schedule_from_args
 from megatron.errors import ArgumentError
-from megatron.schedules.units import BatchSchedule, batch_schedule_from_args, token_budget_iterations
+from megatron.schedules.units import BatchSchedule, token_budget_iterations
 
 
 def add_run_control_args(parser: argparse.ArgumentParser) -> None:

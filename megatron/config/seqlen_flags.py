@@ -17,6 +17,7 @@ Spellings, at most one per run:
 """
 from typing import Any, Dict, List, Optional, Tuple
 
+from megatron.config.batch_flags import batch_schedule_from_args, train_iterations_from_args
 from megatron.errors import ArgumentError, ConfigError
 from megatron.schedules.base import ScheduleContext, ScheduleError, build_schedule, get_schedule_class, known_kinds
 from megatron.schedules.seqlen import (
@@ -26,7 +27,6 @@ from megatron.schedules.seqlen import (
     seq_length_spec,
     seq_length_spec_from_deepspeed,
 )
-from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
 
 SEQLEN_METRICS = {"seqlen_truncate": "truncate", "seqlen_reshape": "split"}
 

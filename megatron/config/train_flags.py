@@ -5,15 +5,12 @@ of a ``--train-samples`` run."""
 import argparse
 from typing import List
 
+from megatron.config.batch_flags import batch_schedule_from_args, train_iterations_from_args
 from megatron.config.data_flags import validate_phase_transitions
 from megatron.config.deepspeed_config import global_batch_from_json
 from megatron.config.parallel_flags import validate_layout_sizes
 from megatron.errors import ArgumentError
-from megatron.schedules.units import (
-    batch_schedule_from_args,
-    parse_step_batch_size_schedule,
-    train_iterations_from_args,
-)
+from megatron.schedules.units import parse_step_batch_size_schedule
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
@@ -162,7 +159,7 @@ def validate_batch(args, world_size: int, notes: List[str]) -> None:
 
 def derive_train_iters(args) -> None:
     """``args.train_iters`` of a ``--train-samples`` run: the whole global batches that fit
-    (megatron/schedules/units.py ``train_iterations_from_args``, rampup aware), after the
+    (megatron/config/batch_flags.py ``train_iterations_from_args``, rampup aware), after the
     ``--train-tokens`` budget; ``--train-iters`` runs keep theirs. Derived last, so the checks
     above still tell an iteration-based run (``--train-iters`` given) from a sample-based one."""
     args.train_iters = train_iterations_from_args(args, batch_schedule_from_args(args))

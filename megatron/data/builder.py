@@ -17,47 +17,48 @@ from megatron.data.blend_config import (
 )
 from megatron.data.curriculum.constituents import resolve_constituents
 from megatron.data.curriculum.dataset import build_blend_config_datasets, build_curriculum_dataset, gpt_epoch_source
+from megatron.data.data_config import DataConfig
 from megatron.data.loss_weights import dataset_loss_weights, parse_dataset_loss_weights
 from megatron.data.mix_resume import MixSources, continue_training_mix, eval_group_counters
 from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
 from megatron.errors import ConfigError
-from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args, train_samples_from_args
+from megatron.schedules.units import batch_schedule, planned_samples, train_iterations
 from megatron.utils.rank_utils import print_rank_0
 
 
-def train_valid_test_num_samples(args) -> Tuple[int, int, int]:
+def train_valid_test_num_samples(config: DataConfig) -> Tuple[int, int, int]:
     """Samples each split must provide: the samples the planned training iterations consume (the
     sum of the batch schedule's global batch sizes over ``train_iters``, which is at most
     ``--train-samples``: a partial last batch is dropped), every evaluation of the validation set
     (``(train_iters // eval_interval + 1) x eval_iters`` global batches), and one test pass."""
-    schedule = batch_schedule_from_args(args)
-    train_iters = train_iterations_from_args(args, schedule)
-    train_samples = train_samples_from_args(args, schedule)
-    evaluations = train_iters // args.eval_interval + 1
-    eval_samples = evaluations * args.eval_iters * args.global_batch_size
-    test_samples = args.eval_iters * args.global_batch_size
+    schedule = batch_schedule(config.batch)
+    train_iters = train_iterations(config.train_iters, config.train_samples, schedule)
+    train_samples = planned_samples(config.train_iters, config.train_samples, schedule)
+    evaluations = train_iters // config.eval_interval + 1
+    eval_samples = evaluations * config.eval_iters * config.global_batch_size
+    test_samples = config.eval_iters * config.global_batch_size
     return train_samples, eval_samples, test_samples
 
 
-def gpt_dataset_config(args, tokenizer) -> GPTDatasetConfig:
+def gpt_dataset_config(config: DataConfig, tokenizer) -> GPTDatasetConfig:
     """megatron-core ``GPTDatasetConfig`` for the static blend given by the data flags."""
-    split_paths = [args.train_data_path, args.valid_data_path, args.test_data_path]
+    split_paths = [config.train_data_path, config.valid_data_path, config.test_data_path]
     blend_per_split = None
     if any(split_paths):
         blend_per_split = [get_blend_from_list(p) if p else None for p in split_paths]
     return GPTDatasetConfig(
-        random_seed=args.seed,
-        sequence_length=args.seq_length,
-        blend=get_blend_from_list(args.data_path) if args.data_path else None,
+        random_seed=config.seed,
+        sequence_length=config.seq_length,
+        blend=get_blend_from_list(config.data_path) if config.data_path else None,
         blend_per_split=blend_per_split,
-        split=None if blend_per_split else args.split,
-        path_to_cache=args.data_cache_path,
+        split=None if blend_per_split else config.split,
+        path_to_cache=config.data_cache_path,
         tokenizer=tokenizer,
-        reset_position_ids=args.reset_position_ids,
-        reset_attention_mask=args.reset_attention_mask,
-        eod_mask_loss=args.eod_mask_loss,
+        reset_position_ids=config.reset_position_ids,
+        reset_attention_mask=config.reset_attention_mask,
+        eod_mask_loss=config.eod_mask_loss,
         create_attention_mask=False,  # --reset-attention-mask: segment_ids (document_segments.py)
         mid_level_dataset_surplus=0.005,
     )
@@ -102,12 +103,14 @@ def check_prefixes_exist(flag: str, paths: Optional[List[str]]) -> None:
         check_all_prefixes([(flag, "", get_blend_from_list(paths)[0])])
 
 
-def check_data_path_prefixes(args) -> None:
+def check_data_path_prefixes(config: DataConfig) -> None:
     """Every prefix of ``--data-path`` and ``--{train,valid,test}-data-path`` (or of the
     data-args files they were read from) readable, or one ConfigError for all that are not."""
-    check_all_prefixes([(data_flag_name(args, dest), "", get_blend_from_list(getattr(args, dest))[0])
+    check_all_prefixes([(data_flag_name(dest, config.data_args_path,
+                                        config.per_split_data_args_path), "",
+                         get_blend_from_list(getattr(config, dest))[0])
                         for dest in ("data_path", "train_data_path", "valid_data_path",
-                                     "test_data_path") if getattr(args, dest)])
+                                     "test_data_path") if getattr(config, dest)])
 
 
 def check_weighted_split_prefixes(groups) -> None:
@@ -118,15 +121,17 @@ def check_weighted_split_prefixes(groups) -> None:
                         for split in ("train", "valid", "test") for group in groups[split]])
 
 
-def data_flag_name(args, dest: str) -> str:
-    """The flag that gave ``args.<dest>`` (``data_path``, ``train_data_path``, ...): the flag
-    itself, or the file flag it was read from (``--data-args-path FILE``,
-    ``--per-split-data-args-path FILE``; megatron/config/data_flags.py)."""
+def data_flag_name(dest: str, data_args_path: Optional[str] = None,
+                   per_split_data_args_path: Optional[str] = None) -> str:
+    """The flag that gave the words of ``dest`` (``data_path``, ``train_data_path``, ...): the
+    flag itself, or the file flag it was read from (``--data-args-path FILE``,
+    ``--per-split-data-args-path FILE``, given as ``data_args_path`` /
+    ``per_split_data_args_path``; megatron/config/data_flags.py)."""
     flag = "--" + dest.replace("_", "-")
-    if dest == "data_path" and getattr(args, "data_args_path", None):
-        return f"--data-args-path {args.data_args_path}"
-    if dest != "data_path" and getattr(args, "per_split_data_args_path", None):
-        return f"--per-split-data-args-path {args.per_split_data_args_path} ({dest.split('_')[0]})"
+    if dest == "data_path" and data_args_path:
+        return f"--data-args-path {data_args_path}"
+    if dest != "data_path" and per_split_data_args_path:
+        return f"--per-split-data-args-path {per_split_data_args_path} ({dest.split('_')[0]})"
     return flag
 
 
@@ -158,7 +163,7 @@ def _eval_groups(valid, test) -> List[EvalGroup]:
             + [EvalGroup(name, ds, "test") for name, ds in test])
 
 
-def gpt_mix_sources(args, kind: str, gpt_config):
+def gpt_mix_sources(config: DataConfig, kind: str, gpt_config):
     """How GPT training datasets are built for the data ledger (megatron/data/mix_resume.py):
     their constituents from the ``.idx`` files, and each one's samples from a one-epoch
     megatron-core ``GPTDataset`` reshuffled per epoch, with a phase's seed."""
@@ -173,21 +178,22 @@ def gpt_mix_sources(args, kind: str, gpt_config):
                                                                            random_seed=seed)
         return gpt_epoch_source(constituent, num_samples, config, "train")
 
-    return MixSources(kind, resolve, make_source, args.data_cache_path, args.data_index_order)
+    return MixSources(kind, resolve, make_source, config.data_cache_path, config.data_index_order)
 
 
-def training_mix(args, sources, blend, resume=None, eval_groups: Sequence[EvalGroup] = ()):
+def training_mix(config: DataConfig, sources, blend, resume=None,
+                 eval_groups: Sequence[EvalGroup] = ()):
     """The run's :class:`~megatron.data.mix_resume.TrainMix` for the training ``blend``: from
     sample 0, or continuing the checkpoint of ``resume`` (``--override-data-mix`` takes an
     edited mix); ``eval_groups`` get their counters (a group new at a resume starts at its first
     window). Notes (the edit's table, groups added or removed) go to the rank-0 log."""
-    schedule = batch_schedule_from_args(args)
-    mix = continue_training_mix(sources, blend, train_valid_test_num_samples(args)[0], schedule,
-                                args.seed, resume)
+    schedule = batch_schedule(config.batch)
+    mix = continue_training_mix(sources, blend, train_valid_test_num_samples(config)[0], schedule,
+                                config.seed, resume)
     record = resume.record if resume is not None else None
     counters, notes = eval_group_counters(record, [(g.split, g.name) for g in eval_groups],
                                           resume.iteration if resume is not None else 0,
-                                          args.eval_interval)
+                                          config.eval_interval)
     for group, counter in zip(eval_groups, counters, strict=True):
         group.first_evaluation = counter.first_evaluation
     mix.eval_groups = counters
@@ -196,12 +202,12 @@ def training_mix(args, sources, blend, resume=None, eval_groups: Sequence[EvalGr
     return mix
 
 
-def training_data(args, mix, blend, eval_groups, train=None) -> TrainData:
+def training_data(config: DataConfig, mix, blend, eval_groups, train=None) -> TrainData:
     """The TrainData of a training mix: its dataset (``train``: it wrapped), names, ledger and
     each dataset's loss weight (``loss_weight`` entries of ``blend`` or
     ``--dataset-loss-weights``, megatron/data/loss_weights.py)."""
     weights = dataset_loss_weights(mix.dataset.constituents, blend,
-                                   parse_dataset_loss_weights(args.dataset_loss_weights))
+                                   parse_dataset_loss_weights(config.dataset_loss_weights))
     if weights is not None:
         print_rank_0("loss weights: " + ", ".join(f"{c.name} {w:g}" for c, w in
                                                     zip(mix.dataset.constituents, weights, strict=True)))
@@ -209,53 +215,68 @@ def training_data(args, mix, blend, eval_groups, train=None) -> TrainData:
                      dataset_names=list(mix.dataset.names), mix=mix, loss_weights=weights)
 
 
-def _weighted_split_data(args, tokenizer, resume=None) -> TrainData:
+def _weighted_split_data(config: DataConfig, tokenizer, resume=None) -> TrainData:
     """``--{train,valid,test}-weighted-split-paths``: one training blend, one eval set per group."""
-    groups = args.weighted_split_groups
+    groups = config.weighted_split_groups
     if len(groups["train"]) > 1:
         names = ", ".join(g.name for g in groups["train"])
         raise WeightedSplitError(f"--train-weighted-split-paths: give one training group (got "
                                  f"{len(groups['train'])}: {names}); put all its items in it")
     check_weighted_split_prefixes(groups)
-    n_train, n_valid, n_test = train_valid_test_num_samples(args)
-    config = gpt_dataset_config(args, tokenizer)
-    schedule = batch_schedule_from_args(args)
-    built = {split: build_weighted_split_datasets(groups[split], n, config, schedule, split,
-                                                  args.data_cache_path, args.data_index_order)
+    n_train, n_valid, n_test = train_valid_test_num_samples(config)
+    gpt_config = gpt_dataset_config(config, tokenizer)
+    schedule = batch_schedule(config.batch)
+    built = {split: build_weighted_split_datasets(groups[split], n, gpt_config, schedule, split,
+                                                  config.data_cache_path, config.data_index_order)
              for split, n in (("valid", n_valid), ("test", n_test)) if groups[split] and n > 0}
     eval_groups = _eval_groups(built.get("valid", []), built.get("test", []))
     if not groups["train"] or n_train <= 0:
         return TrainData(train=None, eval_groups=eval_groups)
     blend = groups["train"][0].to_split_blend("--train-weighted-split-paths")
-    mix = training_mix(args, gpt_mix_sources(args, "weighted_split", config), blend, resume,
-                       eval_groups)
-    return training_data(args, mix, blend, eval_groups)
+    mix = training_mix(config, gpt_mix_sources(config, "weighted_split", gpt_config), blend,
+                       resume, eval_groups)
+    return training_data(config, mix, blend, eval_groups)
 
 
-def _blend_config_data(args, tokenizer, resume=None) -> TrainData:
+def _blend_config_data(config: DataConfig, tokenizer, resume=None) -> TrainData:
     """``--data-blend-config``: a curriculum training set and the file's named eval groups."""
-    config = gpt_dataset_config(args, tokenizer)
+    gpt_config = gpt_dataset_config(config, tokenizer)
     _, valid, test = build_blend_config_datasets(
-        replace(args.data_blend, train=None), train_valid_test_num_samples(args), config,
-        batch_schedule_from_args(args), args.data_cache_path, order=args.data_index_order)
+        replace(config.data_blend, train=None), train_valid_test_num_samples(config), gpt_config,
+        batch_schedule(config.batch), config.data_cache_path, order=config.data_index_order)
     eval_groups = _eval_groups(valid, test)
-    if args.data_blend.train is None or train_valid_test_num_samples(args)[0] <= 0:
+    if config.data_blend.train is None or train_valid_test_num_samples(config)[0] <= 0:
         return TrainData(train=None, eval_groups=eval_groups)
-    mix = training_mix(args, gpt_mix_sources(args, "blend_config", config),
-                       args.data_blend.train, resume, eval_groups)
+    mix = training_mix(config, gpt_mix_sources(config, "blend_config", gpt_config),
+                       config.data_blend.train, resume, eval_groups)
     _print_epochs(mix.dataset)
-    return training_data(args, mix, args.data_blend.train, eval_groups)
+    return training_data(config, mix, config.data_blend.train, eval_groups)
+
+
+EPOCHS_LISTED = 20  # a start-up line lists every dataset's epochs up to this many datasets
+
+
+def epochs_text(epochs: Dict[str, float]) -> str:
+    """``name epochs, ...`` of every dataset, or for more than :data:`EPOCHS_LISTED` the ten drawn
+    most (in epochs) and how many more, and how many of those are not drawn at all: a blend of
+    thousands keeps a one-line summary."""
+    if len(epochs) <= EPOCHS_LISTED:
+        return ", ".join(f"{name} {e:.2f}" for name, e in epochs.items())
+    top = sorted(epochs.items(), key=lambda item: -item[1])[:10]
+    idle = sum(1 for e in epochs.values() if e == 0)
+    return (", ".join(f"{name} {e:.2f}" for name, e in top)
+            + f", ... and {len(epochs) - 10} more ({idle} not drawn)")
 
 
 def _print_epochs(train) -> None:
-    epochs = ", ".join(f"{name} {e:.2f}" for name, e in train.epochs.items())
+    epochs = epochs_text(train.epochs)
     part = (f"samples {train.begin} to {len(train) - 1} of {len(train)} (continuing the data "
             "ledger)" if train.begin else f"{len(train)} training samples")
     print_rank_0(f"curriculum: {part} from {len(train.names)} datasets; epochs drawn by the end: "
                  f"{epochs}")
 
 
-def data_path_blends(args) -> Dict[str, Optional[SplitBlend]]:
+def data_path_blends(config: DataConfig) -> Dict[str, Optional[SplitBlend]]:
     """``{"train"|"valid"|"test": SplitBlend or None}`` of ``--data-path``/``--split`` (each
     split's document range of every prefix, as megatron-core's builder cuts it) or of
     ``--{train,valid,test}-data-path`` (whole files). Without weights a blend of several prefixes
@@ -265,13 +286,13 @@ def data_path_blends(args) -> Dict[str, Optional[SplitBlend]]:
         parse_and_normalize_split,
     )
 
-    if args.data_path:
-        bounds = convert_split_vector_to_split_matrix(parse_and_normalize_split(args.split))
-        sources = {split: (args.data_path, bound)
+    if config.data_path:
+        bounds = convert_split_vector_to_split_matrix(parse_and_normalize_split(config.split))
+        sources = {split: (config.data_path, bound)
                    for split, bound in zip(("train", "valid", "test"), bounds, strict=True)}
         flag = "--data-path"
     else:
-        sources = {split: (getattr(args, f"{split}_data_path"), (0.0, 1.0))
+        sources = {split: (getattr(config, f"{split}_data_path"), (0.0, 1.0))
                    for split in ("train", "valid", "test")}
         flag = None
     out: Dict[str, Optional[SplitBlend]] = {}
@@ -293,43 +314,43 @@ def data_path_blends(args) -> Dict[str, Optional[SplitBlend]]:
             weights = [1.0] * len(prefixes)
             if len(prefixes) > 1:
                 weights = [c.samples_per_epoch for c in
-                           resolve_constituents(blend_of(weights), args.seq_length)]
+                           resolve_constituents(blend_of(weights), config.seq_length)]
         out[split] = blend_of(weights)
     return out
 
 
-def _static_blend_data(args, tokenizer, resume=None) -> TrainData:
+def _static_blend_data(config: DataConfig, tokenizer, resume=None) -> TrainData:
     """``--data-path``/``--split`` or ``--{train,valid,test}-data-path``: Megatron-LM's static
     blends (each split's documents, megatron-core's blending rule and one-epoch GPTDatasets; see
     :func:`data_path_blends`), the training blend with the data ledger."""
-    check_data_path_prefixes(args)
-    if args.data_path:
-        check_split_has_documents(args.data_path, args.split)
-    blends = data_path_blends(args)
-    config = gpt_dataset_config(args, tokenizer)
-    schedule = batch_schedule_from_args(args)
-    n_train, n_valid, n_test = train_valid_test_num_samples(args)
-    eval_groups = [EvalGroup(split, build_curriculum_dataset(blends[split], n, config, schedule,
-                                                             split, args.data_cache_path,
-                                                             order=args.data_index_order), split)
+    check_data_path_prefixes(config)
+    if config.data_path:
+        check_split_has_documents(config.data_path, config.split)
+    blends = data_path_blends(config)
+    gpt_config = gpt_dataset_config(config, tokenizer)
+    schedule = batch_schedule(config.batch)
+    n_train, n_valid, n_test = train_valid_test_num_samples(config)
+    eval_groups = [EvalGroup(split, build_curriculum_dataset(blends[split], n, gpt_config, schedule,
+                                                             split, config.data_cache_path,
+                                                             order=config.data_index_order), split)
                    for split, n in (("valid", n_valid), ("test", n_test))
                    if blends[split] is not None and n > 0]
     if blends["train"] is None or n_train <= 0:
         return TrainData(train=None, eval_groups=eval_groups)
-    mix = training_mix(args, gpt_mix_sources(args, "data_path", config),
+    mix = training_mix(config, gpt_mix_sources(config, "data_path", gpt_config),
                        blends["train"], resume, eval_groups)
-    return training_data(args, mix, blends["train"], eval_groups)
+    return training_data(config, mix, blends["train"], eval_groups)
 
 
-def build_pretraining_data(args, tokenizer, resume=None) -> TrainData:
+def build_pretraining_data(config: DataConfig, tokenizer, resume=None) -> TrainData:
     """Training set and evaluation groups for ``pretrain_gpt.py`` from whichever data flags are
     given (validated to be exactly one kind by ``megatron.config.data_flags``). ``resume``
     (megatron/data/mix_resume.py ``DataResume``): the checkpoint a resumed run continues, whose
     data ledger the training mix continues. With ranks on several hosts the index cache
     directories must be shared first (megatron/data/shared_cache.py)."""
-    require_shared_cache_dirs(index_cache_dirs(args), flag_given=bool(args.data_cache_path))
-    if args.data_blend is not None:
-        return _blend_config_data(args, tokenizer, resume)
-    if any(args.weighted_split_groups.values()):
-        return _weighted_split_data(args, tokenizer, resume)
-    return _static_blend_data(args, tokenizer, resume)
+    require_shared_cache_dirs(index_cache_dirs(config), flag_given=bool(config.data_cache_path))
+    if config.data_blend is not None:
+        return _blend_config_data(config, tokenizer, resume)
+    if any(config.weighted_split_groups.values()):
+        return _weighted_split_data(config, tokenizer, resume)
+    return _static_blend_data(config, tokenizer, resume)

@@ -17,22 +17,26 @@ from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend, short
 from megatron.data.builder import train_valid_test_num_samples, training_data, training_mix
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.dataset import build_mix_dataset
+from megatron.data.data_config import DataConfig
 from megatron.data.mix_ledger import gpt_files_fingerprint
 from megatron.data.mix_resume import MixSources
 from megatron.data.mtf_dataset import MTFDataset, MTFDocumentPair, PackedSamplesOnly, document_range, truncated_lengths
 from megatron.data.train_data import EvalGroup, TrainData
-from megatron.schedules.units import batch_schedule_from_args
+from megatron.data.weighted_splits import WeightedSplitGroup
+from megatron.schedules.units import batch_schedule
 
 # (weight, start, end, prefix)
 SplitItem = Tuple[float, float, float, str]
 
 
-def weighted_split_groups(args, split: str) -> List[Tuple[str, List[SplitItem]]]:
-    """The named groups of ``--{split}-weighted-split-paths`` (or ``...-path FILE``), parsed by
-    ``megatron.config.data_flags`` (megatron/data/weighted_splits.py), as (name, [(weight, start, end,
-    prefix)]). Files are checked per inputs/targets pair by MTFDocumentPair."""
+def weighted_split_groups(groups: Dict[str, List[WeightedSplitGroup]],
+                          split: str) -> List[Tuple[str, List[SplitItem]]]:
+    """The named groups of ``--{split}-weighted-split-paths`` (or ``...-path FILE``) of ``groups``
+    (``DataConfig.weighted_split_groups``, parsed by ``megatron.config.data_flags``:
+    megatron/data/weighted_splits.py), as (name, [(weight, start, end, prefix)]). Files are
+    checked per inputs/targets pair by MTFDocumentPair."""
     return [(g.name, [(it.weight, it.start, it.end, it.prefix) for it in g.items])
-            for g in args.weighted_split_groups[split]]
+            for g in groups[split]]
 
 
 def items_blend(items: Sequence[SplitItem], name: str, where: str) -> SplitBlend:
@@ -75,7 +79,7 @@ def resolve_mtf_constituents(blend: SplitBlend, seq_length: int,
     return out
 
 
-def mtf_mix_sources(args, tokenizer, kind: str = "t0"):
+def mtf_mix_sources(config: DataConfig, tokenizer, kind: str = "t0"):
     """How T0 datasets are built (megatron/data/mix_resume.py ``MixSources``): packed
     :class:`MTFDataset` samples (every epoch its own shuffle and packing, so sample ``k`` is the
     same whatever a run draws), padded with the tokenizer's pad id (its eod when it has none)."""
@@ -83,48 +87,49 @@ def mtf_mix_sources(args, tokenizer, kind: str = "t0"):
     pairs: Dict[str, MTFDocumentPair] = {}
 
     def make_source(c: Constituent, num_samples: int, seed: int) -> MTFDataset:
-        cache = args.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(c.path)), "cache")
-        return MTFDataset(c.name, c.path, args.seq_length, max(num_samples, 1), seed,
+        cache = config.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(c.path)), "cache")
+        return MTFDataset(c.name, c.path, config.seq_length, max(num_samples, 1), seed,
                           doc_range=c.split, cache_dir=cache, pad_id=pad_id,
-                          prefix_lm=args.prefix_lm, loss_on_targets_only=args.loss_on_targets_only,
-                          norm_target_loss=args.norm_target_loss, pair=pairs.get(c.path))
+                          prefix_lm=config.prefix_lm, loss_on_targets_only=config.loss_on_targets_only,
+                          norm_target_loss=config.norm_target_loss, pair=pairs.get(c.path))
 
-    return MixSources(kind, lambda blend: resolve_mtf_constituents(blend, args.seq_length, pairs),
-                      make_source, args.data_cache_path, args.data_index_order)
+    return MixSources(kind, lambda blend: resolve_mtf_constituents(blend, config.seq_length, pairs),
+                      make_source, config.data_cache_path, config.data_index_order)
 
 
-def build_group_dataset(args, tokenizer, name: str, items: Sequence[SplitItem], num_samples: int,
-                        split: str = "valid") -> PackedSamplesOnly:
+def build_group_dataset(config: DataConfig, tokenizer, name: str, items: Sequence[SplitItem],
+                        num_samples: int, split: str = "valid") -> PackedSamplesOnly:
     """An evaluation group: the weighted blend of its packed MTF items, ``num_samples`` long."""
-    sources = mtf_mix_sources(args, tokenizer)
+    sources = mtf_mix_sources(config, tokenizer)
     blend = items_blend(items, name, f"--{split}-weighted-split-paths group {name!r}")
     dataset = build_mix_dataset(blend, sources.resolve(blend), num_samples,
-                                batch_schedule_from_args(args), args.seed,
-                                lambda c, n: sources.make_source(c, n, args.seed),
-                                args.data_cache_path, order=args.data_index_order)
+                                batch_schedule(config.batch), config.seed,
+                                lambda c, n: sources.make_source(c, n, config.seed),
+                                config.data_cache_path, order=config.data_index_order)
     return PackedSamplesOnly(dataset)
 
 
-def build_mtf_data(args, tokenizer, resume=None) -> TrainData:
+def build_mtf_data(config: DataConfig, tokenizer, resume=None) -> TrainData:
     """Train: the blend of all ``--train-weighted-split-paths`` items (by weight), with per-dataset
     ids for the per-dataset loss and the data ledger (``resume``: the checkpoint a resumed run
     continues, megatron/data/mix_resume.py ``DataResume``); one named EvalGroup per
     ``--valid-weighted-split-paths`` (and ``--test-...``) group. Reads the T0 flags
     ``--prefix-lm``, ``--loss-on-targets-only`` and ``--norm-target-loss`` (finetune_t0.py)."""
-    train_samples, valid_samples, test_samples = train_valid_test_num_samples(args)
+    train_samples, valid_samples, test_samples = train_valid_test_num_samples(config)
     eval_groups = []
     for split, count in (("valid", valid_samples), ("test", test_samples)):
         if count <= 0:
             continue
-        for name, items in weighted_split_groups(args, split):
-            eval_groups.append(EvalGroup(name, build_group_dataset(args, tokenizer, name, items,
+        for name, items in weighted_split_groups(config.weighted_split_groups, split):
+            eval_groups.append(EvalGroup(name, build_group_dataset(config, tokenizer, name, items,
                                                                    count, split), split))
-    train_items = [item for _, items in weighted_split_groups(args, "train") for item in items]
+    train_items = [item for _, items in weighted_split_groups(config.weighted_split_groups, "train")
+                   for item in items]
     if not train_items or train_samples <= 0:
         return TrainData(train=None, eval_groups=eval_groups)
     blend = items_blend(train_items, "train", "--train-weighted-split-paths")
-    mix = training_mix(args, mtf_mix_sources(args, tokenizer), blend, resume, eval_groups)
-    return training_data(args, mix, blend, eval_groups, train=PackedSamplesOnly(mix.dataset))
+    mix = training_mix(config, mtf_mix_sources(config, tokenizer), blend, resume, eval_groups)
+    return training_data(config, mix, blend, eval_groups, train=PackedSamplesOnly(mix.dataset))
 
 
 __all__ = ["weighted_split_groups", "items_blend", "resolve_mtf_constituents", "mtf_mix_sources",

@@ -1,5 +1,4 @@
-"""Multi-node runs: the dataset index caches must be on a filesystem every rank sees; and the
-other ranks wait for rank 0's build on a file there, not at a collective.
+"""Multi-node runs: the dataset index caches must be on a filesystem every rank sees.
 
 megatron-core's ``GPTDataset`` (every pretraining dataset here: static blends, curriculum
 constituents, weighted splits) builds its document/sample/shuffle indices on global rank 0 and
@@ -19,45 +18,43 @@ import os
 import socket
 import time
 import uuid
-from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
+from megatron.data.data_config import DataConfig
 from megatron.errors import ConfigError
 
 MARKER_PREFIX = ".shared-cache-check-"
-READY_PREFIX = ".built-by-rank-0-"
-WAIT_REPORT_S = 30.0  # a waiting rank says so this often
 VISIBILITY_WAIT_S = 3.0  # network filesystems may show a new file a moment late
 # megatron-core's GPTDataset default when no cache path is given
 DEFAULT_CACHE_SUBDIR = os.path.join("cache", "GPTDataset_indices")
 
 
-def dataset_prefixes(args) -> List[str]:
+def dataset_prefixes(config: DataConfig) -> List[str]:
     """Every ``.bin``/``.idx`` prefix the pretraining data flags name (static blends, the blend
     file, weighted split groups), in order, without repeats."""
     from megatron.core.datasets.utils import get_blend_from_list
 
     prefixes: List[str] = []
     for flag in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
-        paths = getattr(args, flag, None)
+        paths = getattr(config, flag)
         if paths:
             prefixes += get_blend_from_list(paths)[0]
-    blend = args.data_blend
+    blend = config.data_blend
     if blend is not None:
         for split in ([blend.train] if blend.train is not None else []) + list(blend.valid) + list(blend.test):
             prefixes += [entry.path for stage in split.stages for entry in stage.entries]
-    for groups in (args.weighted_split_groups or {}).values():
+    for groups in (config.weighted_split_groups or {}).values():
         prefixes += [item.prefix for group in groups for item in group.items]
     return list(dict.fromkeys(prefixes))
 
 
-def index_cache_dirs(args) -> List[str]:
+def index_cache_dirs(config: DataConfig) -> List[str]:
     """The directories megatron-core caches this run's dataset indices in: ``--data-cache-path``,
     or its default beside each data prefix."""
-    if args.data_cache_path:
-        return [os.path.abspath(args.data_cache_path)]
+    if config.data_cache_path:
+        return [os.path.abspath(config.data_cache_path)]
     return list(dict.fromkeys(os.path.abspath(os.path.join(prefix, DEFAULT_CACHE_SUBDIR))
-                              for prefix in dataset_prefixes(args)))
+                              for prefix in dataset_prefixes(config)))
 
 
 def _rank_ranges(ranks: Sequence[int]) -> str:
@@ -147,69 +144,3 @@ def require_shared_cache_dirs(directories: Iterable[str], flag_given: bool,
     if error:
         raise ConfigError(error)
 
-
-def _wait_for_rank0(ready: str, what: str, rank: int, report_s: float) -> None:
-    """Block until rank 0 publishes ``ready`` (or ``ready + '.failed'``, then raise with its
-    text); rank 1 says every ``report_s`` seconds that it waits."""
-    start = last = time.monotonic()
-    while not os.path.exists(ready):
-        failed = ready + ".failed"
-        if os.path.exists(failed):
-            with open(failed) as f:
-                raise RuntimeError(f"{what}: rank 0 failed to build the data indices: {f.read()}")
-        now = time.monotonic()
-        if rank == 1 and now - last >= report_s:
-            last = now
-            print(f"data: {what}: ranks 1+ wait for rank 0 to build the data indices "
-                  f"({now - start:.0f} s so far; a file wait, no collective timeout)", flush=True)
-        time.sleep(0.2)
-
-
-@contextmanager
-def rank0_builds_first(cache_dir: Optional[str], what: str,
-                       report_s: float = WAIT_REPORT_S) -> Iterator[int]:
-    """Run the body on global rank 0 first, then on every other rank (which reads what rank 0
-    cached in ``cache_dir``); yields this rank. The other ranks wait for a file rank 0 writes
-    into ``cache_dir`` when its body is done, not at a collective, so a build longer than the
-    process group's timeout (10 to 30 minutes) fails no rank; a body that fails on rank 0 writes
-    its error there for the others to raise. Without ``cache_dir``, or without torch.distributed,
-    a barrier orders them."""
-    import torch
-
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    rank = torch.distributed.get_rank() if distributed else 0
-    if not distributed or torch.distributed.get_world_size() == 1:
-        yield rank
-        return
-    if not cache_dir:
-        if rank != 0:
-            torch.distributed.barrier()
-        try:
-            yield rank
-        finally:
-            if rank == 0:
-                torch.distributed.barrier()
-        return
-    token = [uuid.uuid4().hex if rank == 0 else None]
-    torch.distributed.broadcast_object_list(token, src=0)  # quick: before the long build
-    ready = os.path.join(cache_dir, READY_PREFIX + token[0])
-    if rank != 0:
-        _wait_for_rank0(ready, what, rank, report_s)
-        yield rank
-    else:
-        os.makedirs(cache_dir, exist_ok=True)
-        try:
-            yield rank
-        except BaseException as exc:
-            with open(ready + ".failed", "w") as f:
-                f.write(f"{type(exc).__name__}: {exc}")
-            raise
-        with open(ready, "w"):
-            pass
-    torch.distributed.barrier()  # every rank past the wait: the marker can go
-    if rank == 0:
-        for path in (ready, ready + ".failed"):
-            try:
-                os.remove(path)
-            except OSError:
-                pass

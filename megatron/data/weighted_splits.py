@@ -25,7 +25,7 @@ from megatron.errors import ConfigError
 
 __all__ = [
     "WeightedSplitError", "WeightedSplitItem", "WeightedSplitGroup", "parse_weighted_split_group",
-    "parse_weighted_split_paths", "read_weighted_split_paths_file", "weighted_split_groups_from_args",
+    "parse_weighted_split_paths", "read_weighted_split_paths_file", "parse_weighted_split_flags",
     "build_weighted_split_datasets",
 ]
 
@@ -132,11 +132,12 @@ def parse_weighted_split_group(text: str, flag: str = "--train-weighted-split-pa
     return WeightedSplitGroup(name, tuple(items))
 
 
-def parse_weighted_split_paths(args: Optional[Sequence[str]], flag: str,
+def parse_weighted_split_paths(texts: Optional[Sequence[str]], flag: str,
                                check_files: bool = True) -> List[WeightedSplitGroup]:
-    """All groups of one flag (each argument one group); group names must be unique."""
+    """All groups of one flag (each of ``texts``, the flag's arguments, one group); group names
+    must be unique."""
     groups, names = [], {}
-    for text in args or []:
+    for text in texts or []:
         group = parse_weighted_split_group(text, flag, check_files)
         if group.name in names:
             raise WeightedSplitError(f"{flag}: group name {group.name!r} is used twice "
@@ -170,14 +171,17 @@ def read_weighted_split_paths_file(path: str, flag: str) -> List[str]:
     return texts
 
 
-def weighted_split_groups_from_args(args, check_files: bool = True) -> Dict[str, List[WeightedSplitGroup]]:
-    """``{"train": [...], "valid": [...], "test": [...]}`` from ``args.{split}_weighted_split_paths``
-    or ``args.{split}_weighted_split_paths_path`` (mutually exclusive)."""
+def parse_weighted_split_flags(paths: Dict[str, Optional[Sequence[str]]],
+                               files: Dict[str, Optional[str]],
+                               check_files: bool = True) -> Dict[str, List[WeightedSplitGroup]]:
+    """``{"train": [...], "valid": [...], "test": [...]}`` from each split's
+    ``--{split}-weighted-split-paths`` texts (``paths[split]``) or its
+    ``--{split}-weighted-split-paths-path`` FILE (``files[split]``; mutually exclusive)."""
     out = {}
     for split in ("train", "valid", "test"):
         flag = f"--{split}-weighted-split-paths"
-        texts = list(getattr(args, f"{split}_weighted_split_paths", None) or [])
-        file_path = getattr(args, f"{split}_weighted_split_paths_path", None)
+        texts = list(paths.get(split) or [])
+        file_path = files.get(split)
         if file_path:
             if texts:
                 raise WeightedSplitError(f"{flag} and {flag}-path are mutually exclusive")

@@ -18,7 +18,6 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from megatron.schedules.seqlen_plan import SeqLengthPlan
-from megatron.utils.typed_config import config_from_args
 
 UNITS = ("iterations", "samples", "tokens")
 _RAMP_TABLES: dict = {}
@@ -274,22 +273,6 @@ def planned_samples(train_iters: Optional[int], train_samples: Optional[int],
         train_iterations(train_iters, train_samples, batch_schedule))
 
 
-def train_iterations_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
-    """:func:`train_iterations` (iterations) of the validated flags ``--train-iters`` /
-    ``--train-samples``. Kept for megatron/data/, which still reads the flags (issue 42)."""
-    if args.train_iters is not None:
-        return int(args.train_iters)
-    schedule = batch_schedule or batch_schedule_from_args(args)
-    return train_iterations(None, args.train_samples, schedule)
-
-
-def train_samples_from_args(args, batch_schedule: Optional[BatchSchedule] = None) -> int:
-    """:func:`planned_samples` (samples) of the validated flags ``--train-iters`` /
-    ``--train-samples``. Kept for megatron/data/, which still reads the flags (issue 42)."""
-    schedule = batch_schedule or batch_schedule_from_args(args)
-    return planned_samples(args.train_iters, args.train_samples, schedule)
-
-
 @dataclass(frozen=True)
 class BatchConfig:
     """The batch flags after validation (fields are their argparse dests): ``--global-batch-size``
@@ -316,16 +299,6 @@ def batch_schedule(config: BatchConfig) -> BatchSchedule:
         steps=tuple(tuple(step) for step in steps) if steps else None,
         seq_plan=config.seq_length_plan,
     )
-
-
-def batch_schedule_from_args(args) -> BatchSchedule:
-    """:func:`batch_schedule` of the validated flags in ``args`` (a namespace without one of
-    :class:`BatchConfig`'s fields is a ConfigError naming it). Kept for megatron/data/, which
-    still reads the flags (issue 42); the other layers take :class:`BatchConfig`."""
-    # the plan is derived by validation (megatron/config/seqlen_flags.py), not a flag: a namespace
-    # from before that check (or a tool's) has none
-    return batch_schedule(config_from_args(BatchConfig, args,
-                                           seq_length_plan=getattr(args, "seq_length_plan", None)))
 
 
 _SUFFIXES = {"K": 10 ** 3, "M": 10 ** 6, "B": 10 ** 9, "T": 10 ** 12}

@@ -19,12 +19,12 @@ from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from helpers.flags import tiny_run_flags
 from helpers.paths import ROOT
 from megatron.config.arguments import validate_args
+from megatron.config.data_flags import weighted_split_groups_from_args
 from megatron.config.parser import get_parser, parse_args
 from megatron.data.blend_config import load_blend_config, parse_blend_config
 from megatron.data.weighted_splits import (
     parse_weighted_split_group,
     parse_weighted_split_paths,
-    weighted_split_groups_from_args,
 )
 from megatron.errors import ArgumentError, ConfigError
 
@@ -454,7 +454,7 @@ def test_weighted_split_two_training_groups():
     assert [g.name for g in args.weighted_split_groups["train"]] == \
         [g.name for g in parse(["A: 1 0:1 a", "B: 1 0:1 b"], "--train-weighted-split-paths",
                                check_files=False)]
-    _raises(ConfigError, lambda: build_pretraining_data(args, None),
+    _raises(ConfigError, lambda: build_pretraining_data(args.run_config.data, None),
             "--train-weighted-split-paths: give one training group (got 2: A, B)")
 
 

@@ -54,16 +54,16 @@ def test_extra_flags_defaults():
 
 def test_weighted_split_groups(tmp_path):
     from helpers.flags import parsed
+    from megatron.config.data_flags import weighted_split_groups_from_args
     from megatron.data import mtf_builder
-    from megatron.data.weighted_splits import weighted_split_groups_from_args
 
     args = parsed(["--train-weighted-split-paths", "TRAIN: 0.3 0:0.95 data/a, 0.7 0:0.95 data/b",
                    "--valid-weighted-split-paths", "VA: 1 0.95:1 data/a", "VB: 1 0.95:1 data/b"],
                   extra_args_provider=finetune_t0.extra_args_provider)
-    args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
-    assert mtf_builder.weighted_split_groups(args, "train") == [
+    groups = weighted_split_groups_from_args(args, check_files=False)
+    assert mtf_builder.weighted_split_groups(groups, "train") == [
         ("TRAIN", [(0.3, 0.0, 0.95, "data/a"), (0.7, 0.0, 0.95, "data/b")])]
-    assert [g[0] for g in mtf_builder.weighted_split_groups(args, "valid")] == ["VA", "VB"]
+    assert [g[0] for g in mtf_builder.weighted_split_groups(groups, "valid")] == ["VA", "VB"]
 
 
 def test_bad_group_is_named(toy, tmp_path):

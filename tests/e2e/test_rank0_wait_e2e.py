@@ -1,5 +1,5 @@
 """Rank 0 builds the data indices while the other ranks wait on a file in the cache, not at a
-collective (megatron/data/shared_cache.py ``rank0_builds_first``): two gloo ranks whose process
+collective (megatron/data/rank0_first.py ``rank0_builds_first``): two gloo ranks whose process
 group times out after 2 s, rank 0 building for 4 s (a barrier, as before, times out there). The
 file wait passes; a build that fails on rank 0 is raised on rank 1 with its text."""
 import datetime
@@ -18,7 +18,7 @@ BUILD_S = 4.0  # twice the process group's timeout
 def _rank(rank: int, store: str, cache, mode: str, out: str) -> None:
     import torch.distributed as dist
 
-    from megatron.data.shared_cache import rank0_builds_first
+    from megatron.data.rank0_first import rank0_builds_first
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=2))

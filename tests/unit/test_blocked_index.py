@@ -298,3 +298,14 @@ def test_a_resume_keeps_its_checkpoints_order_and_another_is_an_edit():
                               edited.dataset.dataset_sample_index])
     for d in range(2):
         np.testing.assert_array_equal(samples[ids == d], np.arange((ids == d).sum()))
+
+
+def test_the_start_up_epochs_line_of_thousands_of_datasets_stays_short():
+    from megatron.data.builder import epochs_text
+
+    few = {"web": 0.25, "code": 1.5}
+    assert epochs_text(few) == "web 0.25, code 1.50"
+    many = {f"ds{d:04d}": (4096 - d) / 1000 if d < 100 else 0.0 for d in range(4096)}
+    text = epochs_text(many)
+    assert text.startswith("ds0000 4.10, ds0001 4.09") and text.endswith("... and 4086 more (3996 not drawn)")
+    assert len(text) < 300

@@ -189,7 +189,7 @@ def _pretraining_args(corpora, cache, steps, tmp_path, extra=()):
                        "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size",
                        "8", "--train-samples", "80", "--lr", "1e-3",
                        "--step-batch-size-schedule", steps, "--data-blend-config", str(blend),
-                       "--data-cache-path", str(cache), "--eval-iters", "0", *extra])
+                       "--data-cache-path", str(cache), "--eval-iters", "0", *extra]).run_config.data
 
 
 def _drawn(corpora, cache, steps, tmp_path):

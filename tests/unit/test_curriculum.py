@@ -594,12 +594,12 @@ def test_data_path_blends_are_megatron_cores_within_an_epoch(data, tmp_path):
                        "--eval-iters", "1", "--data-path", "0.3", data["a"], "0.7", data["b"],
                        "--split", "80,15,5", "--data-cache-path", str(tmp_path / "cache")])
     tokenizer = ByteLevelTokenizer()
-    ours = build_pretraining_data(args, tokenizer)
+    ours = build_pretraining_data(args.run_config.data, tokenizer)
     assert ours.mix is not None and ours.dataset_names == ["a", "b"]
     assert max(ours.train.epochs.values()) < 1
-    sizes = train_valid_test_num_samples(args)
+    sizes = train_valid_test_num_samples(args.run_config.data)
     ref = BlendedMegatronDatasetBuilder(GPTDataset, list(sizes), lambda: True,
-                                        gpt_dataset_config(args, tokenizer)).build()
+                                        gpt_dataset_config(args.run_config.data, tokenizer)).build()
     groups = {g.name: g.dataset for g in ours.eval_groups}
     assert sorted(groups) == ["test", "valid"]
     for mine, theirs, n in ((ours.train, ref[0], sizes[0]), (groups["valid"], ref[1], sizes[1]),
@@ -646,12 +646,12 @@ def test_split_shorter_than_one_sample_spans_passes_as_megatron_core(tmp_path):
                        "--eval-iters", "1", "--data-path", prefix, "--split", "949,50,1",
                        "--data-cache-path", str(tmp_path / "cache")])
     tokenizer = ByteLevelTokenizer()
-    ours = build_pretraining_data(args, tokenizer)
+    ours = build_pretraining_data(args.run_config.data, tokenizer)
     test = {g.name: g.dataset for g in ours.eval_groups}["test"]
     c = test.constituents[0]
     assert (c.doc_begin, c.doc_end, c.tokens, c.passes, c.samples_per_epoch) == (599, 600, 7, 3, 1)
     ref = BlendedMegatronDatasetBuilder(GPTDataset, [1, 1, 1], lambda: True,
-                                        gpt_dataset_config(args, tokenizer)).build()[2]
+                                        gpt_dataset_config(args.run_config.data, tokenizer)).build()[2]
     assert len(ref) == 1 and torch.equal(test[0]["tokens"], ref[0]["tokens"])
     low_level = IndexedDataset(prefix)  # kept: its tokens are views of its memory map
     tokens = low_level.get(599)

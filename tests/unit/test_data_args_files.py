@@ -39,7 +39,7 @@ def test_data_args_path_is_data_path(corpora, tmp_path):
     by_file = parse(["--data-args-path", str(path)], base=BASE)
     by_flag = parse(["--data-path"] + words, base=BASE)
     assert by_file.data_path == by_flag.data_path == words
-    assert data_path_blends(by_file) == data_path_blends(by_flag)
+    assert data_path_blends(by_file.run_config.data) == data_path_blends(by_flag.run_config.data)
 
 
 def test_data_args_path_errors(corpora, tmp_path):
@@ -82,7 +82,7 @@ def test_per_split_data_args_path(corpora, tmp_path):
                      "--valid-data-path", "1", corpora[2]], base=BASE)
     assert by_file.train_data_path == by_flag.train_data_path
     assert by_file.valid_data_path == ["1", corpora[2]] and by_file.test_data_path is None
-    assert data_path_blends(by_file) == data_path_blends(by_flag)
+    assert data_path_blends(by_file.run_config.data) == data_path_blends(by_flag.run_config.data)
 
 
 @pytest.mark.parametrize("content, needles", [
@@ -120,8 +120,8 @@ def test_thousand_prefix_data_path(tmp_path):
     args = parse(["--data-path"] + words, base=BASE)
     by_file = parse(["--data-args-path", str(tmp_path / "args.txt")], base=BASE)
     assert by_file.data_path == args.data_path == words
-    check_data_path_prefixes(args)
-    blend = data_path_blends(args)["train"]
+    check_data_path_prefixes(args.run_config.data)
+    blend = data_path_blends(args.run_config.data)["train"]
     assert [e.weight for e in blend.stages[0].entries] == [float(1 + k % 5) for k in range(1024)]
     constituents = resolve_constituents(blend, 16)
     assert [c.path for c in constituents] == prefixes
@@ -130,7 +130,7 @@ def test_thousand_prefix_data_path(tmp_path):
         for ext in (".bin", ".idx"):
             os.remove(prefixes[k] + ext)
     with pytest.raises(ConfigError) as info:
-        check_data_path_prefixes(by_file)
+        check_data_path_prefixes(by_file.run_config.data)
     msg = str(info.value)
     assert msg.startswith(f"--data-args-path {tmp_path / 'args.txt'}: 342 dataset prefixes"), msg
     assert "shard_0000_text_document" in msg and "shard_0012_text_document" in msg

@@ -2,6 +2,8 @@
 (from any resume point), the curriculum dataset is rebuilt identically from the same flags, and
 creating the training iterator draws nothing from torch's global generator. The runs killed with
 SIGKILL and resumed (bitwise the same records) are in tests/e2e/test_exact_resume_e2e.py."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -40,9 +42,10 @@ def test_blended_dataset_index_is_independent_of_world(tmp_path, dist_group):
     datasets = []
     for run in ("a", "b"):
         args = parse_args(pretrain_flags(data, tmp_path / run))
-        args.data_cache_path = str(tmp_path / f"cache_{run}")  # built from scratch each time
+        # built from scratch each time
+        config = dataclasses.replace(args.run_config.data, data_cache_path=str(tmp_path / f"cache_{run}"))
         args.tokenizer = tokenizer_setup_from_args(args).tokenizer
-        datasets.append(build_pretraining_data(args, args.tokenizer).train)
+        datasets.append(build_pretraining_data(config, args.tokenizer).train)
     a, b = datasets
     assert len(a) == len(b)
     for i in range(0, 8 * TRAIN_ITERS):

@@ -347,7 +347,7 @@ def test_step_schedule_parsed_as_megatron_lm():
 def test_step_schedule_drives_the_batch_of_every_iteration():
     """The batch of each iteration, and the samples consumed, equal a loop over Megatron-LM's
     calculator (update_num_microbatches(consumed) before each step)."""
-    from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
+    from megatron.config.batch_flags import batch_schedule_from_args, train_iterations_from_args
 
     base = [a for a in TINY_RUN if a not in ("--train-iters", "10")]
     args = parse(["--step-batch-size-schedule", "0:4 1.2K:8 2.4K:16", "--train-samples", "400"],

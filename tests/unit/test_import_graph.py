@@ -245,3 +245,55 @@ def test_no_module_takes_a_name_megatron_core_installs_in_the_namespace():
             for p in (ROOT_PATH / "megatron").iterdir() if not p.name.startswith((".", "__"))}
     assert not ours & reserved, sorted(ours & reserved)
     assert not (ROOT_PATH / "megatron" / "__init__.py").exists()  # a namespace package
+
+
+# Below megatron/config/ no module takes or reads the parsed flags (an argparse.Namespace named
+# ``args``): typed configs are built from them in megatron/config/run_config.py and passed down.
+BELOW_CONFIG = ("megatron.errors", "megatron.utils", "megatron.runtime", "megatron.schedules",
+                "megatron.tokenizer", "megatron.data", "megatron.parallel", "megatron.model",
+                "megatron.checkpoint", "megatron.optim", "megatron.metrics")
+# module -> why it may take or read ``args``
+ARGS_ALLOWED = {
+    "megatron.utils.typed_config": "config_from_args is the one bridge from the parsed flags to a "
+                                   "typed config; only megatron/config/ and above call it",
+}
+
+
+def args_uses(source: str) -> List[str]:
+    """``line N: ...`` for every function parameter named ``args`` and every ``args.<attr>`` of
+    ``source``. A ``*args`` pass-through (positional arguments handed on, not the flags) and an
+    exception's ``e.args`` are not counted."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            for param in a.posonlyargs + a.args + a.kwonlyargs + ([a.kwarg] if a.kwarg else []):
+                if param.arg == "args":
+                    found.append(f"line {node.lineno}: {getattr(node, 'name', 'lambda')}(args)")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "args":
+            found.append(f"line {node.lineno}: args.{node.attr}")
+    return sorted(found)
+
+
+def test_the_args_walk_sees_a_parameter_and_a_read_but_not_a_pass_through():
+    source = ("def f(x, args):\n    return args.seed\n"
+              "def g(*args, **kwargs):\n    return h(*args)\n"
+              "def k(e):\n    return e.args\n")
+    assert args_uses(source) == ["line 1: f(args)", "line 2: args.seed"]
+
+
+def test_no_module_below_config_reads_the_parsed_flags():
+    modules = _module_files()
+    below = {m: p for m, p in modules.items() if _within(m, BELOW_CONFIG)}
+    allowed = dict(ARGS_ALLOWED)
+    offenders = {m: args_uses(p.read_text()) for m, p in sorted(below.items())}
+    offenders = {m: uses for m, uses in offenders.items() if uses}
+    unexpected = {m: uses for m, uses in offenders.items() if m not in allowed}
+    assert not unexpected, (
+        "modules below megatron/config/ take or read the parsed flags (pass a typed config, "
+        "megatron/config/run_config.py): " + "; ".join(
+            f"{m} ({', '.join(uses[:3])}{', ...' if len(uses) > 3 else ''})"
+            for m, uses in unexpected.items()))
+    stale = sorted(m for m in allowed if m not in offenders)
+    assert not stale, f"allowed to read args but no longer do (remove them from the lists): {stale}"

@@ -335,7 +335,7 @@ def test_bad_flags():
            "--start-weight-decay 0.0 --end-weight-decay 0.1 --rampup-batch-size 4 4 60"]))
 def test_round_trip_at_any_iteration(split, flags):
     args = make_args("--global-batch-size 16 --train-iters 40", flags)
-    from megatron.schedules.units import batch_schedule_from_args
+    from megatron.config.batch_flags import batch_schedule_from_args
     bs = batch_schedule_from_args(args)
     batches = [int(b) for b in bs.batch_sizes_at_iterations(np.arange(40))]
     opt = dummy_optimizer()

@@ -352,7 +352,7 @@ def test_t0_blend_follows_megatron_cores_rule_and_tags_dataset_id(tmp_path, dist
     a, _ = make_pairs(tmp_path, name="a")
     b, _ = make_pairs(tmp_path, seed=1, name="b")
     args = _t0_args(tmp_path, f"T: 1 0:1 {a}, 3 0:1 {b}")
-    data = build_mtf_data(args, args.tokenizer)
+    data = build_mtf_data(args.run_config.data, args.tokenizer)
     train = data.train
     assert len(train) == 40 and data.dataset_names == ["a", "b"]
     ref_index, ref_sample = megatron_blend_indices([1, 3], 40)

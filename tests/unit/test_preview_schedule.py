@@ -11,9 +11,9 @@ import torch
 
 from helpers.flags import TINY_SCHEDULE as BASE
 from helpers.paths import ROOT
+from megatron.config.batch_flags import batch_schedule_from_args, train_iterations_from_args
 from megatron.config.parser import parse_args
 from megatron.optim.learning_rates import build_opt_param_scheduler
-from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import preview_schedule  # noqa: E402
@@ -116,7 +116,7 @@ def test_preview_mixture_is_the_training_index(tmp_path, demo_data, dist_group):
 
     train_args = parse_args(flags, world_size=1)
     train_args.tokenizer = tokenizer_setup_from_args(train_args).tokenizer
-    train = build_pretraining_data(train_args, train_args.tokenizer).train
+    train = build_pretraining_data(train_args.run_config.data, train_args.tokenizer).train
     ids = np.asarray(train.index.dataset_index[: 30 * 8]).reshape(30, 8)
     for d, name in enumerate(train.names):
         assert data["mixture"][name] == pytest.approx((ids == d).mean(axis=1).tolist())

@@ -46,7 +46,7 @@ def microsoft_stop_iteration(args_train_iters, train_samples, train_tokens, seq_
 ], ids=["samples", "iters", "samples-rampup", "batch-6"])
 @pytest.mark.parametrize("train_tokens", [1, 64 * 8, 64 * 8 + 1, 10_000, 40_000])
 def test_train_tokens_stops_where_microsofts_loop_stops(length, extra, train_tokens):
-    from megatron.schedules.units import batch_schedule_from_args, train_iterations_from_args
+    from megatron.config.batch_flags import batch_schedule_from_args, train_iterations_from_args
 
     args = _args(*length, *extra, "--train-tokens", str(train_tokens))
     bs = batch_schedule_from_args(args)

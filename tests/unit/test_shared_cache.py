@@ -6,10 +6,11 @@ from megatron.data.shared_cache import MARKER_PREFIX, index_cache_dirs, require_
 
 
 def _args(tmp_path, *extra):
+    """The data config of the tiny run's validated flags with ``extra``."""
     from megatron.config.parser import parse_args
     return parse_args(["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
                        "--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1",
-                       "--lr", "1e-3", *extra], require_data=False)
+                       "--lr", "1e-3", *extra], require_data=False).run_config.data
 
 
 def test_cache_dirs_are_the_flag_or_megatron_cores_default_beside_each_prefix(tmp_path):
@@ -60,7 +61,7 @@ def test_the_collective_check_passes_on_a_shared_directory_and_leaves_no_marker(
 
 
 def test_one_process_runs_the_body_alone():
-    from megatron.data.shared_cache import rank0_builds_first
+    from megatron.data.rank0_first import rank0_builds_first
 
     ran = []
     with rank0_builds_first("/nonexistent", "train") as rank:  # one rank: the body, no wait

@@ -119,7 +119,7 @@ def _args(train_samples, gbs, rampup, seq=16, **extra):
 
 
 def test_train_samples_round_down_as_megatron_lm():
-    from megatron.schedules.units import train_iterations_from_args
+    from megatron.config.batch_flags import train_iterations_from_args
     assert train_iterations_from_args(_args(128017, 64, None)) == 2000   # not 2001
     assert train_iterations_from_args(_args(10, 4, None)) == 2
     for rampup, gbs in (((4, 4, 100), 16), ((192, 16, 9_765_625), 2048), ((256, 256, 30_000_000), 1024)):
@@ -135,7 +135,7 @@ def test_train_samples_round_down_as_megatron_lm():
 
 
 def test_train_samples_inside_the_rampup_take_the_batches_that_fit():
-    from megatron.schedules.units import train_iterations_from_args
+    from megatron.config.batch_flags import train_iterations_from_args
     schedule = BatchSchedule(16, (4, 4, 100))
     table = schedule.consumed_samples_table(40)
     for samples in range(1, int(table[-1])):
@@ -147,15 +147,17 @@ def test_bloom_training_set_is_what_the_planned_iterations_consume():
     """BLOOM's flags: the training set equals the samples of the planned iterations (the sum of
     megatron-core's batch sizes over them); the old sizing (--train-samples with rounded-up
     iterations) was 1200 samples short of what the run consumes."""
+    from megatron.config.batch_flags import train_iterations_from_args
+    from megatron.config.run_config import data_config_from_args
     from megatron.data.builder import train_valid_test_num_samples
-    from megatron.schedules.units import train_iterations_from_args
     args = _args(220_000_000, 2048, (192, 16, 9_765_625), seq=2048, eval_interval=1000, eval_iters=5)
-    iters = args.train_iters = train_iterations_from_args(args)   # as pretrain() sets it
+    iters = args.train_iters = train_iterations_from_args(args)   # as validation sets it
+    args.data_blend, args.weighted_split_groups = None, {}  # validation's, from no data flag
     calc = PeerRampupCalculator(2048, 1, 1, False, 0, 192, 16, 9_765_625)
     consumed = 0
     for _ in range(iters):
         calc.update(consumed, False)
         consumed += calc.get_current_global_batch_size()
-    train, valid, test = train_valid_test_num_samples(args)
+    train, valid, test = train_valid_test_num_samples(data_config_from_args(args))
     assert train == consumed <= 220_000_000 < consumed + 2048
     assert valid == (iters // 1000 + 1) * 5 * 2048 and test == 5 * 2048

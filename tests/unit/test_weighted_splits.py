@@ -7,13 +7,13 @@ from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from helpers.flags import parsed
+from megatron.config.data_flags import weighted_split_groups_from_args
 from megatron.data.weighted_splits import (
     WeightedSplitError,
     build_weighted_split_datasets,
     parse_weighted_split_group,
     parse_weighted_split_paths,
     read_weighted_split_paths_file,
-    weighted_split_groups_from_args,
 )
 from megatron.schedules.units import BatchSchedule
 from megatron.tokenizer import ByteLevelTokenizer

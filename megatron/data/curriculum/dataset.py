@@ -16,7 +16,7 @@ from megatron.data.cache_key import array_digest
 from megatron.data.curriculum.constituents import Constituent, resolve_constituents, short_dataset_note
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import EpochShuffledSamples
-from megatron.data.shared_cache import rank0_builds_first
+from megatron.data.rank0_first import rank0_builds_first
 from megatron.data.source_pool import LazySource, SourcePool, check_file_limit, pool_capacity
 from megatron.schedules.units import BatchSchedule
 from megatron.utils.rank_utils import print_rank_0
@@ -165,7 +165,7 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
     collective (a build longer than the process group's timeout fails no rank); every rank opens its datasets on first use, a bounded number at a
     time (megatron/data/source_pool.py), so a blend of thousands of prefixes runs under the
     default ``ulimit -n``."""
-    # rank 0 first; the others wait on a file in the cache, not at a collective (shared_cache.py)
+    # rank 0 first; the others wait on a file in the cache, not at a collective (rank0_first.py)
     with rank0_builds_first(cache_dir, blend.where) as rank:
         begin, base, drawn_before = 0, None, None
         if continuation is not None:
@@ -223,7 +223,7 @@ def build_blend_config_datasets(config, num_samples: Tuple[int, int, int], gpt_c
                                 continuation: Optional[Continuation] = None, order: str = "auto"):
     """All datasets of a :class:`~megatron.data.blend_config.BlendConfig`:
     ``(train or None, [(name, valid dataset)], [(name, test dataset)])``; ``num_samples`` is
-    (train, per valid group, per test group), e.g. from ``train_valid_test_num_samples(args)``;
+    (train, per valid group, per test group), e.g. from ``train_valid_test_num_samples(config)``;
     ``continuation``: where the training mix starts (a resumed run's ledger); ``order``: the
     indices' order (``--data-index-order``)."""
     train = None

@@ -59,3 +59,43 @@ def megatron_blend_indices(weights: Sequence[float], num_samples: int) -> Tuple[
     helpers.build_blending_indices(dataset_index, dataset_sample, normalize(list(weights)),
                                    len(weights), int(num_samples), False)
     return dataset_index, dataset_sample
+
+
+def prefix_error(idx) -> np.ndarray:
+    """(exact per-sample target integral - realised count) of every dataset of the built index
+    ``idx`` at every prefix of its run, [D, N + 1] (samples)."""
+    N = idx.num_samples
+    tw = idx.target_weights(np.arange(N))
+    T = np.concatenate([np.zeros((tw.shape[0], 1)), np.cumsum(tw, axis=1)], axis=1)
+    C = np.zeros_like(T)
+    C[np.asarray(idx.dataset_index, dtype=np.int64), np.arange(1, N + 1)] = 1
+    return T - np.cumsum(C, axis=1)
+
+
+def random_schedules():
+    """A hypothesis strategy of 1 to 8 dataset weights: linear or step schedules in iterations,
+    samples or tokens (up to 4 points over about 400 iterations, values from 0 to 100) or numbers;
+    :func:`schedule_entries` scales their points to a batch size."""
+    from hypothesis import strategies as st
+
+    point = st.tuples(st.integers(0, 400), st.sampled_from([0.0, 0.05, 1.0, 3.0, 100.0]))
+    sched = st.fixed_dictionaries({
+        "type": st.sampled_from(["linear", "step"]),
+        "unit": st.sampled_from(["iterations", "samples", "tokens"]),
+        "points": st.lists(point, min_size=1, max_size=4, unique_by=lambda p: p[0]),
+    })
+    return st.lists(st.one_of(sched, st.sampled_from([0.5, 1.0, 7.0])), min_size=1, max_size=8)
+
+
+def schedule_entries(scheds, gbs: int, seq: int):
+    """Blend entries ``d0, d1, ...`` of :func:`random_schedules`' weights, their points (given in
+    iterations) in each schedule's unit at ``gbs`` samples of ``seq`` tokens per iteration, and
+    a ``floor`` entry of weight 0.01 (never all weights zero)."""
+    entries = []
+    for k, s in enumerate(scheds):
+        if isinstance(s, dict):
+            scale = {"iterations": 1, "samples": gbs, "tokens": gbs * seq}[s["unit"]]
+            s = dict(s, points={x * scale: y for x, y in sorted(s["points"])})
+        entries.append({"path": f"d{k}", "weight": s})
+    entries.append({"path": "floor", "weight": 0.01})
+    return entries

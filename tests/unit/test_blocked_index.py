@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers.curriculum import fake_constituents, fake_index
+from helpers.curriculum import fake_constituents, fake_index, prefix_error, random_schedules, schedule_entries
 from megatron.data.blend_config import BlendConfigError, parse_blend_config
 from megatron.data.curriculum import blocked
 from megatron.data.curriculum.index import CurriculumIndex
@@ -76,38 +76,12 @@ def test_apportion_sums_to_the_block_and_rounds_to_the_nearest_side():
         assert (np.abs(n - need)[need >= 0] < 2).all()
 
 
-def _prefix_error(idx):
-    """(exact per-sample target integral - realised count) at every prefix, [D, N+1]."""
-    N = idx.num_samples
-    tw = idx.target_weights(np.arange(N))
-    T = np.concatenate([np.zeros((tw.shape[0], 1)), np.cumsum(tw, axis=1)], axis=1)
-    C = np.zeros_like(T)
-    C[np.asarray(idx.dataset_index, dtype=np.int64), np.arange(1, N + 1)] = 1
-    return T - np.cumsum(C, axis=1)
-
-
-_point = st.tuples(st.integers(0, 400), st.sampled_from([0.0, 0.05, 1.0, 3.0, 100.0]))
-_sched = st.fixed_dictionaries({
-    "type": st.sampled_from(["linear", "step"]),
-    "unit": st.sampled_from(["iterations", "samples", "tokens"]),
-    "points": st.lists(_point, min_size=1, max_size=4, unique_by=lambda p: p[0]),
-})
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scheds=st.lists(st.one_of(_sched, st.sampled_from([0.5, 1.0, 7.0])), min_size=1, max_size=8),
-       N=st.integers(1, 3000), gbs=st.integers(1, 9))
+@given(scheds=random_schedules(), N=st.integers(1, 3000), gbs=st.integers(1, 9))
 def test_blocked_counts_track_the_exact_target_within_the_documented_bound(scheds, N, gbs):
-    entries = []
-    for k, s in enumerate(scheds):
-        if isinstance(s, dict):
-            scale = {"iterations": 1, "samples": gbs, "tokens": gbs * SEQ}[s["unit"]]
-            s = dict(s, points={x * scale: y for x, y in sorted(s["points"])})
-        entries.append({"path": f"d{k}", "weight": s})
-    entries.append({"path": "floor", "weight": 0.01})  # never all-zero
-    idx = fake_index({"blend": entries}, N, gbs, seq=SEQ, order="blocked")
+    idx = fake_index({"blend": schedule_entries(scheds, gbs, SEQ)}, N, gbs, seq=SEQ, order="blocked")
     assert idx.order == "blocked"
-    err = _prefix_error(idx)
+    err = prefix_error(idx)
     # the carry (< 1) + Tijdeman in the block (< 1) + the block's straight line (<= 0.25)
     assert err.max() <= 2.25 and (-err).max() <= 2.25, (err.max(), (-err).max())
     assert len(idx.dataset_index) == N and idx.counts.sum() == N

@@ -13,7 +13,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 from megatron.core.datasets.utils import Split
 
-from helpers.curriculum import fake_index, write_corpus
+from helpers.curriculum import fake_index, prefix_error, random_schedules, schedule_entries, write_corpus
 from helpers.curriculum import megatron_blend_indices as build_blending_index  # the static peer
 from megatron.data.blend_config import BlendConfigError, parse_blend_config
 from megatron.data.curriculum import index as curriculum_index
@@ -63,38 +63,12 @@ def _fake_index(blend_obj, N, gbs=4, rampup=None, spe=10 ** 6):
     return fake_index(blend_obj, N, gbs, rampup, spe, seq=SEQ)
 
 
-def _prefix_error(idx):
-    """(target integral - realised count) at every prefix, [D, N+1]."""
-    N = idx.num_samples
-    tw = idx.target_weights(np.arange(N))
-    T = np.concatenate([np.zeros((tw.shape[0], 1)), np.cumsum(tw, axis=1)], axis=1)
-    C = np.zeros_like(T)
-    C[np.asarray(idx.dataset_index, dtype=np.int64), np.arange(1, N + 1)] = 1
-    return T - np.cumsum(C, axis=1)
-
-
 # --- bounds -------------------------------------------------------------------------------------
-_point = st.tuples(st.integers(0, 400), st.sampled_from([0.0, 0.05, 1.0, 3.0, 100.0]))
-_sched = st.fixed_dictionaries({
-    "type": st.sampled_from(["linear", "step"]),
-    "unit": st.sampled_from(["iterations", "samples", "tokens"]),
-    "points": st.lists(_point, min_size=1, max_size=4, unique_by=lambda p: p[0]),
-})
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scheds=st.lists(st.one_of(_sched, st.sampled_from([0.5, 1.0, 7.0])), min_size=1, max_size=8),
-       N=st.integers(1, 1500), gbs=st.integers(1, 9))
+@given(scheds=random_schedules(), N=st.integers(1, 1500), gbs=st.integers(1, 9))
 def test_counts_track_integral_of_target_weights(scheds, N, gbs):
-    entries = []
-    for k, s in enumerate(scheds):
-        if isinstance(s, dict):
-            scale = {"iterations": 1, "samples": gbs, "tokens": gbs * SEQ}[s["unit"]]
-            s = dict(s, points={x * scale: y for x, y in sorted(s["points"])})
-        entries.append({"path": f"d{k}", "weight": s})
-    entries.append({"path": "floor", "weight": 0.01})  # never all-zero
-    idx = _fake_index({"blend": entries}, N, gbs)
-    err = _prefix_error(idx)
+    idx = _fake_index({"blend": schedule_entries(scheds, gbs, SEQ)}, N, gbs)
+    err = prefix_error(idx)
     assert err.max() <= 2.0 + 1e-9, err.max()     # never more than 2 samples behind
     assert (-err).max() <= 1.0 + 1e-9, (-err).max()  # never more than 1 sample ahead
     assert len(idx.dataset_index) == N and idx.counts.sum() == N
@@ -103,7 +77,7 @@ def test_counts_track_integral_of_target_weights(scheds, N, gbs):
 def test_static_weights_within_one_and_identical_to_megatron():
     w = [0.5, 0.2, 0.3, 1.7]
     idx = _fake_index({"blend": [{"path": f"d{k}", "weight": x} for k, x in enumerate(w)]}, 5000)
-    err = _prefix_error(idx)
+    err = prefix_error(idx)
     assert np.abs(err).max() <= 1.0
     ref_id = np.zeros(5000, dtype=np.int16)
     ref_sample = np.zeros(5000, dtype=np.int64)
@@ -441,7 +415,7 @@ def test_zero_static_weight_is_never_drawn_and_registry_schedules_work():
     tw = idx.target_weights([0, 399])
     np.testing.assert_allclose(tw[:, 0], [0.25, 0.75])
     assert tw[1, 1] < 1e-3
-    assert _prefix_error(idx).max() <= 2.0
+    assert prefix_error(idx).max() <= 2.0
 
 
 # --- piecewise-linear fast path (samples/tokens units) -------------------------------------------
@@ -502,7 +476,7 @@ def test_linear_fast_path_bounds_and_agrees_with_per_sample_path(scheds, N, gbs,
     rampup = (1, 1, 3 * gbs) if ramp and gbs > 1 else None
     fast, slow = _run_both_paths(entries, N, gbs, rampup, chunk)
     for idx in (fast, slow):
-        err = _prefix_error(idx)
+        err = prefix_error(idx)
         assert err.max() <= 2.0 + 1e-9, err.max()
         assert (-err).max() <= 1.0 + 1e-9, (-err).max()
         assert len(idx.dataset_index) == N and idx.counts.sum() == N
@@ -545,7 +519,7 @@ def test_linear_fast_path_evaluates_segment_ends_only(monkeypatch):
         {"path": "c", "weight": {"type": "step", "unit": "tokens",
                                  "points": {0: 1, N * SEQ // 2 + 3: 5, 3 * N * SEQ // 4: 0.5}}}]}, N)
     assert seen["linear"] == 1 and seen["samples"] < 100, seen
-    err = _prefix_error(idx)
+    err = prefix_error(idx)
     assert err.max() <= 2.0 and (-err).max() <= 1.0
     # a schedule that is not piecewise linear (cosine) or caps (epochized) keep the per-sample path
     seen.update(samples=0, linear=0)
@@ -575,7 +549,7 @@ def test_python_fallback_matches_compiled_linear_fast_path(monkeypatch, chunk):
     np.testing.assert_array_equal(np.asarray(fast.dataset_index), np.asarray(slow.dataset_index))
     np.testing.assert_array_equal(np.asarray(fast.dataset_sample_index),
                                   np.asarray(slow.dataset_sample_index))
-    err = _prefix_error(fast)
+    err = prefix_error(fast)
     assert err.max() <= 2.0 and (-err).max() <= 1.0
 
 
@@ -693,7 +667,7 @@ def test_linear_fast_path_cuts_each_stage_at_its_own_breakpoints():
     finally:
         CurriculumIndex.linear_fast_path = True
     for idx in out.values():
-        err = _prefix_error(idx)
+        err = prefix_error(idx)
         assert err.max() <= 2.0 + 1e-9 and (-err).max() <= 1.0 + 1e-9, (err.max(), err.min())
     c = {k: np.cumsum(np.eye(2, dtype=np.int64)[np.asarray(v.dataset_index)], axis=0)
          for k, v in out.items()}

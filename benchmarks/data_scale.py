@@ -204,14 +204,21 @@ def lookups(D: int, N: int):
     ds = CurriculumDataset(idx, [None] * D)
     rng = np.random.default_rng(0)
     probes = rng.integers(0, N, 200_000).tolist()
-    times = np.empty(len(probes))
+    ids, samples = np.asarray(idx.dataset_index), np.asarray(idx.dataset_sample_index)
+
+    def peer(i):  # what megatron-core's BlendedDataset.__getitem__ does before the fetch
+        return ids[i], samples[i]
+
     clock = time.perf_counter_ns
-    for k, i in enumerate(probes):
-        t0 = clock()
-        ds.locate(i)
-        times[k] = clock() - t0
-    print(f"- one index lookup (locate): p50 {np.percentile(times, 50) / 1e3:.2f} µs, "
-          f"p99 {np.percentile(times, 99) / 1e3:.2f} µs")
+    for name, lookup in (("ours (CurriculumDataset.locate)", ds.locate),
+                         ("megatron-core (BlendedDataset's two array reads)", peer)):
+        times = np.empty(len(probes))
+        for k, i in enumerate(probes):
+            t0 = clock()
+            lookup(i)
+            times[k] = clock() - t0
+        print(f"- one index lookup, {name}: p50 {np.percentile(times, 50) / 1e3:.2f} µs, "
+              f"p99 {np.percentile(times, 99) / 1e3:.2f} µs (timer included)")
 
 
 def sparse_corpus(prefix: str, documents: int, doc_tokens: int) -> None:
@@ -226,7 +233,7 @@ def sparse_corpus(prefix: str, documents: int, doc_tokens: int) -> None:
         f.truncate(int(lengths.sum()) * 2)
 
 
-def setup_over_sparse_corpora(D: int, N: int, work: str):
+def setup_over_sparse_corpora(D: int, N: int, work: str, documents: int = 64, peer: bool = True):
     print(f"\n## Data set-up over {D:,} sparse prefixes (real .idx, sparse .bin), N = {N:.0e}, "
           f"seq {SEQ}")
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -235,13 +242,13 @@ def setup_over_sparse_corpora(D: int, N: int, work: str):
     from megatron.data.curriculum.dataset import build_curriculum_dataset
     from megatron.tokenizer import ByteLevelTokenizer
 
-    data = os.path.join(work, "corpus")
+    data = os.path.join(work, f"corpus-{documents}")
     os.makedirs(data, exist_ok=True)
     w = skewed_weights(D, 0)
     prefixes = [os.path.join(data, f"ds{d:05d}_text_document") for d in range(D)]
     for p in prefixes:
         if not os.path.exists(p + ".idx"):
-            sparse_corpus(p, 64, 1 << 17)
+            sparse_corpus(p, documents, 1 << 17)
     apparent = sum(os.path.getsize(p + ".bin") for p in prefixes)
     print(f"- corpus: {apparent / 2 / 1e12:.2f}e12 tokens in sparse .bin files "
           f"({apparent / 1e9:.0f} GB apparent, no disk)")
@@ -255,7 +262,7 @@ def setup_over_sparse_corpora(D: int, N: int, work: str):
                                 reset_position_ids=False, reset_attention_mask=False,
                                 eod_mask_loss=False)
 
-    ours_cache = os.path.join(work, "ours-cache")
+    ours_cache = os.path.join(work, f"ours-cache-{documents}")
     shutil.rmtree(ours_cache, ignore_errors=True)
     times = []
     for _ in range(2):  # cold, warm
@@ -267,6 +274,8 @@ def setup_over_sparse_corpora(D: int, N: int, work: str):
     files = sum(len(fs) for _, _, fs in os.walk(ours_cache))
     print(f"- ours ({ds.index.order} order): cold {times[0]:.1f} s, warm {times[1]:.1f} s to the "
           f"first sample; {files} cache files")
+    if not peer:
+        return
     peer_cache = os.path.join(work, "peer-cache")
     shutil.rmtree(peer_cache, ignore_errors=True)
     peer_config = GPTDatasetConfig(random_seed=1, sequence_length=SEQ,
@@ -274,6 +283,11 @@ def setup_over_sparse_corpora(D: int, N: int, work: str):
                                    path_to_cache=peer_cache, tokenizer=ByteLevelTokenizer(),
                                    reset_position_ids=False, reset_attention_mask=False,
                                    eod_mask_loss=False)
+    import torch
+
+    if not torch.distributed.is_initialized():  # megatron-core's builder asks for the rank
+        torch.distributed.init_process_group("gloo", init_method=f"file://{work}/pg-store",
+                                             rank=0, world_size=1)
     t0 = time.perf_counter()
     try:
         peer = BlendedMegatronDatasetBuilder(GPTDataset, [N, 0, 0], lambda: True,
@@ -320,6 +334,8 @@ def main():
     setup_over_sparse_corpora(1024, 10 ** 7, work)
     if args.g1:
         g1(1024, 10 ** 9, work)
+        # G1's corpus: 1e9 samples of 4,096 tokens over 1,024 prefixes (4e12 tokens, sparse)
+        setup_over_sparse_corpora(1024, 10 ** 9, work, documents=30518, peer=False)
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 

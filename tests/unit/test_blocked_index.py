@@ -218,6 +218,14 @@ def test_the_cache_is_written_in_place_and_read_back(tmp_path):
         np.testing.assert_array_equal(np.asarray(idx.dataset_index), plain.dataset_index)
         np.testing.assert_array_equal(np.asarray(idx.dataset_sample_index), plain.dataset_sample_index)
     assert os.listdir(tmp_path) == [os.path.basename(cached.cache_path)]  # nothing left aside
+    # the entry records the samples per dataset: a load makes no pass over the index for them
+    meta = json.loads(open(os.path.join(cached.cache_path, "meta.json")).read())
+    assert meta["counts"] == plain.counts.tolist() == again.counts.tolist()
+    del meta["counts"]  # an entry written before counts were recorded: counted from the index
+    with open(os.path.join(cached.cache_path, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    older = CurriculumIndex(cfg, cons, 300_000, bs, order="blocked", cache_dir=str(tmp_path))
+    assert older.cache_hit and older.counts.tolist() == plain.counts.tolist()
 
 
 class _Source:

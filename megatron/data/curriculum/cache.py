@@ -8,11 +8,11 @@ import mmap
 import os
 import shutil
 import tempfile
-from typing import List
+from typing import List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["cache_directory", "try_load_index", "new_index_files", "publish_index",
+__all__ = ["cache_directory", "try_load_index", "cached_counts", "new_index_files", "publish_index",
            "release_written"]
 
 
@@ -37,6 +37,19 @@ def try_load_index(path: str, num_samples: int, length: int, id_dtype, sample_dt
         return ids, samples
     except (OSError, ValueError, json.JSONDecodeError, KeyError):
         return None
+
+
+def cached_counts(path: str, num_datasets: int) -> Optional[np.ndarray]:
+    """The samples per dataset the cached index in ``path`` draws (its ``meta.json``), or None
+    when the entry does not record them for ``num_datasets`` datasets."""
+    try:
+        with open(os.path.join(path, "meta.json")) as f:
+            counts = json.load(f).get("counts")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(counts, list) or len(counts) != num_datasets:
+        return None
+    return np.asarray(counts, dtype=np.int64)
 
 
 def new_index_files(path: str, length: int, id_dtype, sample_dtype):
@@ -76,17 +89,21 @@ def release_written(arrays, lo: int, hi: int) -> None:
 
 
 def publish_index(tmp: str, path: str, arrays, description: str, num_samples: int,
-                  names: List[str]) -> None:
+                  names: List[str], counts: Optional[Sequence[int]] = None) -> None:
     """Flush the arrays :func:`new_index_files` made in ``tmp``, write the description and
-    ``meta.json`` (last: a complete directory) and rename ``tmp`` to ``path`` (one another rank
-    published first is kept; ``tmp`` is removed on failure)."""
+    ``meta.json`` (last: a complete directory; with ``counts``, the samples the index draws from
+    each dataset, so a load needs no pass over it) and rename ``tmp`` to ``path`` (one another
+    rank published first is kept; ``tmp`` is removed on failure)."""
     try:
         for a in arrays:
             a.flush()
         with open(os.path.join(tmp, "description.json"), "w") as f:
             f.write(description)
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"num_samples": num_samples, "names": names}, f)
+            meta = {"num_samples": num_samples, "names": names}
+            if counts is not None:
+                meta["counts"] = [int(c) for c in counts]
+            json.dump(meta, f)
         _replace_broken(path)
         try:
             os.rename(tmp, path)

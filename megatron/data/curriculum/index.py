@@ -64,6 +64,7 @@ from megatron.data.cache_key import cache_key
 from megatron.data.curriculum.blocked import blocked_kernel_digest, build_blocked_stage, resolve_index_order
 from megatron.data.curriculum.cache import (
     cache_directory,
+    cached_counts,
     new_index_files,
     publish_index,
     release_written,
@@ -161,9 +162,13 @@ class CurriculumIndex:
         if not build:
             return
         self.dataset_index, self.dataset_sample_index = self._load_or_build(cache_dir)
-        # a fresh build knows its counts (the kernels' own): no pass over the index for them
-        self.counts = (self._built_counts - self.base
-                       if self._built_counts is not None and not self.cache_hit else self._counts())
+        # a fresh build knows its counts (the kernels' own), a cache entry records them: no pass
+        # over an index of a billion samples for them
+        if self._built_counts is not None and not self.cache_hit:
+            self.counts = self._built_counts - self.base
+        else:
+            recorded = cached_counts(self.cache_path, D) if self.cache_hit else None
+            self.counts = recorded if recorded is not None else self._counts()
         self.totals = self.base + self.counts
         self.epochs = {c.name: float(self.totals[i]) / c.samples_per_epoch
                        for i, c in enumerate(self.constituents) if c.samples_per_epoch}
@@ -624,7 +629,7 @@ class CurriculumIndex:
             raise
         try:
             publish_index(tmp, path, (ids, samples), self.description, self.num_samples,
-                          self.names)
+                          self.names, self._built_counts - self.base)
         except OSError as exc:  # the disk filled up, or the like: keep what was built
             logger.warning("curriculum index: cannot write the cache %s (%s)", path, exc)
             return np.array(ids), np.array(samples)

@@ -15,13 +15,10 @@ pytestmark = pytest.mark.launch  # two processes
 BUILD_S = 4.0  # twice the process group's timeout
 
 
-def _rank(rank: int, store: str, cache, mode: str, out: str) -> None:
-    import torch.distributed as dist
-
+def _round(rank: int, cache: str, mode: str) -> dict:
+    """One build under ``rank0_builds_first``: rank 0 takes ``BUILD_S`` and fails for ``fail``."""
     from megatron.data.rank0_first import rank0_builds_first
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=2))
     result = {"rank": rank}
     try:
         with rank0_builds_first(cache, "train", report_s=2.0) as me:
@@ -29,41 +26,51 @@ def _rank(rank: int, store: str, cache, mode: str, out: str) -> None:
                 time.sleep(BUILD_S)
                 if mode == "fail":
                     raise ValueError("the blend is broken")
-                with open(os.path.join(cache or out, "built"), "w") as f:
+                with open(os.path.join(cache, "built"), "w") as f:
                     f.write("x")
             else:
-                result["saw_build"] = os.path.exists(os.path.join(cache or out, "built"))
+                result["saw_build"] = os.path.exists(os.path.join(cache, "built"))
         result["ok"] = True
     except Exception as exc:  # noqa: BLE001 - reported to the test
         result["error"] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def _rank(rank: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=2))
+    results = {mode: _round(rank, os.path.join(out, f"cache-{mode}"), mode)
+               for mode in ("ok", "fail")}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    if result.get("ok"):
-        dist.destroy_process_group()
+        json.dump(results, f)
 
 
-def _run(tmp_path, mode: str, with_cache: bool):
-    cache = str(tmp_path / "cache") if with_cache else None
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both rounds on two spawned gloo ranks: {mode: [rank 0's result, rank 1's]}."""
+    out = tmp_path_factory.mktemp("rank0_first")
     context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=_rank, args=(r, str(tmp_path / "store"), cache, mode,
-                                                 str(tmp_path)))
-             for r in range(2)]
-    for process in ranks:
+    processes = [context.Process(target=_rank, args=(r, str(out / "store"), str(out)))
+                 for r in range(2)]
+    for process in processes:
         process.start()
-    for process in ranks:
+    for process in processes:
         process.join(timeout=120)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return {mode: [r[mode] for r in results] for mode in ("ok", "fail")}, out
 
 
-def test_a_build_longer_than_the_collective_timeout_fails_no_rank(tmp_path):
-    ranks = _run(tmp_path, "ok", with_cache=True)
-    assert ranks[0].get("ok") and ranks[1].get("ok"), ranks
-    assert ranks[1]["saw_build"]  # rank 1 ran its body after rank 0's
-    assert os.listdir(tmp_path / "cache") == ["built"]  # the marker is gone
+def test_a_build_longer_than_the_collective_timeout_fails_no_rank(ranks):
+    results, out = ranks
+    assert results["ok"][0].get("ok") and results["ok"][1].get("ok"), results["ok"]
+    assert results["ok"][1]["saw_build"]  # rank 1 ran its body after rank 0's
+    assert os.listdir(out / "cache-ok") == ["built"]  # the marker is gone
 
 
-def test_a_failed_build_on_rank_0_is_raised_on_the_others(tmp_path):
-    ranks = _run(tmp_path, "fail", with_cache=True)
-    assert ranks[0]["error"] == "ValueError: the blend is broken"
-    assert ranks[1]["error"] == ("RuntimeError: train: rank 0 failed to build the data indices: "
-                                 "ValueError: the blend is broken")
+def test_a_failed_build_on_rank_0_is_raised_on_the_others(ranks):
+    results, _ = ranks
+    assert results["fail"][0]["error"] == "ValueError: the blend is broken"
+    assert results["fail"][1]["error"] == ("RuntimeError: train: rank 0 failed to build the data "
+                                           "indices: ValueError: the blend is broken")

@@ -8,7 +8,9 @@
 // full sample from n_d j / L inside the block: |c_d(j) - n_d j / L| <= 1 - 1/K.
 // Releases and deadlines are exact integers (deadlines in 1/4096 samples, ties: the lowest
 // dataset), so blocked.py's Python twin gives the identical order. Built at first use with torch.utils.cpp_extension.load.
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <vector>
 
@@ -91,6 +93,68 @@ class ReadyBuckets {
   int64_t lo_ = 0;
 };
 
+// The same queue as a binary heap of the keys: for blocks of many datasets with few samples each,
+// whose equal quotas give equal deadlines that would crowd one bucket. Same minimum, same order.
+class ReadyHeap {
+ public:
+  void reset(int64_t, int64_t m) {
+    keys_.clear();
+    keys_.reserve((size_t)m);
+  }
+  void push(int32_t, uint64_t key) {
+    keys_.push_back(key);
+    std::push_heap(keys_.begin(), keys_.end(), std::greater<uint64_t>());
+  }
+  int32_t pop() {
+    if (keys_.empty()) return -1;
+    std::pop_heap(keys_.begin(), keys_.end(), std::greater<uint64_t>());
+    const uint64_t key = keys_.back();
+    keys_.pop_back();
+    return (int32_t)(key & 0xFFFF);
+  }
+
+ private:
+  std::vector<uint64_t> keys_;
+};
+
+// one block: the Tijdeman order of quotas n[0..m) over L samples (see the top of this file)
+template <typename Ready, typename TI, typename TS>
+void fill_block(int64_t L, int64_t m, const std::vector<int32_t>& list, const std::vector<int64_t>& n,
+                std::vector<int64_t>& k, std::vector<int32_t>& next, std::vector<Clock>& clock,
+                std::vector<int32_t>& head, Ready& ready, const int64_t* gid, int64_t* counts,
+                TI* out_id, TS* out_sample) {
+  const int64_t K = 2 * m - 2;
+  head.assign((size_t)L, -1);
+  clock.resize((size_t)m);
+  ready.reset(L, m);
+  auto schedule = [&](int32_t t, int64_t j) {  // dataset t's next sample
+    const int64_t r = clock[t].release();
+    if (r <= j) {
+      ready.push(t, ((uint64_t)clock[t].dq << 16) | (uint64_t)t);
+    } else {
+      next[t] = head[r];
+      head[r] = t;
+    }
+  };
+  for (int32_t t = (int32_t)m - 1; t >= 0; --t) {
+    clock[t].start(L, n[t], K);
+    schedule(t, -1);
+  }
+  for (int64_t j = 0; j < L; ++j) {
+    for (int32_t t = head[j]; t >= 0; t = next[t]) ready.push(t, ((uint64_t)clock[t].dq << 16) | (uint64_t)t);
+    // Tijdeman's bound keeps a released dataset at every sample (the deficits sum to 1)
+    const int32_t t = ready.pop();
+    if (t < 0) throw std::runtime_error("blocked index: no dataset released");
+    const int32_t d = list[t];
+    out_id[j] = (TI)gid[d];
+    out_sample[j] = (TS)(counts[d]++);
+    if (++k[t] < n[t]) {
+      clock[t].advance();
+      schedule(t, j);
+    }
+  }
+}
+
 template <typename TI, typename TS>
 void fill(int64_t nb, int32_t D, const int64_t* lens, const int64_t* quotas, const int64_t* gid,
           int64_t* counts, TI* out_id, TS* out_sample) {
@@ -100,6 +164,7 @@ void fill(int64_t nb, int32_t D, const int64_t* lens, const int64_t* quotas, con
   std::vector<int32_t> head;  // the calendar of releases: head[j] lists the datasets released at j
   list.reserve(D); n.reserve(D); k.reserve(D); next.reserve(D); clock.reserve(D);
   ReadyBuckets ready;
+  ReadyHeap heap;
   int64_t o = 0;
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t L = lens[b];
@@ -118,35 +183,10 @@ void fill(int64_t nb, int32_t D, const int64_t* lens, const int64_t* quotas, con
       o += L;
       continue;
     }
-    const int64_t K = 2 * m - 2;
-    head.assign((size_t)L, -1);
-    clock.resize((size_t)m);
-    ready.reset(L, m);
-    auto schedule = [&](int32_t t, int64_t j) {  // dataset t's next sample
-      const int64_t r = clock[t].release();
-      if (r <= j) {
-        ready.push(t, ((uint64_t)clock[t].dq << 16) | (uint64_t)t);
-      } else {
-        next[t] = head[r];
-        head[r] = t;
-      }
-    };
-    for (int32_t t = (int32_t)m - 1; t >= 0; --t) {
-      clock[t].start(L, n[t], K);
-      schedule(t, -1);
-    }
-    for (int64_t j = 0; j < L; ++j) {
-      for (int32_t t = head[j]; t >= 0; t = next[t]) ready.push(t, ((uint64_t)clock[t].dq << 16) | (uint64_t)t);
-      // Tijdeman's bound keeps a released dataset at every sample (the deficits sum to 1)
-      const int32_t t = ready.pop();
-      if (t < 0) throw std::runtime_error("blocked index: no dataset released");
-      const int32_t d = list[t];
-      out_id[o + j] = (TI)gid[d];
-      out_sample[o + j] = (TS)(counts[d]++);
-      if (++k[t] < n[t]) {
-        clock[t].advance();
-        schedule(t, j);
-      }
+    if (m * 64 > L) {  // many datasets of few samples: equal deadlines, a heap
+      fill_block(L, m, list, n, k, next, clock, head, heap, gid, counts, out_id + o, out_sample + o);
+    } else {
+      fill_block(L, m, list, n, k, next, clock, head, ready, gid, counts, out_id + o, out_sample + o);
     }
     o += L;
   }

@@ -7,7 +7,9 @@ writes ``{"iteration": [0..train_iters], "consumed_samples": [...], "lr": [...],
 "weight_decay": [...]}``: ``lr[i]``/``weight_decay[i]`` are the values of the optimizer step taken
 after ``i`` completed iterations (the values the scheduler gives; lr_mult/wd_mult = 1). With
 ``--data-blend-config`` or ``--train-weighted-split-paths`` it adds ``"mixture"`` and
-``"target_mixture"`` (``{dataset: [...]}``, one entry per step: ``mixture[d][i]`` is the fraction
+``"target_mixture"`` (``{dataset: [...]}``, one entry per step, or per
+``"mixture_iterations_per_point"`` steps on a run of millions of steps over thousands of datasets:
+``mixture[d][i]`` is the fraction
 of the global batch of the step taken after ``i`` completed iterations that the built index draws
 from ``d``; ``target_mixture`` is what the weights ask) and ``"epochs"`` (``{dataset: epochs}``),
 warning about datasets repeated past ``--warn-epochs``.
@@ -137,11 +139,25 @@ def mixture_arrays(args, train_iters: int) -> Optional[dict]:
                             batch_schedule_from_args(args),
                             seed=args.seed, cache_dir=args.data_cache_path,
                             order=args.data_index_order)
-    mixture = index.iteration_mixture(train_iters)
-    target = index.target_iteration_mixture(train_iters)
-    return {"mixture": {name: mixture[d] for d, name in enumerate(index.names)},
-            "target_mixture": {name: target[d] for d, name in enumerate(index.names)},
-            "epochs": dict(index.epochs)}
+    per_point = mixture_iterations_per_point(train_iters, len(index.names))
+    mixture = index.iteration_mixture(train_iters, per_point)
+    target = index.target_iteration_mixture(train_iters, per_point)
+    out = {"mixture": {name: mixture[d] for d, name in enumerate(index.names)},
+           "target_mixture": {name: target[d] for d, name in enumerate(index.names)},
+           "epochs": dict(index.epochs)}
+    if per_point > 1:
+        out["mixture_iterations_per_point"] = per_point
+    return out
+
+
+MIXTURE_CELLS = 1 << 22  # the most numbers a preview's mixture holds (per kind: drawn, target)
+
+
+def mixture_iterations_per_point(train_iters: int, num_datasets: int) -> int:
+    """Iterations per point of the preview's mixture: 1 (every iteration) while iterations x
+    datasets is at most :data:`MIXTURE_CELLS`, else the fewest that keep it there (a run of 1e6
+    iterations over 1,024 datasets: 245)."""
+    return max(1, -(-int(train_iters) * max(int(num_datasets), 1) // MIXTURE_CELLS))
 
 
 def resumed_mixture_arrays(args, train_iters: int) -> dict:
@@ -157,23 +173,29 @@ def resumed_mixture_arrays(args, train_iters: int) -> dict:
     history = mix.history()
     at_end = mix.ledger(len(mix.dataset))  # every dataset the run draws, by its ledger name
     names: Dict[tuple, str] = {entry.key: entry.name for entry in at_end}
-    mixture = {name: np.zeros(train_iters) for name in names.values()}
-    target = {name: np.zeros(train_iters) for name in names.values()}
+    per_point = mixture_iterations_per_point(train_iters, len(names))
+    points = -(-train_iters // per_point)
+    mixture = {name: np.zeros(points) for name in names.values()}
+    target = {name: np.zeros(points) for name in names.values()}
     for p, phase in enumerate(mix.phases):
         dataset = history.dataset(p, with_sources=False)
         stop = mix.phases[p + 1].begin_iteration if p + 1 < len(mix.phases) else train_iters
-        drawn = dataset.index.iteration_mixture(train_iters)
-        wanted = dataset.index.target_iteration_mixture(train_iters)
+        lo, hi = phase.begin_iteration // per_point, -(-stop // per_point)  # a point per_point wide
+        drawn = dataset.index.iteration_mixture(train_iters, per_point)
+        wanted = dataset.index.target_iteration_mixture(train_iters, per_point)
         for d, c in enumerate(dataset.constituents):
             name = names.get(c.ledger_key, c.name)
-            mixture.setdefault(name, np.zeros(train_iters))
-            target.setdefault(name, np.zeros(train_iters))
-            mixture[name][phase.begin_iteration:stop] = drawn[d][phase.begin_iteration:stop]
-            target[name][phase.begin_iteration:stop] = wanted[d][phase.begin_iteration:stop]
+            mixture.setdefault(name, np.zeros(points))
+            target.setdefault(name, np.zeros(points))
+            mixture[name][lo:hi] = drawn[d][lo:hi]
+            target[name][lo:hi] = wanted[d][lo:hi]
     epochs = {e.name: e.drawn / e.samples_per_epoch for e in at_end if e.samples_per_epoch}
-    return {"mixture": mixture, "target_mixture": target, "epochs": epochs,
-            "resume_iteration": _checkpoint_iteration(args),
-            "mix_changes": [phase.begin_iteration for phase in mix.phases[1:]]}
+    out = {"mixture": mixture, "target_mixture": target, "epochs": epochs,
+           "resume_iteration": _checkpoint_iteration(args),
+           "mix_changes": [phase.begin_iteration for phase in mix.phases[1:]]}
+    if per_point > 1:
+        out["mixture_iterations_per_point"] = per_point
+    return out
 
 
 def _checkpoint_iteration(args) -> int:
@@ -335,7 +357,8 @@ def _plot_wd(ax, data):
 
 def _plot_mixture(ax, data):
     length = len(next(iter(data["mixture"].values())))
-    steps = np.asarray(data["iteration"])[:length]  # thinned with the mixture on long runs
+    per_point = int(data.get("mixture_iterations_per_point", 1))
+    steps = np.arange(length) * per_point if per_point > 1 else np.asarray(data["iteration"])[:length]
     for k, (name, values) in enumerate(data["mixture"].items()):
         color = f"C{k % 10}"
         ax.plot(steps, values, color=color, label=f"{name} (drawn)")

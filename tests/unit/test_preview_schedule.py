@@ -351,3 +351,20 @@ def test_preview_savings_without_the_tokenizer_files(tmp_path, capsys):
     savings = data["seq_length_savings"]
     assert savings["vocab_size"] is None and savings["model_params"] == 2 * 12 * 64 ** 2
     assert "the output layer's V x h is left out" in capsys.readouterr().err
+
+
+def test_a_long_run_over_many_datasets_gets_one_mixture_point_per_k_iterations():
+    from helpers.curriculum import fake_index
+
+    assert preview_schedule.mixture_iterations_per_point(10 ** 6, 1024) == 245
+    assert preview_schedule.mixture_iterations_per_point(1000, 3) == 1
+    idx = fake_index({"blend": [{"path": f"p{d}", "weight": 1 + d % 5} for d in range(50)]},
+                     4000, gbs=8, seq=16)
+    every = idx.iteration_mixture(500)          # [50, 500]: 8 samples per iteration
+    thinned = idx.iteration_mixture(500, per_point=7)
+    assert thinned.shape == (50, 72)            # ceil(500 / 7)
+    for k in range(72):                         # each point: the samples of its 7 iterations
+        window = every[:, 7 * k:7 * k + 7]
+        np.testing.assert_allclose(thinned[:, k], window.sum(axis=1) / window.shape[1])
+    np.testing.assert_array_equal(idx.target_iteration_mixture(500, per_point=7),
+                                  idx.target_iteration_mixture(500)[:, ::7])

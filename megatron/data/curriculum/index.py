@@ -653,26 +653,34 @@ class CurriculumIndex:
                 out[gid, sel] += norm[k]
         return out
 
-    def iteration_mixture(self, num_iterations: Optional[int] = None) -> np.ndarray:
-        """[D, num_iterations] fraction of each iteration's global batch drawn from each dataset
-        by the built index."""
+    def iteration_mixture(self, num_iterations: Optional[int] = None,
+                          per_point: int = 1) -> np.ndarray:
+        """[D, points] fraction of the global batches drawn from each dataset by the built index:
+        one point per ``per_point`` iterations (``ceil(num_iterations / per_point)`` points; 1:
+        one per iteration), so a run of a million iterations over thousands of datasets stays a
+        few million numbers."""
         n_it = self.progress.num_iterations if num_iterations is None else int(num_iterations)
+        per_point = max(1, int(per_point))
+        points = -(-n_it // per_point)
         D = len(self.constituents)
-        acc = np.zeros(n_it * D, dtype=np.int64)
+        acc = np.zeros(points * D, dtype=np.int64)
         for lo in range(self.begin, self.num_samples, CHUNK * 4):
             hi = min(self.num_samples, lo + CHUNK * 4)
             it = self.progress.iteration_of(np.arange(lo, hi))
             keep = it < n_it
-            flat = it[keep] * D + np.asarray(self.dataset_index[lo - self.begin:hi - self.begin])[keep]
-            acc += np.bincount(flat, minlength=n_it * D)
-        acc = acc.reshape(n_it, D).T.astype(np.float64)
+            ids = np.asarray(self.dataset_index[lo - self.begin:hi - self.begin])[keep]
+            acc += np.bincount(it[keep] // per_point * D + ids, minlength=points * D)
+        acc = acc.reshape(points, D).T.astype(np.float64)
         tot = acc.sum(axis=0, keepdims=True)
         return np.divide(acc, tot, out=np.zeros_like(acc), where=tot > 0)
 
-    def target_iteration_mixture(self, num_iterations: Optional[int] = None) -> np.ndarray:
-        """[D, num_iterations] target mixture at the first sample of each iteration."""
+    def target_iteration_mixture(self, num_iterations: Optional[int] = None,
+                                 per_point: int = 1) -> np.ndarray:
+        """[D, points] target mixture at the first sample of each point's first iteration (one
+        point per ``per_point`` iterations)."""
         n_it = self.progress.num_iterations if num_iterations is None else int(num_iterations)
-        firsts = self.batch_schedule.samples_at_iterations(np.arange(n_it, dtype=np.int64))
+        firsts = self.batch_schedule.samples_at_iterations(
+            np.arange(0, n_it, max(1, int(per_point)), dtype=np.int64))
         return self.target_weights(np.minimum(firsts, self.num_samples - 1))
 
 

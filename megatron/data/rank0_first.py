@@ -74,8 +74,7 @@ def rank0_builds_first(cache_dir: Optional[str], what: str,
             pass
     torch.distributed.barrier()  # every rank past the wait: the marker can go
     if rank == 0:
-        for path in (ready, ready + ".failed"):
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+        try:
+            os.remove(ready)
+        except OSError:
+            pass

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["cache_directory", "try_load_index", "cached_counts", "new_index_files", "publish_index",
+__all__ = ["cache_directory", "try_load_index", "new_index_files", "publish_index",
            "release_written"]
 
 
@@ -22,9 +22,11 @@ def cache_directory(cache_dir: str, key: str) -> str:
 
 
 def try_load_index(path: str, num_samples: int, length: int, id_dtype, sample_dtype):
-    """The cached index arrays ``(dataset_index, dataset_sample_index)`` (memory-mapped) in the
-    directory ``path``, or None when it is missing, incomplete or not of this shape
-    (``num_samples`` of the run, ``length`` samples, the given dtypes)."""
+    """The cached index in the directory ``path``: ``(dataset_index, dataset_sample_index,
+    counts)``, the arrays memory-mapped and ``counts`` the samples it draws from each dataset as
+    its ``meta.json`` records them (None for an entry written before they were); or None when the
+    entry is missing, incomplete or not of this shape (``num_samples`` of the run, ``length``
+    samples, the given dtypes)."""
     try:
         with open(os.path.join(path, "meta.json")) as f:
             meta = json.load(f)
@@ -34,22 +36,11 @@ def try_load_index(path: str, num_samples: int, length: int, id_dtype, sample_dt
                 or samples.shape != (length,) or ids.dtype != id_dtype
                 or samples.dtype != sample_dtype):
             return None
-        return ids, samples
+        counts = meta.get("counts")
+        counts = np.asarray(counts, dtype=np.int64) if isinstance(counts, list) else None
+        return ids, samples, counts
     except (OSError, ValueError, json.JSONDecodeError, KeyError):
         return None
-
-
-def cached_counts(path: str, num_datasets: int) -> Optional[np.ndarray]:
-    """The samples per dataset the cached index in ``path`` draws (its ``meta.json``), or None
-    when the entry does not record them for ``num_datasets`` datasets."""
-    try:
-        with open(os.path.join(path, "meta.json")) as f:
-            counts = json.load(f).get("counts")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(counts, list) or len(counts) != num_datasets:
-        return None
-    return np.asarray(counts, dtype=np.int64)
 
 
 def new_index_files(path: str, length: int, id_dtype, sample_dtype):

@@ -64,7 +64,6 @@ from megatron.data.cache_key import cache_key
 from megatron.data.curriculum.blocked import blocked_kernel_digest, build_blocked_stage, resolve_index_order
 from megatron.data.curriculum.cache import (
     cache_directory,
-    cached_counts,
     new_index_files,
     publish_index,
     release_written,
@@ -157,18 +156,16 @@ class CurriculumIndex:
                              else np.int64)
         self.cache_path = None
         self.cache_hit = False
-        self._built_counts: Optional[np.ndarray] = None
-        self._out: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the arrays being built
+        # samples per dataset drawn before N (the ledger at the end), when the build or the
+        # cache entry knows them without a pass over the index
+        self._known_totals: Optional[np.ndarray] = None
         if not build:
             return
         self.dataset_index, self.dataset_sample_index = self._load_or_build(cache_dir)
         # a fresh build knows its counts (the kernels' own), a cache entry records them: no pass
         # over an index of a billion samples for them
-        if self._built_counts is not None and not self.cache_hit:
-            self.counts = self._built_counts - self.base
-        else:
-            recorded = cached_counts(self.cache_path, D) if self.cache_hit else None
-            self.counts = recorded if recorded is not None else self._counts()
+        self.counts = (self._known_totals - self.base if self._known_totals is not None
+                       else self._counts())
         self.totals = self.base + self.counts
         self.epochs = {c.name: float(self.totals[i]) / c.samples_per_epoch
                        for i, c in enumerate(self.constituents) if c.samples_per_epoch}
@@ -321,7 +318,6 @@ class CurriculumIndex:
         if out_id is None:
             out_id = np.empty(self.length, dtype=self.id_dtype)
             out_sample = np.empty(self.length, dtype=self.sample_dtype)
-        self._out = (out_id, out_sample)
         global_counts = self.base.copy()
         for plan in self.plans:
             if self.order == "blocked":
@@ -351,7 +347,7 @@ class CurriculumIndex:
                     lo, hi = plan.begin - self.begin, plan.end - self.begin
                     out_id[lo:hi] = mapping[out_id[lo:hi]]
             global_counts[list(plan.ids)] += state.counts
-        self._built_counts = global_counts
+        self._known_totals = global_counts
         return out_id, out_sample
 
     def _blocked_cuts(self, plan: _StagePlan) -> np.ndarray:
@@ -393,12 +389,7 @@ class CurriculumIndex:
             plan.end - plan.begin, lambda pos: self._raw_weights(plan, plan.begin + pos),
             self._blocked_cuts(plan), np.asarray(plan.caps, dtype=np.int64), counts, ids,
             out_id[lo:hi], out_sample[lo:hi], zero_error,
-            written=lambda a, b: self._written(lo + a, lo + b))
-
-    def _written(self, lo: int, hi: int) -> None:
-        """Samples ``[lo, hi)`` (index positions) are final: a build into the cache's memory
-        maps writes them out and drops them from resident memory (cache.py)."""
-        release_written(self._out, lo, hi)
+            written=lambda a, b: release_written((out_id, out_sample), lo + a, lo + b))
 
     def _build_segments(self, plan: _StagePlan, state: "_KernelState", granularity: Optional[str],
                         out_id: np.ndarray, out_sample: np.ndarray) -> None:
@@ -412,7 +403,7 @@ class CurriculumIndex:
                 if pending is not None:
                     self._check_rc(plan, pending.result())
                     self._check_capped(plan, capped, *chunk, out_id)
-                    self._written(*written)
+                    release_written((out_id, out_sample), *written)
                 o_lo, o_hi = plan.begin - self.begin + lo, plan.begin - self.begin + hi
                 pending = pool.submit(state.run, lo, hi, starts, norm, out_id[o_lo:o_hi],
                                       out_sample[o_lo:o_hi])
@@ -420,7 +411,7 @@ class CurriculumIndex:
             if pending is not None:
                 self._check_rc(plan, pending.result())
                 self._check_capped(plan, capped, *chunk, out_id)
-                self._written(*written)
+                release_written((out_id, out_sample), *written)
 
     def _check_capped(self, plan: _StagePlan, check: Optional["_CappedWeightsCheck"], lo: int,
                       hi: int, starts: np.ndarray, norm: np.ndarray, out_id: np.ndarray) -> None:
@@ -520,14 +511,14 @@ class CurriculumIndex:
             for lo, hi, starts, first, slope in chunks():
                 if pending is not None:
                     self._check_rc(plan, pending.result())
-                    self._written(*written)
+                    release_written((out_id, out_sample), *written)
                 o_lo, o_hi = plan.begin - self.begin + lo, plan.begin - self.begin + hi
                 pending = pool.submit(state.run_pl, lo, hi, starts, first, slope,
                                       out_id[o_lo:o_hi], out_sample[o_lo:o_hi])
                 written = (o_lo, o_hi)
             if pending is not None:
                 self._check_rc(plan, pending.result())
-                self._written(*written)
+                release_written((out_id, out_sample), *written)
 
     def _chunks(self, plan: _StagePlan, granularity: Optional[str]):
         """Per chunk of the stage: (lo, hi) stage-local, segment starts (stage-local) and their
@@ -614,7 +605,10 @@ class CurriculumIndex:
                                 self.sample_dtype)
         if loaded is not None:
             self.cache_hit = True
-            return loaded
+            ids, samples, counts = loaded
+            if counts is not None and len(counts) == len(self.constituents):
+                self._known_totals = self.base + counts
+            return ids, samples
         if not self.write_cache:
             return self._build()
         try:
@@ -629,14 +623,13 @@ class CurriculumIndex:
             raise
         try:
             publish_index(tmp, path, (ids, samples), self.description, self.num_samples,
-                          self.names, self._built_counts - self.base)
+                          self.names, self._known_totals - self.base)
         except OSError as exc:  # the disk filled up, or the like: keep what was built
             logger.warning("curriculum index: cannot write the cache %s (%s)", path, exc)
             return np.array(ids), np.array(samples)
-        finally:
-            self._out = None
-        return try_load_index(path, self.num_samples, self.length, self.id_dtype,
-                              self.sample_dtype) or (ids, samples)
+        loaded = try_load_index(path, self.num_samples, self.length, self.id_dtype,
+                                self.sample_dtype)
+        return loaded[:2] if loaded is not None else (ids, samples)
 
     # -- previews ------------------------------------------------------------------------------
     def target_weights(self, sample_indices) -> np.ndarray:

@@ -1,23 +1,22 @@
 """The blocked order of the curriculum index: O(N log D) where the greedy order is O(N x D), for
 blends of thousands of datasets and runs of a billion samples.
 
-A stage is cut into blocks of B consecutive samples (B a power of two from 256 to 65,536, and a
-block also starts at every breakpoint of a piecewise-linear weight schedule: a step, a ramp's
-ends). Each block takes the stage's normalised weights at its middle sample and draws from each
-dataset a whole number of samples, its *quota*: the target it has accumulated up to the block's
-end, less what it has drawn, rounded by largest remainders (Hamilton's method) so that the quotas
-sum to the block's length. The fraction a dataset is left short or ahead is carried into the next
-block. Within a block the quotas are interleaved by Tijdeman's earliest-deadline rule
-(``blocked_index.cpp``): no dataset is a full sample from its quota's straight line.
+A stage is cut into blocks of at most 65,536 consecutive samples; a block also starts at every
+breakpoint of a piecewise-linear weight schedule (a step, a ramp's ends), and a block is halved
+until each dataset's target strays at most a quarter sample from a straight line across it
+(:data:`BLOCK_ERROR`). Each block takes the normalised weights by Simpson's rule over its first,
+middle and last sample and draws from each dataset a whole number of samples, its *quota*: the
+target it has accumulated up to the block's end, less what it has drawn, rounded by largest
+remainders (Hamilton's method) so that the quotas sum to the block's length. The fraction a
+dataset is left short or ahead is carried into the next block. Within a block the quotas are
+interleaved by Tijdeman's earliest-deadline rule (``blocked_index.cpp``): no dataset is a full
+sample from its quota's straight line.
 
 Guarantees (tests/unit/test_blocked_index.py checks them at every prefix):
 
 * at block ends every dataset is within one sample of its target (the carry);
-* at any sample it is within two samples of the target integral of the block weights;
-* the block weight is the weight at the block's middle sample, so against the exact per-sample
-  target of the greedy order a smooth schedule adds at most ``B**2 / 8 x`` the weight's slope per
-  sample; B is chosen per stage so that this stays below a quarter sample (steps and ramp ends are
-  block boundaries, so they add nothing);
+* at any sample it is within 2.25 samples of the exact per-sample target of the greedy order (the
+  carry, Tijdeman's bound and the block's straight line);
 * an ``epochized_blend`` stage draws every dataset exactly its repetitions: quotas never pass a
   dataset's cap, and what a capped dataset cannot give goes to the others by their weights.
 
@@ -49,6 +48,7 @@ BLOCK_ERROR = 0.25  # samples: how far a block's straight-line target may stray 
 # blocks whose quotas are planned together and filled by one kernel call (samples)
 BATCH_SAMPLES = 1 << 22
 DEADLINE_UNITS = 1 << 12  # deadlines are compared in 1/4096 samples (blocked_index.cpp)
+NOTHING_LEFT = " (the datasets still to draw all have weight zero)"  # the all-zero error's detail
 
 KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blocked_index.cpp")
 KERNEL_NAME = "megatron_blocked_index"
@@ -101,11 +101,13 @@ def _python_block(L: int, members, n, gid, counts, out_id, out_sample) -> None:
     calendar: Dict[int, list] = {}
     ready: list = []
 
+    def release(t):  # into the ready queue under its key (deadline << 16 | position)
+        heappush(ready, (L * ((k[t] + 1) * K - 1) * DEADLINE_UNITS // (n[t] * K)) << 16 | t)
+
     def schedule(t, j):
-        den = n[t] * K
-        r = -(-(L * (k[t] * K + 1)) // den) - 1
+        r = -(-(L * (k[t] * K + 1)) // (n[t] * K)) - 1
         if r <= j:
-            heappush(ready, (L * ((k[t] + 1) * K - 1) * DEADLINE_UNITS // den) << 16 | t)
+            release(t)
         else:
             calendar.setdefault(r, []).append(t)
 
@@ -113,7 +115,7 @@ def _python_block(L: int, members, n, gid, counts, out_id, out_sample) -> None:
         schedule(t, -1)
     for j in range(L):
         for t in calendar.pop(j, ()):
-            heappush(ready, (L * ((k[t] + 1) * K - 1) * DEADLINE_UNITS // (n[t] * K)) << 16 | t)
+            release(t)
         t = heappop(ready) & 0xFFFF
         d = members[t]
         out_id[j] = gid[d]
@@ -240,7 +242,7 @@ def build_blocked_stage(length: int, raw_weights: Callable[[np.ndarray], np.ndar
             w = np.where(active, weights[:, b], 0.0)
             total = w.sum()
             if not total > 0:
-                zero_error(int(s[b]), " (the datasets still to draw all have weight zero)")
+                zero_error(int(s[b]), NOTHING_LEFT)
             w = w / total
             need = carry + w * L
             n = apportion(need, L)
@@ -281,7 +283,7 @@ def _respect_caps(n: np.ndarray, w: np.ndarray, remaining: np.ndarray,
         open_ = n < room
         share = np.where(open_, w, 0.0)
         if not share.sum() > 0:
-            zero_error(at, " (the datasets still to draw all have weight zero)")
+            zero_error(at, NOTHING_LEFT)
         extra = apportion(share / share.sum() * short, short)
         n = np.minimum(n + extra, room)
         short = L - int(n.sum())

@@ -7,7 +7,8 @@
 // goes to the released dataset due first (ties: the lowest dataset). Then no dataset is ever a
 // full sample from n_d j / L inside the block: |c_d(j) - n_d j / L| <= 1 - 1/K.
 // Releases and deadlines are exact integers (deadlines in 1/4096 samples, ties: the lowest
-// dataset), so blocked.py's Python twin gives the identical order. Built at first use with torch.utils.cpp_extension.load.
+// dataset), so blocked.py's Python twin gives the identical order. Built at first use with
+// torch.utils.cpp_extension.load.
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -127,10 +128,12 @@ void fill_block(int64_t L, int64_t m, const std::vector<int32_t>& list, const st
   head.assign((size_t)L, -1);
   clock.resize((size_t)m);
   ready.reset(L, m);
+  // dataset t is released: into the ready queue under its key (deadline << 16 | position)
+  auto release = [&](int32_t t) { ready.push(t, ((uint64_t)clock[t].dq << 16) | (uint64_t)t); };
   auto schedule = [&](int32_t t, int64_t j) {  // dataset t's next sample
     const int64_t r = clock[t].release();
     if (r <= j) {
-      ready.push(t, ((uint64_t)clock[t].dq << 16) | (uint64_t)t);
+      release(t);
     } else {
       next[t] = head[r];
       head[r] = t;
@@ -141,7 +144,7 @@ void fill_block(int64_t L, int64_t m, const std::vector<int32_t>& list, const st
     schedule(t, -1);
   }
   for (int64_t j = 0; j < L; ++j) {
-    for (int32_t t = head[j]; t >= 0; t = next[t]) ready.push(t, ((uint64_t)clock[t].dq << 16) | (uint64_t)t);
+    for (int32_t t = head[j]; t >= 0; t = next[t]) release(t);
     // Tijdeman's bound keeps a released dataset at every sample (the deficits sum to 1)
     const int32_t t = ready.pop();
     if (t < 0) throw std::runtime_error("blocked index: no dataset released");

@@ -162,9 +162,9 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
     ``make_source(constituent, n)`` opens a dataset's samples ``0..n - 1``. Rank 0 builds (and
     caches) the index and every dataset's own indices first (opening each and closing it again),
     the other ranks then load, having waited on a file in ``cache_dir`` rather than at a
-    collective (a build longer than the process group's timeout fails no rank); every rank opens its datasets on first use, a bounded number at a
-    time (megatron/data/source_pool.py), so a blend of thousands of prefixes runs under the
-    default ``ulimit -n``."""
+    collective (a build longer than the process group's timeout fails no rank); every rank opens
+    its datasets on first use, a bounded number at a time (megatron/data/source_pool.py), so a
+    blend of thousands of prefixes runs under the default ``ulimit -n``."""
     # rank 0 first; the others wait on a file in the cache, not at a collective (rank0_first.py)
     with rank0_builds_first(cache_dir, blend.where) as rank:
         begin, base, drawn_before = 0, None, None

@@ -9,8 +9,12 @@ local rank 0: another rank may start first and finish a quick build before rank 
 agree through a claim file in the build directory named after the launch (the launcher's pid),
 removed once the op is loaded.
 """
+import hashlib
+import logging
 import os
 from typing import List, Optional
+
+logger = logging.getLogger(__name__)
 
 
 def build_directory(name: str) -> str:
@@ -71,3 +75,22 @@ def load_op(name: str, sources: List[str], extra_cflags: List[str], what: str, d
         return load(name=name, sources=sources, extra_cflags=extra_cflags, verbose=False)
     finally:
         build_done(claim)
+
+
+def load_op_or_none(name: str, sources: List[str], extra_cflags: List[str], what: str,
+                    duration: str):
+    """:func:`load_op`, or None where the op cannot be built (no compiler or ninja, a failed
+    build), with a warning naming ``what``: the caller's pure-Python twin then gives the same
+    results, slowly."""
+    try:
+        return load_op(name, sources, extra_cflags, what, duration)
+    except Exception as exc:  # no compiler or ninja, or a failed build
+        logger.warning("cannot build %s (%s); using its slow Python twin", what, exc)
+        return None
+
+
+def source_digest(path: str) -> str:
+    """The SHA-1 (hex) of the source file ``path``: an op's build rule, for cache keys of what
+    the op computes."""
+    with open(path, "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()

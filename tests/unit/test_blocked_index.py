@@ -291,3 +291,19 @@ def test_the_start_up_epochs_line_of_thousands_of_datasets_stays_short():
     text = epochs_text(many)
     assert text.startswith("ds0000 4.10, ds0001 4.09") and text.endswith("... and 4086 more (3996 not drawn)")
     assert len(text) < 300
+
+
+def test_without_a_compiler_the_python_twin_serves(monkeypatch, caplog):
+    from megatron.runtime import jit_ops
+
+    def no_compiler(*args, **kwargs):
+        raise OSError("no c++ compiler")
+
+    monkeypatch.setattr(jit_ops, "load_op", no_compiler)
+    monkeypatch.delitem(blocked._KERNEL, "fn", raising=False)
+    assert blocked._load_kernel() is None
+    assert "cannot build the blocked index kernel" in caplog.text and "no c++ compiler" in caplog.text
+    lens, quotas = np.array([5]), np.array([[2, 3]])
+    ids, samples = np.empty(5, dtype=np.int16), np.empty(5, dtype=np.int64)
+    blocked.fill_blocks(lens, quotas, np.arange(2), np.zeros(2, dtype=np.int64), ids, samples)
+    assert np.bincount(ids).tolist() == [2, 3]

@@ -24,8 +24,6 @@ The greedy order remains available (``--data-index-order greedy``) and is what a
 of megatron-core gives (``BlendedDataset``'s own order); ``auto`` takes the greedy order where it is
 cheap (samples x datasets <= 2**32) and the blocked order above that.
 """
-import hashlib
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from heapq import heappop, heappush
@@ -34,8 +32,6 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from megatron.runtime import jit_ops
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["INDEX_ORDERS", "AUTO_GREEDY_WORK", "resolve_index_order", "blocked_kernel_digest",
            "apportion", "build_blocked_stage", "fill_blocks"]
@@ -67,22 +63,16 @@ def resolve_index_order(order: str, num_samples: int, num_datasets: int) -> str:
 
 
 def blocked_kernel_digest() -> str:
-    """The SHA-1 of the in-block kernel's source (the blocked order's rule: part of cache keys)."""
-    with open(KERNEL_SOURCE_PATH, "rb") as f:
-        return hashlib.sha1(f.read()).hexdigest()
+    """The digest of the in-block kernel's source (the blocked order's rule: part of cache keys)."""
+    return jit_ops.source_digest(KERNEL_SOURCE_PATH)
 
 
 def _load_kernel():
+    """The compiled in-block kernel (``fill``), or None without a compiler (the Python twin)."""
     if "fn" not in _KERNEL:
-        try:
-            _KERNEL["fn"] = jit_ops.load_op(
-                KERNEL_NAME, [KERNEL_SOURCE_PATH], extra_cflags=["-O3"],
-                what="the blocked index kernel (megatron/data/curriculum/blocked_index.cpp)",
-                duration="about 30 s")
-        except Exception as exc:  # no compiler or ninja, or a failed build
-            logger.warning("blocked index: cannot build %s (%s); using the slow Python twin",
-                           KERNEL_SOURCE_PATH, exc)
-            _KERNEL["fn"] = None
+        _KERNEL["fn"] = jit_ops.load_op_or_none(
+            KERNEL_NAME, [KERNEL_SOURCE_PATH], ["-O3"],
+            "the blocked index kernel (megatron/data/curriculum/blocked_index.cpp)", "about 30 s")
     return _KERNEL["fn"]
 
 

@@ -3,16 +3,12 @@ built at first use by torch.utils.cpp_extension, which caches the build in
 ``$TORCH_EXTENSIONS_DIR`` and locks it against concurrent builds by other ranks), their pure-Python
 twins (the same loops and double arithmetic: the same index without a compiler, slowly) and
 :class:`_KernelState`, the kernel's resumable state over one stage."""
-import hashlib
-import logging
 import os
 from typing import Any, Dict
 
 import numpy as np
 
 from megatron.runtime import jit_ops
-
-logger = logging.getLogger(__name__)
 
 KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                   "curriculum_index.cpp")
@@ -24,8 +20,8 @@ _KERNEL: Dict[str, Any] = {}
 
 
 def _kernel_source_digest() -> str:
-    with open(KERNEL_SOURCE_PATH, "rb") as f:
-        return hashlib.sha1(f.read()).hexdigest()
+    """The digest of the kernel's source (its build rule: part of the index's cache key)."""
+    return jit_ops.source_digest(KERNEL_SOURCE_PATH)
 
 
 def _load_kernel():
@@ -33,15 +29,10 @@ def _load_kernel():
     compiler): then the Python loops below give the same index, slowly. Built once per
     environment; a line is printed before a build."""
     if "fn" not in _KERNEL:
-        try:
-            _KERNEL["fn"] = jit_ops.load_op(
-                KERNEL_NAME, [KERNEL_SOURCE_PATH], extra_cflags=list(_CXXFLAGS),
-                what="the curriculum index kernel (megatron/data/curriculum/curriculum_index.cpp)",
-                duration="about 30 s")
-        except Exception as exc:  # no compiler or ninja, or a failed build
-            logger.warning("curriculum kernel: cannot build %s (%s); using the slow Python "
-                           "fallback", KERNEL_SOURCE_PATH, exc)
-            _KERNEL["fn"] = None
+        _KERNEL["fn"] = jit_ops.load_op_or_none(
+            KERNEL_NAME, [KERNEL_SOURCE_PATH], list(_CXXFLAGS),
+            "the curriculum index kernel (megatron/data/curriculum/curriculum_index.cpp)",
+            "about 30 s")
     return _KERNEL["fn"]
 
 

@@ -69,13 +69,15 @@ class DataResume:
 class MixSources:
     """How one kind of training data is built: ``resolve(blend)`` gives the blend's datasets
     (:class:`~megatron.data.curriculum.constituents.Constituent`, with fingerprints), ``make_source(c, n,
-    seed)`` serves dataset ``c``'s samples ``0..n - 1`` shuffled with ``seed``."""
+    seed)`` serves dataset ``c``'s samples ``0..n - 1`` shuffled with ``seed`` (reading its
+    indices from ``index_pack``, megatron/data/index_pack.py, when the sources use one)."""
 
     kind: str
     resolve: Callable[[SplitBlend], List[Constituent]]
     make_source: Callable[[Constituent, int, int], Any]
     cache_dir: Optional[str] = None
     order: str = "auto"  # --data-index-order: the order a new phase's index is built in
+    index_pack: Any = None  # GPTIndexPack the sources' indices are packed in (or None)
 
 
 def _normalised(obj):
@@ -183,7 +185,8 @@ def build_phase(phase: MixPhase, constituents: Sequence[Constituent], sources: M
         (lambda c, n: None)
     return build_mix_dataset(blend, constituents, phase.num_samples,
                              _batch_schedule(phase.batch_schedule), phase.seed, make,
-                             sources.cache_dir, continuation, phase.index_order)
+                             sources.cache_dir, continuation, phase.index_order,
+                             sources.index_pack if with_sources else None)
 
 
 # ------------------------------------------------------------------------------------ changes

@@ -2,7 +2,9 @@
 holds files open for the few it is reading, not for all of them.
 
 Each open GPT dataset holds about :data:`FILES_PER_SOURCE` file descriptors and memory maps (its
-``.idx`` and ``.bin`` and megatron-core's three cached index arrays). Opening every one at
+``.idx`` and ``.bin``; its three index arrays are views of a pack segment every dataset of the
+blend shares, megatron/data/index_pack.py, where megatron-core maps three files per dataset).
+Opening every one at
 start-up, as megatron-core's builders do, stops a blend of about 200 prefixes under the common
 default ``ulimit -n 1024`` ("Too many open files", Megatron-LM #929/#930). Here a
 :class:`LazySource` opens its dataset when a sample is first read and a :class:`SourcePool` (one
@@ -20,10 +22,10 @@ from megatron.errors import ConfigError
 __all__ = ["FILES_PER_SOURCE", "RESERVED_FILES", "POOLS_PER_PROCESS", "pool_capacity",
            "check_file_limit", "SourcePool", "LazySource"]
 
-FILES_PER_SOURCE = 6     # .idx, .bin, three index arrays, and one for the open in progress
+FILES_PER_SOURCE = 3     # .idx, .bin, and one for the open in progress (indices: shared maps)
 RESERVED_FILES = 192     # what a training process holds besides its datasets (torch, gloo, logs)
 POOLS_PER_PROCESS = 4    # a training blend and up to three evaluation blends reading at once
-MAX_OPEN = 4096          # the most a pool keeps open, whatever the limit (memory maps: 5 each)
+MAX_OPEN = 4096          # the most a pool keeps open, whatever the limit (memory maps: 2 each)
 MIN_OPEN = 4             # the fewest that still serve a batch without reopening in a loop
 
 

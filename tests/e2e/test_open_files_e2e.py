@@ -76,18 +76,23 @@ def test_a_hundred_and_twenty_prefixes_read_under_ulimit_400(many_prefixes, tmp_
     result = _child(400, blend_file, str(tmp_path / "cache"))
     assert "error" not in result, result
     assert result["seen"] == 120  # every prefix was read from
-    assert result["capacity"] == pool_capacity(120, 400) == 8
-    assert result["open_now"] <= 8 and result["opened"] >= 120
-    # open files and maps of data: the pool's few datasets, not 120 (five each when all open)
-    assert result["maps"] <= 5 * 8 + 5, result
+    assert result["capacity"] == pool_capacity(120, 400) == 17
+    assert result["open_now"] <= 17 and result["opened"] >= 120
+    # open files and maps of data: the pool's few datasets (.idx and .bin each), not 120, and the
+    # one pack segment every dataset's indices are views of (megatron/data/index_pack.py) and the
+    # curriculum index's two arrays
+    assert result["maps"] <= 2 * 17 + 1 + 2, result
     assert result["fds"] < 400 - 64, result
+    # the cache: one pack segment (.bin, .json) and the curriculum index, not 4 files per prefix
+    cache = sorted(os.listdir(tmp_path / "cache"))
+    assert len(cache) == 3 and sum(n.startswith("gpt-indices-") for n in cache) == 2, cache
 
 
 def test_a_limit_too_low_is_one_line_naming_ulimit(many_prefixes, tmp_path):
     blend_file, _ = many_prefixes
-    result = _child(200, blend_file, str(tmp_path / "cache"))
-    assert "ulimit -n) is 200, too low to read its 120 datasets" in result["error"]
-    assert "at least 288" in result["error"] and "ulimit -n 1024" in result["error"]
-    with pytest.raises(ConfigError, match="at least 216"):
+    result = _child(230, blend_file, str(tmp_path / "cache"))
+    assert "ulimit -n) is 230, too low to read its 120 datasets" in result["error"]
+    assert "at least 240" in result["error"] and "ulimit -n 1024" in result["error"]
+    with pytest.raises(ConfigError, match="at least 204"):
         check_file_limit(1, "train", soft_limit=100)
-    check_file_limit(1, "train", soft_limit=216)
+    check_file_limit(1, "train", soft_limit=204)

@@ -14,6 +14,6 @@ def test_the_pool_closes_the_least_recently_read():
 
 def test_the_capacity_follows_ulimit_n():
     assert pool_capacity(10 ** 6, 10 ** 6) == 4096          # at most MAX_OPEN
-    assert pool_capacity(120, 400) == 8                      # (400 - 192) // (6 x 4)
+    assert pool_capacity(120, 400) == 17                     # (400 - 192) // (3 x 4)
     assert pool_capacity(3, 10 ** 6) == 3                    # never more than the blend has
-    assert pool_capacity(100, 250) == 4                      # at least MIN_OPEN
+    assert pool_capacity(100, 220) == 4                      # at least MIN_OPEN

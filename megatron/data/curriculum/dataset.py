@@ -4,6 +4,7 @@ following a :class:`~megatron.data.curriculum.index.CurriculumIndex`), :class:`C
 (:func:`gpt_epoch_source`) and the builders from a blend (:func:`build_mix_dataset`,
 :func:`build_curriculum_dataset`, :func:`build_blend_config_datasets`)."""
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -16,6 +17,7 @@ from megatron.data.cache_key import array_digest
 from megatron.data.curriculum.constituents import Constituent, resolve_constituents, short_dataset_note
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import EpochShuffledSamples
+from megatron.data.index_pack import GPTIndexPack, PackedGPTDataset
 from megatron.data.rank0_first import rank0_builds_first
 from megatron.data.source_pool import LazySource, SourcePool, check_file_limit, pool_capacity
 from megatron.schedules.units import BatchSchedule
@@ -115,12 +117,15 @@ def gpt_source_label(constituent: Constituent, lengths: np.ndarray) -> str:
     return f"{label} (lengths {array_digest(lengths)['sha256'][:16]})"
 
 
-def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str):
+def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
+                     pack: Optional[GPTIndexPack] = None):
     """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
     :class:`~megatron.data.epoch_order.EpochShuffledSamples` over a megatron-core ``GPTDataset``
     of its documents built for exactly one epoch (``constituent.passes`` passes over them for a
     dataset shorter than one sample: megatron-core sizes them from the samples asked; its
-    ``start_up_note`` says so, printed once by :func:`build_mix_dataset`)."""
+    ``start_up_note`` says so, printed once by :func:`build_mix_dataset`). With ``pack`` its
+    indices are read from (or added to) that :class:`~megatron.data.index_pack.GPTIndexPack`
+    rather than megatron-core's four cache files per dataset."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -128,8 +133,8 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     low_level = IndexedDataset(c.path, multimodal=False, mmap=True)
     indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
     label = gpt_source_label(c, low_level.sequence_lengths[c.doc_begin:c.doc_end])
-    one_epoch = GPTDataset(low_level, label, indices, int(c.samples_per_epoch),
-                           _split_enum(split), gpt_config)
+    args = (low_level, label, indices, int(c.samples_per_epoch), _split_enum(split), gpt_config)
+    one_epoch = GPTDataset(*args) if pack is None else PackedGPTDataset(pack, *args)
     source = EpochShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
     if c.passes > 1:
         source.start_up_note = short_dataset_note(c, split, gpt_config.sequence_length,
@@ -137,30 +142,34 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     return source
 
 
-def _prepare(sources: Sequence[Optional[LazySource]]) -> None:
-    """Open (building what megatron-core caches for it) and close each dataset of ``sources`` in
-    turn, printing its start-up note once; progress every 10 s when there are many."""
+def _prepare(sources: Sequence[Optional[LazySource]], pack: Optional[GPTIndexPack]) -> None:
+    """Open (building what megatron-core caches for it, into ``pack`` when given: one new segment
+    per cache directory) and drop each dataset of ``sources`` in turn, printing its start-up note
+    once; progress every 10 s when there are many."""
     todo = [s for s in sources if s is not None]
     last = time.monotonic()
-    for k, source in enumerate(todo):
-        note = getattr(source.open(), "start_up_note", None)
-        if note:
-            print_rank_0(note)
-        if len(todo) > 64 and time.monotonic() - last > 10:
-            last = time.monotonic()
-            print_rank_0(f"data: {k + 1} of {len(todo)} datasets' indices ready")
+    with pack.writing() if pack is not None else nullcontext():
+        for k, source in enumerate(todo):
+            note = getattr(source.opener(), "start_up_note", None)  # not kept open: built, dropped
+            if note:
+                print_rank_0(note)
+            if len(todo) > 64 and time.monotonic() - last > 10:
+                last = time.monotonic()
+                print_rank_0(f"data: {k + 1} of {len(todo)} datasets' indices ready")
 
 
 def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], num_samples: int,
                       batch_schedule: BatchSchedule, seed: int, make_source: Callable,
                       cache_dir: Optional[str] = None,
                       continuation: Optional[Continuation] = None,
-                      order: str = "auto") -> CurriculumDataset:
+                      order: str = "auto",
+                      index_pack: Optional[GPTIndexPack] = None) -> CurriculumDataset:
     """The :class:`CurriculumDataset` of ``blend`` over ``constituents`` for a run of
     ``num_samples`` global samples (from ``continuation.begin`` on when given), its index built
     in ``order`` (``--data-index-order``: megatron/data/curriculum/blocked.py);
-    ``make_source(constituent, n)`` opens a dataset's samples ``0..n - 1``. Rank 0 builds (and
-    caches) the index and every dataset's own indices first (opening each and closing it again),
+    ``make_source(constituent, n)`` opens a dataset's samples ``0..n - 1`` (reading its indices
+    from ``index_pack`` when it was made with one). Rank 0 builds (and caches) the index and every
+    dataset's own indices first (opening each and dropping it again; into ``index_pack``),
     the other ranks then load, having waited on a file in ``cache_dir`` rather than at a
     collective (a build longer than the process group's timeout fails no rank); every rank opens
     its datasets on first use, a bounded number at a time (megatron/data/source_pool.py), so a
@@ -187,8 +196,7 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
                    for d, (c, count, total) in enumerate(zip(constituents, index.counts,
                                                              index.totals, strict=True))]
         if rank == 0:  # each dataset's own indices built (and cached) now, one open at a time
-            _prepare(sources)
-            pool.close_all()
+            _prepare(sources, index_pack)
     return CurriculumDataset(index, sources, constituents)
 
 
@@ -212,10 +220,11 @@ def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
     cache_dir = cache_dir or gpt_config.path_to_cache
     constituents = resolve_constituents(blend, gpt_config.sequence_length,
                                         gpt_config.add_extra_token_to_sequence)
+    pack = GPTIndexPack()
     return build_mix_dataset(
         blend, constituents, num_samples, batch_schedule, gpt_config.random_seed,
-        lambda c, n: gpt_epoch_source(c, n, gpt_config, split), cache_dir, continuation,
-        order)
+        lambda c, n: gpt_epoch_source(c, n, gpt_config, split, pack), cache_dir, continuation,
+        order, pack)
 
 
 def build_blend_config_datasets(config, num_samples: Tuple[int, int, int], gpt_config,

@@ -18,7 +18,7 @@ from megatron.data.blend_config import (
 from megatron.data.curriculum.constituents import resolve_constituents
 from megatron.data.curriculum.dataset import build_blend_config_datasets, build_curriculum_dataset, gpt_epoch_source
 from megatron.data.data_config import DataConfig
-from megatron.data.index_pack import GPTIndexPack
+from megatron.data.index_pack import IndexPack
 from megatron.data.loss_weights import dataset_loss_weights, parse_dataset_loss_weights
 from megatron.data.mix_resume import MixSources, continue_training_mix, eval_group_counters
 from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
@@ -174,7 +174,7 @@ def gpt_mix_sources(config: DataConfig, kind: str, gpt_config):
         return resolve_constituents(blend, gpt_config.sequence_length,
                                     gpt_config.add_extra_token_to_sequence)
 
-    pack = GPTIndexPack()
+    pack = IndexPack()
 
     def make_source(constituent, num_samples, seed):
         config = gpt_config if seed == gpt_config.random_seed else replace(gpt_config,

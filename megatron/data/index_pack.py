@@ -1,21 +1,23 @@
-"""Every prefix's megatron-core ``GPTDataset`` indices in a few pack files per cache directory,
-not four files per prefix.
+"""Every dataset's cached indices in a few pack files per cache directory, not three or four
+files per dataset: megatron-core's ``GPTDataset`` indices and the T0 pack indices
+(megatron/data/mtf_dataset.py).
 
 megatron-core caches each ``GPTDataset``'s document, sample and shuffle indices as three ``.npy``
 files and a description beside them: a blend of 4,096 prefixes leaves about 16,000 files, and a
 process reading it holds three memory maps per open dataset. Here a build (rank 0's, before the
 other ranks read: megatron/data/rank0_first.py) appends the indices of every dataset it builds to
-one *segment* per cache directory: ``gpt-indices-<key>.bin`` (the arrays, back to back, 64-byte
-aligned) and ``gpt-indices-<key>.json`` (its catalog: where each dataset's arrays lie), written
+one *segment* per cache directory: ``index-pack-<key>.bin`` (the arrays, back to back, 64-byte
+aligned) and ``index-pack-<key>.json`` (its catalog: where each dataset's arrays lie), written
 last, so a segment whose catalog exists is complete. A later build (another split, an edited mix)
 adds a segment holding only what the earlier ones lack. A process maps each segment once and
 serves every dataset's arrays as views of it.
 
-The arrays are megatron-core's own: :class:`PackedGPTDataset` is a ``GPTDataset`` whose
+The GPT arrays are megatron-core's own: :class:`PackedGPTDataset` is a ``GPTDataset`` whose
 ``_build_document_sample_shuffle_indices`` looks its indices up in the pack and, on a miss, has
 megatron-core build them in memory (``path_to_cache=""``: built, not saved) and adds them to the
 segment being written. An entry is keyed as megatron-core keys its cache files: the dataset's
-``unique_description_hash`` (its path label, split, samples and config).
+``unique_description_hash`` (its path label, split, samples and config); a T0 dataset's by its
+pack index's cache key.
 """
 import copy
 import glob
@@ -29,9 +31,9 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 from megatron.core.datasets.gpt_dataset import GPTDataset
 
-__all__ = ["SEGMENT_PREFIX", "GPTIndexPack", "PackedGPTDataset", "pack_directory"]
+__all__ = ["SEGMENT_PREFIX", "IndexPack", "PackedGPTDataset", "pack_directory"]
 
-SEGMENT_PREFIX = "gpt-indices-"
+SEGMENT_PREFIX = "index-pack-"
 ARRAYS = ("document_index", "sample_index", "shuffle_index")
 _ALIGN = 64
 _FORMAT = 1
@@ -111,8 +113,8 @@ class _SegmentWriter:
             pass
 
 
-class GPTIndexPack:
-    """The packed ``GPTDataset`` indices of the cache directories one blend reads (each dataset's
+class IndexPack:
+    """The packed indices of the cache directories one blend's datasets read (a GPT dataset's
     directory: :func:`pack_directory`). Read by every process (a DataLoader worker loads the
     catalogs again on first use); written only inside :meth:`writing`, by the rank that builds."""
 
@@ -171,7 +173,7 @@ class GPTIndexPack:
         return True
 
     @contextmanager
-    def writing(self) -> Iterator["GPTIndexPack"]:
+    def writing(self) -> Iterator["IndexPack"]:
         """Within it, indices built on a miss are added to one new segment per directory,
         published when it ends (on an error, nothing is published and nothing left behind)."""
         self._writers = {}
@@ -219,10 +221,10 @@ def _built_in_memory(dataset) -> Iterator[None]:
 
 class PackedGPTDataset(GPTDataset):
     """megatron-core's ``GPTDataset`` with its three index arrays read from (or, when missing,
-    built and added to) a :class:`GPTIndexPack`: the same arrays, samples and ``__getitem__``;
+    built and added to) a :class:`IndexPack`: the same arrays, samples and ``__getitem__``;
     ``pack`` comes first, then ``GPTDataset``'s arguments."""
 
-    def __init__(self, pack: GPTIndexPack, *args, **kwargs):
+    def __init__(self, pack: IndexPack, *args, **kwargs):
         self.pack = pack
         super().__init__(*args, **kwargs)
 

@@ -77,7 +77,7 @@ class MixSources:
     make_source: Callable[[Constituent, int, int], Any]
     cache_dir: Optional[str] = None
     order: str = "auto"  # --data-index-order: the order a new phase's index is built in
-    index_pack: Any = None  # GPTIndexPack the sources' indices are packed in (or None)
+    index_pack: Any = None  # IndexPack the sources' indices are packed in (or None)
 
 
 def _normalised(obj):

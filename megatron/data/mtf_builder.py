@@ -18,6 +18,7 @@ from megatron.data.builder import train_valid_test_num_samples, training_data, t
 from megatron.data.curriculum.constituents import Constituent
 from megatron.data.curriculum.dataset import build_mix_dataset
 from megatron.data.data_config import DataConfig
+from megatron.data.index_pack import IndexPack
 from megatron.data.mix_ledger import gpt_files_fingerprint
 from megatron.data.mix_resume import MixSources
 from megatron.data.mtf_dataset import MTFDataset, MTFDocumentPair, PackedSamplesOnly, document_range, truncated_lengths
@@ -85,16 +86,18 @@ def mtf_mix_sources(config: DataConfig, tokenizer, kind: str = "t0"):
     same whatever a run draws), padded with the tokenizer's pad id (its eod when it has none)."""
     pad_id = tokenizer.pad if hasattr(tokenizer, "pad") else tokenizer.eod
     pairs: Dict[str, MTFDocumentPair] = {}
+    pack = IndexPack()
 
     def make_source(c: Constituent, num_samples: int, seed: int) -> MTFDataset:
         cache = config.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(c.path)), "cache")
         return MTFDataset(c.name, c.path, config.seq_length, max(num_samples, 1), seed,
                           doc_range=c.split, cache_dir=cache, pad_id=pad_id,
                           prefix_lm=config.prefix_lm, loss_on_targets_only=config.loss_on_targets_only,
-                          norm_target_loss=config.norm_target_loss, pair=pairs.get(c.path))
+                          norm_target_loss=config.norm_target_loss, pair=pairs.get(c.path),
+                          index_pack=pack)
 
     return MixSources(kind, lambda blend: resolve_mtf_constituents(blend, config.seq_length, pairs),
-                      make_source, config.data_cache_path, config.data_index_order)
+                      make_source, config.data_cache_path, config.data_index_order, pack)
 
 
 def build_group_dataset(config: DataConfig, tokenizer, name: str, items: Sequence[SplitItem],
@@ -105,7 +108,8 @@ def build_group_dataset(config: DataConfig, tokenizer, name: str, items: Sequenc
     dataset = build_mix_dataset(blend, sources.resolve(blend), num_samples,
                                 batch_schedule(config.batch), config.seed,
                                 lambda c, n: sources.make_source(c, n, config.seed),
-                                config.data_cache_path, order=config.data_index_order)
+                                config.data_cache_path, order=config.data_index_order,
+                                index_pack=sources.index_pack)
     return PackedSamplesOnly(dataset)
 
 

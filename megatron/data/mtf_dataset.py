@@ -227,6 +227,9 @@ class MTFDataset(torch.utils.data.Dataset):
         seed: shuffling seed.
         doc_range: fractions ``(start, end)`` of the documents to use.
         cache_dir: directory for the ``.npy`` pack index (None: build in memory every time).
+        index_pack: the :class:`~megatron.data.index_pack.IndexPack` the pack index is kept in
+            (one segment per directory and build, shared by every dataset of a blend); None: its
+            own three ``.npy`` files in ``cache_dir``.
         pad_id: padding token id.
         prefix_lm: bidirectional attention over each segment's inputs.
         loss_on_targets_only: loss on target tokens only (else on every labelled token; refused
@@ -239,7 +242,7 @@ class MTFDataset(torch.utils.data.Dataset):
                  doc_range: Tuple[float, float] = (0.0, 1.0), cache_dir: Optional[str] = None,
                  pad_id: int = 0, prefix_lm: bool = False, loss_on_targets_only: bool = True,
                  norm_target_loss: bool = False, dataset_id: Optional[int] = None,
-                 pair: Optional[MTFDocumentPair] = None):
+                 pair: Optional[MTFDocumentPair] = None, index_pack=None):
         if prefix_lm and not loss_on_targets_only:
             raise ConfigError("prefix_lm with loss on input tokens leaks the answer (input tokens "
                              "attend bidirectionally); use loss_on_targets_only with prefix_lm")
@@ -269,6 +272,7 @@ class MTFDataset(torch.utils.data.Dataset):
                               "no (input, target) pair with a target")
         self._report_defects()
         self.num_samples = max(int(num_samples), 1)
+        self.index_pack = index_pack
         self.items, self.offsets, self.epoch_starts = self._load_or_build(cache_dir)
 
     def _report_defects(self) -> None:
@@ -303,6 +307,13 @@ class MTFDataset(torch.utils.data.Dataset):
                          {name: getattr(self, name) for name in self.KEY_INPUTS}, length=24)[0]
 
     def _load_or_build(self, cache_dir: Optional[str]):
+        if cache_dir and self.index_pack is not None:
+            key = f"mtf-{self._cache_key()}"
+            arrays = self.index_pack.lookup(cache_dir, key)
+            if arrays is None:
+                arrays = self._build()
+                self.index_pack.add(cache_dir, key, self.name, arrays)
+            return arrays
         if cache_dir:
             base = os.path.join(cache_dir, f"mtf_{self.name.replace(os.sep, '_')}_{self._cache_key()}")
             paths = [f"{base}_{part}.npy" for part in ("items", "offsets", "epochs")]

@@ -85,7 +85,7 @@ def test_a_hundred_and_twenty_prefixes_read_under_ulimit_400(many_prefixes, tmp_
     assert result["fds"] < 400 - 64, result
     # the cache: one pack segment (.bin, .json) and the curriculum index, not 4 files per prefix
     cache = sorted(os.listdir(tmp_path / "cache"))
-    assert len(cache) == 3 and sum(n.startswith("gpt-indices-") for n in cache) == 2, cache
+    assert len(cache) == 3 and sum(n.startswith("index-pack-") for n in cache) == 2, cache
 
 
 def test_a_limit_too_low_is_one_line_naming_ulimit(many_prefixes, tmp_path):

@@ -13,7 +13,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.utils import Split
 
 from helpers.curriculum import write_corpus
-from megatron.data.index_pack import SEGMENT_PREFIX, GPTIndexPack, PackedGPTDataset
+from megatron.data.index_pack import SEGMENT_PREFIX, IndexPack, PackedGPTDataset
 from megatron.tokenizer import ByteLevelTokenizer
 
 SEQ = 16
@@ -46,7 +46,7 @@ def _files(cache):
 
 
 def test_packed_indices_and_samples_are_megatron_cores(prefixes, tmp_path):
-    pack = GPTIndexPack()
+    pack = IndexPack()
     with pack.writing():
         packed = [_dataset(PackedGPTDataset, p, _config(tmp_path / "pack"), pack) for p in prefixes]
     for p, ours in zip(prefixes, packed, strict=True):
@@ -65,7 +65,7 @@ def test_packed_indices_and_samples_are_megatron_cores(prefixes, tmp_path):
 def test_a_warm_start_builds_nothing_and_a_later_build_adds_only_what_is_missing(
         prefixes, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    pack = GPTIndexPack()
+    pack = IndexPack()
     with pack.writing():
         first = [_dataset(PackedGPTDataset, p, _config(cache), pack) for p in prefixes[:3]]
     assert len(_files(cache)) == 2
@@ -74,7 +74,7 @@ def test_a_warm_start_builds_nothing_and_a_later_build_adds_only_what_is_missing
         raise AssertionError("an index was built on a warm start")
 
     monkeypatch.setattr(helpers, "build_sample_idx", no_build)
-    warm = pickle.loads(pickle.dumps(GPTIndexPack()))  # as a DataLoader worker gets it
+    warm = pickle.loads(pickle.dumps(IndexPack()))  # as a DataLoader worker gets it
     again = [_dataset(PackedGPTDataset, p, _config(cache), warm) for p in prefixes[:3]]
     for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a.shuffle_index, b.shuffle_index)
@@ -94,7 +94,7 @@ def test_a_warm_start_builds_nothing_and_a_later_build_adds_only_what_is_missing
 def test_a_reader_builds_a_miss_in_memory_and_writes_nothing(prefixes, tmp_path):
     cache = tmp_path / "cache"
     os.makedirs(cache)
-    ours = _dataset(PackedGPTDataset, prefixes[0], _config(cache), GPTIndexPack())
+    ours = _dataset(PackedGPTDataset, prefixes[0], _config(cache), IndexPack())
     peer = _dataset(GPTDataset, prefixes[0], _config(tmp_path / "peer"))
     np.testing.assert_array_equal(ours.shuffle_index, peer.shuffle_index)
     assert _files(cache) == []
@@ -102,7 +102,7 @@ def test_a_reader_builds_a_miss_in_memory_and_writes_nothing(prefixes, tmp_path)
 
 def test_a_failed_build_publishes_nothing_and_leaves_nothing(prefixes, tmp_path):
     cache = tmp_path / "cache"
-    pack = GPTIndexPack()
+    pack = IndexPack()
     with pytest.raises(RuntimeError, match="stop"):
         with pack.writing():
             _dataset(PackedGPTDataset, prefixes[0], _config(cache), pack)
@@ -114,7 +114,7 @@ def test_a_failed_build_publishes_nothing_and_leaves_nothing(prefixes, tmp_path)
 def test_without_a_cache_directory_megatron_core_builds_in_memory(prefixes, tmp_path):
     config = _config(None)
     assert config.mock  # no blend: megatron-core caches nothing, and neither does the pack
-    pack = GPTIndexPack()
+    pack = IndexPack()
     with pack.writing():
         ours = _dataset(PackedGPTDataset, prefixes[2], config, pack)
     peer = _dataset(GPTDataset, prefixes[2], config)

@@ -319,6 +319,28 @@ def test_deterministic_cached_resumable_and_multi_epoch(pairs, tmp_path):
     assert not np.array_equal(np.asarray(other_seed.items), np.asarray(a.items))
 
 
+def test_pack_indices_go_into_one_index_pack_segment(pairs, tmp_path):
+    from megatron.data.index_pack import IndexPack
+
+    prefix, _ = pairs
+    cache = str(tmp_path / "cache")
+    pack = IndexPack()
+    with pack.writing():
+        packed = [MTFDataset(f"c{k}", prefix, 64, num_samples=200, seed=11 + k, cache_dir=cache,
+                             pad_id=PAD, index_pack=pack) for k in range(3)]
+    assert sorted(f.rsplit(".", 1)[1] for f in os.listdir(cache)) == ["bin", "json"]  # not 3 x 3
+    reader = IndexPack()  # another rank: reads the segment, builds nothing
+    for k, a in enumerate(packed):
+        plain = MTFDataset("p", prefix, 64, num_samples=200, seed=11 + k, cache_dir=None, pad_id=PAD)
+        again = MTFDataset(f"c{k}", prefix, 64, num_samples=200, seed=11 + k, cache_dir=cache,
+                           pad_id=PAD, index_pack=reader)
+        for name in ("items", "offsets", "epoch_starts"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(plain, name))
+            assert not getattr(again, name).flags.writeable  # a view of the segment
+            np.testing.assert_array_equal(getattr(again, name), getattr(plain, name))
+    assert len(os.listdir(cache)) == 2
+
+
 def test_document_range_limits_the_pairs(pairs):
     prefix, ref = pairs
     head = MTFDataset("h", prefix, 64, 1, seed=0, doc_range=(0.0, 0.8))

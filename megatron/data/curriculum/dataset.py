@@ -17,7 +17,7 @@ from megatron.data.cache_key import array_digest
 from megatron.data.curriculum.constituents import Constituent, resolve_constituents, short_dataset_note
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import EpochShuffledSamples
-from megatron.data.index_pack import GPTIndexPack, PackedGPTDataset
+from megatron.data.index_pack import IndexPack, PackedGPTDataset
 from megatron.data.rank0_first import rank0_builds_first
 from megatron.data.source_pool import LazySource, SourcePool, check_file_limit, pool_capacity
 from megatron.schedules.units import BatchSchedule
@@ -118,13 +118,13 @@ def gpt_source_label(constituent: Constituent, lengths: np.ndarray) -> str:
 
 
 def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
-                     pack: Optional[GPTIndexPack] = None):
+                     pack: Optional[IndexPack] = None):
     """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
     :class:`~megatron.data.epoch_order.EpochShuffledSamples` over a megatron-core ``GPTDataset``
     of its documents built for exactly one epoch (``constituent.passes`` passes over them for a
     dataset shorter than one sample: megatron-core sizes them from the samples asked; its
     ``start_up_note`` says so, printed once by :func:`build_mix_dataset`). With ``pack`` its
-    indices are read from (or added to) that :class:`~megatron.data.index_pack.GPTIndexPack`
+    indices are read from (or added to) that :class:`~megatron.data.index_pack.IndexPack`
     rather than megatron-core's four cache files per dataset."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
@@ -142,7 +142,7 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     return source
 
 
-def _prepare(sources: Sequence[Optional[LazySource]], pack: Optional[GPTIndexPack]) -> None:
+def _prepare(sources: Sequence[Optional[LazySource]], pack: Optional[IndexPack]) -> None:
     """Open (building what megatron-core caches for it, into ``pack`` when given: one new segment
     per cache directory) and drop each dataset of ``sources`` in turn, printing its start-up note
     once; progress every 10 s when there are many."""
@@ -163,7 +163,7 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
                       cache_dir: Optional[str] = None,
                       continuation: Optional[Continuation] = None,
                       order: str = "auto",
-                      index_pack: Optional[GPTIndexPack] = None) -> CurriculumDataset:
+                      index_pack: Optional[IndexPack] = None) -> CurriculumDataset:
     """The :class:`CurriculumDataset` of ``blend`` over ``constituents`` for a run of
     ``num_samples`` global samples (from ``continuation.begin`` on when given), its index built
     in ``order`` (``--data-index-order``: megatron/data/curriculum/blocked.py);
@@ -220,7 +220,7 @@ def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
     cache_dir = cache_dir or gpt_config.path_to_cache
     constituents = resolve_constituents(blend, gpt_config.sequence_length,
                                         gpt_config.add_extra_token_to_sequence)
-    pack = GPTIndexPack()
+    pack = IndexPack()
     return build_mix_dataset(
         blend, constituents, num_samples, batch_schedule, gpt_config.random_seed,
         lambda c, n: gpt_epoch_source(c, n, gpt_config, split, pack), cache_dir, continuation,

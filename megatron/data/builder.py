@@ -21,7 +21,6 @@ from megatron.data.data_config import DataConfig
 from megatron.data.index_pack import IndexPack
 from megatron.data.loss_weights import dataset_loss_weights, parse_dataset_loss_weights
 from megatron.data.mix_resume import MixSources, continue_training_mix, eval_group_counters
-from megatron.data.shared_cache import index_cache_dirs, require_shared_cache_dirs
 from megatron.data.train_data import EvalGroup, TrainData
 from megatron.data.weighted_splits import WeightedSplitError, build_weighted_split_datasets
 from megatron.errors import ConfigError
@@ -350,9 +349,9 @@ def build_pretraining_data(config: DataConfig, tokenizer, resume=None) -> TrainD
     """Training set and evaluation groups for ``pretrain_gpt.py`` from whichever data flags are
     given (validated to be exactly one kind by ``megatron.config.data_flags``). ``resume``
     (megatron/data/mix_resume.py ``DataResume``): the checkpoint a resumed run continues, whose
-    data ledger the training mix continues. With ranks on several hosts the index cache
-    directories must be shared first (megatron/data/shared_cache.py)."""
-    require_shared_cache_dirs(index_cache_dirs(config), flag_given=bool(config.data_cache_path))
+    data ledger the training mix continues. The indices are built once per cache directory: by
+    rank 0 on a directory every node shares, by each node's first rank on a node-local one
+    (megatron/data/rank0_first.py)."""
     if config.data_blend is not None:
         return _blend_config_data(config, tokenizer, resume)
     if any(config.weighted_split_groups.values()):

@@ -1,5 +1,5 @@
-"""What the data builders read (megatron/data/builder.py, megatron/data/mtf_builder.py,
-megatron/data/shared_cache.py): the data flags after validation as a frozen dataclass whose fields
+"""What the data builders read (megatron/data/builder.py, megatron/data/mtf_builder.py): the
+data flags after validation as a frozen dataclass whose fields
 are their argparse dests, built once by megatron/config/run_config.py (``RunConfig.data``) and
 passed down, so that no module of megatron/data/ reads the parsed flags."""
 from dataclasses import dataclass

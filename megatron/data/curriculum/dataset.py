@@ -168,14 +168,15 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
     ``num_samples`` global samples (from ``continuation.begin`` on when given), its index built
     in ``order`` (``--data-index-order``: megatron/data/curriculum/blocked.py);
     ``make_source(constituent, n)`` opens a dataset's samples ``0..n - 1`` (reading its indices
-    from ``index_pack`` when it was made with one). Rank 0 builds (and caches) the index and every
-    dataset's own indices first (opening each and dropping it again; into ``index_pack``),
-    the other ranks then load, having waited on a file in ``cache_dir`` rather than at a
-    collective (a build longer than the process group's timeout fails no rank); every rank opens
+    from ``index_pack`` when it was made with one). Rank 0 (on a node-local ``cache_dir``, each
+    node's first rank) builds and caches the index and every dataset's own indices first (opening
+    each and dropping it again; into ``index_pack``), the other ranks then load, having waited on
+    a file in ``cache_dir`` rather than at a collective (a build longer than the process group's
+    timeout fails no rank: megatron/data/rank0_first.py); every rank opens
     its datasets on first use, a bounded number at a time (megatron/data/source_pool.py), so a
     blend of thousands of prefixes runs under the default ``ulimit -n``."""
     # rank 0 first; the others wait on a file in the cache, not at a collective (rank0_first.py)
-    with rank0_builds_first(cache_dir, blend.where) as rank:
+    with rank0_builds_first(cache_dir, blend.where) as builds:
         begin, base, drawn_before = 0, None, None
         if continuation is not None:
             keys = [c.ledger_key for c in constituents]
@@ -186,7 +187,7 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
                 drawn_before = (lambda s: np.asarray([int(history(s).get(k, 0)) for k in keys],
                                                      dtype=np.int64))
         index = CurriculumIndex(blend, constituents, num_samples, batch_schedule, seed=seed,
-                                cache_dir=cache_dir, write_cache=rank == 0, begin=begin, base=base,
+                                cache_dir=cache_dir, write_cache=builds, begin=begin, base=base,
                                 drawn_before=drawn_before, order=order)
         drawn = int(np.count_nonzero(index.counts))
         check_file_limit(drawn, blend.where)
@@ -195,7 +196,7 @@ def build_mix_dataset(blend: SplitBlend, constituents: Sequence[Constituent], nu
                    if count > 0 else None
                    for d, (c, count, total) in enumerate(zip(constituents, index.counts,
                                                              index.totals, strict=True))]
-        if rank == 0:  # each dataset's own indices built (and cached) now, one open at a time
+        if builds:  # each dataset's own indices built (and cached) now, one open at a time
             _prepare(sources, index_pack)
     return CurriculumDataset(index, sources, constituents)
 

@@ -295,14 +295,18 @@ class CurriculumIndex:
             self._static[plan.number] = (static, dynamic)
         return self._static[plan.number]
 
-    def _dynamic_weights(self, plan: _StagePlan, samples: np.ndarray,
-                         check: bool = True) -> np.ndarray:
+    def _dynamic_weights(self, plan: _StagePlan, samples: np.ndarray, check: bool = True,
+                         out: Optional[np.ndarray] = None, rows: Optional[List[int]] = None
+                         ) -> np.ndarray:
         """[k, len(samples)] raw weights of the entries of ``plan`` that follow a schedule (in the
-        order of :meth:`_static_weights`' positions) at global sample indices."""
+        order of :meth:`_static_weights`' positions) at global sample indices; written into rows
+        ``rows`` of ``out`` when given (returned)."""
         _, dynamic = self._static_weights(plan)
-        out = np.empty((len(dynamic), len(samples)), dtype=np.float64)
+        if out is None:
+            out = np.empty((len(dynamic), len(samples)), dtype=np.float64)
+            rows = range(len(dynamic))
         progress: Dict[str, np.ndarray] = {}
-        for row, k in enumerate(dynamic):
+        for row, k in zip(rows, dynamic, strict=True):
             e, i = plan.stage.entries[k], plan.ids[k]
             sched = self._schedule(i, plan.number, e)
             unit = getattr(sched, "unit", "iterations")
@@ -325,10 +329,13 @@ class CurriculumIndex:
         """[D_stage, len(samples)] raw (unnormalised) weights at global sample indices."""
         static, dynamic = self._static_weights(plan)
         out = np.empty((len(plan.ids), len(samples)), dtype=np.float64)
-        out[:] = static[:, None]
-        if dynamic:
-            out[dynamic] = self._dynamic_weights(plan, samples, check)
-        return out
+        if not dynamic:
+            out[:] = static[:, None]
+        elif len(dynamic) < len(static):  # the constant rows; the schedules write the others
+            constant = np.ones(len(static), dtype=bool)
+            constant[dynamic] = False
+            out[constant] = static[constant, None]
+        return self._dynamic_weights(plan, samples, check, out, dynamic)
 
     @staticmethod
     def _normalise(raw: np.ndarray, sums_out: Optional[list] = None) -> np.ndarray:

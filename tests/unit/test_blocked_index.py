@@ -436,3 +436,32 @@ def test_locate_reads_the_index_refuses_outside_it_and_survives_pickling():
                 with pytest.raises(IndexError, match=rf"global sample {outside} is outside this "
                                                      rf"mix's samples \[{begin}, 400\)"):
                     copy.locate(outside)
+
+
+def test_batches_are_released_in_order_and_planned_a_bounded_way_ahead(monkeypatch):
+    # a stage of 40 batches: each filled range is told in order, and the quotas of at most
+    # PENDING_BATCHES + 1 batches are held at once (their pages released as they are filled)
+    monkeypatch.setattr(blocked, "MAX_BLOCK", 64)
+    monkeypatch.setattr(blocked, "BATCH_SAMPLES", 128)
+    D, length = 7, 40 * 128
+    told, planned = [], []
+    quotas = blocked._quotas
+
+    def planning(*args):
+        planned.append(len(told))
+        return quotas(*args)
+
+    monkeypatch.setattr(blocked, "_quotas", planning)
+    weights = blocked.StageWeights(np.arange(1.0, D + 1), np.zeros(0, dtype=np.int64), None)
+    ids, samples = np.empty(length, dtype=np.uint8), np.empty(length, dtype=np.int32)
+    counts = np.zeros(D, dtype=np.int64)
+    drawn = blocked.build_blocked_stage(length, weights, np.zeros(0, dtype=np.int64),
+                                        np.full(D, -1), counts, np.arange(D), ids, samples,
+                                        lambda j, detail: pytest.fail("no zero weights"),
+                                        written=lambda lo, hi: told.append((lo, hi)))
+    assert told == [(k * 128, (k + 1) * 128) for k in range(40)]
+    assert len(planned) == 40
+    assert all(k - done <= blocked.PENDING_BATCHES for k, done in enumerate(planned))
+    assert drawn.tolist() == counts.tolist() == np.bincount(ids, minlength=D).tolist()
+    for d in range(D):
+        np.testing.assert_array_equal(samples[ids == d], np.arange(drawn[d]))

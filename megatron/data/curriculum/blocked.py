@@ -50,6 +50,7 @@ MAX_BLOCK = 1 << 16
 BLOCK_ERROR = 0.25  # samples: how far a block's straight-line target may stray from the weights
 # blocks whose quotas are planned together and filled by one kernel call (samples)
 BATCH_SAMPLES = 1 << 22
+PENDING_BATCHES = 3  # batches planned and not yet filled and released, at most
 DEADLINE_UNITS = 1 << 12  # deadlines are compared in 1/4096 samples (blocked_index.cpp)
 NOTHING_LEFT = " (the datasets still to draw all have weight zero)"  # the all-zero error's detail
 
@@ -232,7 +233,8 @@ def _split_blocks(starts: np.ndarray, ends: np.ndarray, weights: StageWeights,
     while len(s):
         n = len(s)
         mid = (s + e - 1) // 2
-        dyn = weights.at(np.concatenate([s, mid, e - 1]))  # [k, 3n]
+        dyn = (weights.at(np.concatenate([s, mid, e - 1])) if len(weights.dynamic)
+               else np.zeros((0, 3 * n)))  # [k, 3n]
         sums = static_sum + dyn.sum(axis=0)
         inv = np.divide(1.0, sums, out=np.zeros_like(sums), where=sums > 0)
         dyn = dyn * inv
@@ -265,8 +267,8 @@ def _block_starts(length: int, size: int, cuts: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([grid, cuts[(cuts > 0) & (cuts < length)]]))
 
 
-def build_blocked_stage(length: int, weights: StageWeights, cuts: np.ndarray, caps: np.ndarray, counts: np.ndarray, gid: np.ndarray,
-                        out_id: np.ndarray, out_sample: np.ndarray,
+def build_blocked_stage(length: int, weights: StageWeights, cuts: np.ndarray, caps: np.ndarray,
+                        counts: np.ndarray, gid: np.ndarray, out_id: np.ndarray, out_sample: np.ndarray,
                         zero_error: Callable[[int, str], None], use_kernel: bool = True,
                         written: Optional[Callable[[int, int], None]] = None) -> np.ndarray:
     """Fill one stage's ``length`` samples (``out_id``/``out_sample``, stage-local) in the blocked
@@ -290,10 +292,16 @@ def build_blocked_stage(length: int, weights: StageWeights, cuts: np.ndarray, ca
         fill_blocks(e - s, quotas, gid, c, out_id[lo:hi], out_sample[lo:hi], use_kernel)
         return lo, hi
 
+    def finish(future):
+        lo, hi = future.result()
+        if written is not None:
+            written(lo, hi)
+
     # batches are independent (each starts from its own counts): both cores fill them while this
-    # thread plans the next one's quotas
+    # thread plans the next one's quotas, at most PENDING_BATCHES ahead (their quotas in memory,
+    # their pages not yet released)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        pending = []
+        pending: list = []
         lo_block = 0
         while lo_block < len(coarse):
             hi_block = int(np.searchsorted(coarse, coarse[lo_block] + BATCH_SAMPLES, side="left"))
@@ -310,10 +318,10 @@ def build_blocked_stage(length: int, weights: StageWeights, cuts: np.ndarray, ca
             pending.append(pool.submit(run, s, e, quotas, start_counts.copy()))
             start_counts += quotas.sum(axis=0)
             lo_block = hi_block
+            while len(pending) > PENDING_BATCHES:
+                finish(pending.pop(0))
         for future in pending:
-            lo, hi = future.result()
-            if written is not None:
-                written(lo, hi)
+            finish(future)
     counts[:] = start_counts
     return drawn
 

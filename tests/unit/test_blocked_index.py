@@ -1,7 +1,9 @@
 """The blocked order of the curriculum index (megatron/data/curriculum/blocked.py): its kernel
-against its Python twin, Tijdeman's in-block bound, the bounds against the exact per-sample
-target, epochized and sequential stages, a continuation, ``auto``, the cache written in place,
-and a resumed run keeping the order its checkpoint's mix was drawn in."""
+against its Python twin, the in-block bound (Tijdeman's rule over groups of equal quotas, a
+group's datasets in turn), the bounds against the exact per-sample target, the split of constant
+weights, epochized and sequential stages, a continuation, ``auto``, the cache written in place,
+batches released in order, a resumed run keeping the order its checkpoint's mix was drawn in, and
+``CurriculumDataset.locate``."""
 import json
 import os
 

@@ -467,3 +467,12 @@ def test_batches_are_released_in_order_and_planned_a_bounded_way_ahead(monkeypat
     assert drawn.tolist() == counts.tolist() == np.bincount(ids, minlength=D).tolist()
     for d in range(D):
         np.testing.assert_array_equal(samples[ids == d], np.arange(drawn[d]))
+
+
+def test_a_quota_longer_than_its_block_is_refused_by_the_kernel():
+    if blocked._load_kernel() is None:
+        pytest.skip("no compiler: the kernel is not built")
+    ids, samples = np.empty(4, dtype=np.int16), np.empty(4, dtype=np.int64)
+    with pytest.raises(ValueError, match="a quota longer than its block"):
+        blocked.fill_blocks(np.array([4]), np.array([[5, 0]]), np.arange(2),
+                            np.zeros(2, dtype=np.int64), ids, samples)

@@ -136,6 +136,7 @@ struct Groups {
     quota.clear(); start.clear(); n.clear();
     for (int32_t d = 0; d < D; ++d) {
       if (q[d] <= 0) continue;
+      if (q[d] > L) throw std::invalid_argument("blocked index: a quota longer than its block");
       int32_t& g = of_quota[(size_t)q[d]];
       if (g < 0) { g = (int32_t)quota.size(); quota.push_back(q[d]); start.push_back(0); }
       ++start[(size_t)g];  // its size, for now

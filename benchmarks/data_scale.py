@@ -4,6 +4,7 @@ billion samples, against megatron-core in the same run (run by hand; no timed as
     .venv/bin/python benchmarks/data_scale.py            # D-scaling at N = 1e7, edit, lookups,
                                                           # set-up over sparse corpora
     .venv/bin/python benchmarks/data_scale.py --g1       # also G1: D = 1,024, N = 1e9 (~5 min)
+    .venv/bin/python benchmarks/data_scale.py --parts d-scaling lookups   # only those
 
 What it measures:
 * **D-scaling**: the training index at N = 1e7 and D in {10, 100, 1,024, 4,096, 32,766} (skewed
@@ -15,8 +16,10 @@ What it measures:
   bytes per sample on disk, the warm load; megatron-core extrapolated from its N = 1e7 point.
 * **Edit at 60%**: one weight changed and one prefix added, the continuation built from the ledger
   against the cold build, and the no-repeat/no-gap check on a sample of datasets.
-* **Lookups**: p99 of one index lookup (``CurriculumDataset.locate``), and sample fetches against
-  megatron-core's ``BlendedDataset`` over the same GPTDatasets.
+* **Lookups**: p50/p99 of one index lookup (``CurriculumDataset.locate``) against megatron-core's
+  two numpy reads, timed by batches of 64 lookups per timer reading and one per reading (the
+  timer's own cost included, and printed); sample fetches against megatron-core's
+  ``BlendedDataset`` over the same GPTDatasets (in the set-up part).
 * **Set-up over sparse corpora**: D prefixes with real ``.idx`` files and sparse ``.bin`` files
   (truncated to size: terabytes of tokens cost no disk), ``build_curriculum_dataset`` cold and warm
   (constituents, index, each dataset's own indices) against megatron-core's
@@ -43,6 +46,7 @@ from megatron.data.curriculum.index import CurriculumIndex  # noqa: E402
 from megatron.schedules.units import BatchSchedule  # noqa: E402
 
 SEQ, GBS = 4096, 1024
+PARTS = ("d-scaling", "edit", "lookups", "setup")
 
 
 def skewed_weights(D: int, seed: int) -> np.ndarray:
@@ -109,23 +113,41 @@ def ours_seconds(blend, N: int, order: str = "blocked", cache_dir=None, **kwargs
     return time.perf_counter() - t0, idx
 
 
-def d_scaling(N: int, sizes):
+def d_scaling(N: int, sizes, rounds: int = 3):
+    """ns per sample of the training index at ``N`` samples per D in ``sizes``: ours (the
+    blocked order, best of ``rounds``, the sizes interleaved, without a cache so without its key)
+    and its cache key apart (what a cached build adds: ms, and ns per sample of N), against
+    megatron-core's ``build_blending_indices`` (best of ``rounds`` at D <= 100, else once)."""
     print(f"\n## D-scaling: the training index at N = {N:.0e}, skewed static weights")
-    print("| D | ours (blocked) ns/sample | megatron-core ns/sample | megatron-core / ours |")
-    print("|---|---|---|---|")
-    ours_ns = {}
     ours_seconds(static_blend(10), 10 ** 5)  # the kernels loaded before timing
+    blends = {D: static_blend(D) for D in sizes}
+    ours, key = {D: float("inf") for D in sizes}, {D: float("inf") for D in sizes}
+    for _ in range(rounds):
+        for D in sizes:
+            t, idx = ours_seconds(blends[D], N)
+            ours[D] = min(ours[D], t)
+            t0 = time.perf_counter()
+            idx.cache_key()
+            key[D] = min(key[D], time.perf_counter() - t0)
+            del idx
+    print("| D | ours (blocked) ns/sample | its cache key, ms (ns/sample) | megatron-core ns/sample "
+          "| megatron-core / ours |")
+    print("|---|---|---|---|---|")
+    ours_ns = {}
     for D in sizes:
-        t, idx = ours_seconds(static_blend(D), N)
         w = skewed_weights(D, 0)
         n_peer = N if D <= 1024 else max(N * 1024 // D, 10 ** 5)
-        t_peer = megatron_blend_seconds(w, n_peer) * (N / n_peer)
+        # best of the rounds where it is cheap (D <= 100: under a second each), else once
+        t_peer = min(megatron_blend_seconds(w, n_peer) for _ in range(rounds if D <= 100 else 1))
+        t_peer *= N / n_peer
         note = "" if n_peer == N else f" (measured at N = {n_peer:.0e}, x{N // n_peer})"
-        ours_ns[D] = t / N * 1e9
-        print(f"| {D:,} | {ours_ns[D]:.1f} | {t_peer / N * 1e9:.1f}{note} | {t_peer / t:.1f}x |")
+        ours_ns[D] = ours[D] / N * 1e9
+        print(f"| {D:,} | {ours_ns[D]:.1f} | {key[D] * 1e3:.1f} ({key[D] / N * 1e9:.1f}) | "
+              f"{t_peer / N * 1e9:.1f}{note} | {t_peer / ours[D]:.1f}x |")
     lo, hi = min(ours_ns), max(d for d in ours_ns if d <= 4096)
+    with_key = (ours[hi] + key[hi]) / (ours[lo] + key[lo])
     print(f"ours per sample, D = {hi:,} over D = {lo}: {ours_ns[hi] / ours_ns[lo]:.2f}x "
-          "(megatron-core's grows linearly in D)")
+          f"({with_key:.2f}x with the cache key; megatron-core's grows linearly in D)")
 
 
 def _child_build(D: int, N: int, cache: str) -> dict:
@@ -196,29 +218,65 @@ def edit_at_60(D: int, N: int):
           f"cold time; no repeat and no gap in {checked} datasets checked (the new one included)")
 
 
-def lookups(D: int, N: int):
-    print(f"\n## Lookups (D = {D:,}, N = {N:.0e})")
+BATCH = 64  # lookups per timer reading in the batched figure
+
+
+def lookups(D: int, N: int, rounds: int = 3):
+    """One index lookup, ours (``CurriculumDataset.locate``) against megatron-core's (what
+    ``BlendedDataset.__getitem__`` does before the fetch: two numpy reads), at random global
+    samples, alternating rounds; per lookup in µs, two ways:
+
+    * batched: p50/p99 over timer readings that each time :data:`BATCH` consecutive lookups,
+      divided by :data:`BATCH` (the timer's own cost, ~0.1 µs a reading, spread over the batch);
+    * single: p50/p99 of one lookup per timer reading (the timer's cost included)."""
+    print(f"\n## Lookups (D = {D:,}, N = {N:.0e}; random global samples, µs per lookup)")
     from megatron.data.curriculum.dataset import CurriculumDataset
 
     _, idx = ours_seconds(static_blend(D), N)
     ds = CurriculumDataset(idx, [None] * D)
     rng = np.random.default_rng(0)
-    probes = rng.integers(0, N, 200_000).tolist()
+    probes = rng.integers(0, N, 64 * 4096).tolist()
     ids, samples = np.asarray(idx.dataset_index), np.asarray(idx.dataset_sample_index)
 
     def peer(i):  # what megatron-core's BlendedDataset.__getitem__ does before the fetch
         return ids[i], samples[i]
 
     clock = time.perf_counter_ns
-    for name, lookup in (("ours (CurriculumDataset.locate)", ds.locate),
-                         ("megatron-core (BlendedDataset's two array reads)", peer)):
-        times = np.empty(len(probes))
-        for k, i in enumerate(probes):
-            t0 = clock()
-            lookup(i)
-            times[k] = clock() - t0
-        print(f"- one index lookup, {name}: p50 {np.percentile(times, 50) / 1e3:.2f} µs, "
-              f"p99 {np.percentile(times, 99) / 1e3:.2f} µs (timer included)")
+    empty = np.empty(20_000)  # the timer alone: one reading after another
+    for k in range(len(empty)):
+        t0 = clock()
+        empty[k] = clock() - t0
+    batched = {"ours": [], "peer": []}
+    single = {"ours": [], "peer": []}
+    for _ in range(rounds):
+        for name, lookup in (("ours", ds.locate), ("peer", peer)):
+            times = np.empty(len(probes) // BATCH)
+            for k in range(len(times)):
+                batch = probes[k * BATCH:(k + 1) * BATCH]
+                t0 = clock()
+                for i in batch:
+                    lookup(i)
+                times[k] = (clock() - t0) / BATCH
+            batched[name].append(times)
+            times = np.empty(50_000)
+            for k, i in enumerate(probes[:len(times)]):
+                t0 = clock()
+                lookup(i)
+                times[k] = clock() - t0
+            single[name].append(times)
+    label = {"ours": "ours (CurriculumDataset.locate)",
+             "peer": "megatron-core (BlendedDataset's two numpy reads)"}
+    for how, data in ((f"batched ({BATCH} lookups per timer reading)", batched),
+                      ("single (one lookup per timer reading, the timer included)", single)):
+        print(f"- {how}:")
+        for name in ("ours", "peer"):
+            t = np.concatenate(data[name]) / 1e3
+            print(f"  - {label[name]}: p50 {np.percentile(t, 50):.2f} µs, "
+                  f"p99 {np.percentile(t, 99):.2f} µs")
+        ratio = np.percentile(np.concatenate(data["ours"]), 99) / np.percentile(
+            np.concatenate(data["peer"]), 99)
+        print(f"  - p99 ours / megatron-core: {ratio:.2f}x")
+    print(f"- the timer alone (two readings back to back): p50 {np.percentile(empty, 50) / 1e3:.2f} µs")
 
 
 def sparse_corpus(prefix: str, documents: int, doc_tokens: int) -> None:
@@ -323,15 +381,21 @@ def main():
     parser.add_argument("--g1", action="store_true", help="also G1 (N = 1e9; minutes)")
     parser.add_argument("--work", default=None, help="where corpora and caches go")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1024, 4096, 32766])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="which measurements to run (all by default; --g1 adds G1)")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # megatron-core opens every prefix
     work = args.work or tempfile.mkdtemp(prefix="data_scale-")
     print(f"# benchmarks/data_scale.py on {os.cpu_count()} CPU cores (work dir {work})")
-    d_scaling(10 ** 7, args.sizes)
-    edit_at_60(1024, 10 ** 7)
-    lookups(1024, 10 ** 7)
-    setup_over_sparse_corpora(1024, 10 ** 7, work)
+    if "d-scaling" in args.parts:
+        d_scaling(10 ** 7, args.sizes)
+    if "edit" in args.parts:
+        edit_at_60(1024, 10 ** 7)
+    if "lookups" in args.parts:
+        lookups(1024, 10 ** 7)
+    if "setup" in args.parts:
+        setup_over_sparse_corpora(1024, 10 ** 7, work)
     if args.g1:
         g1(1024, 10 ** 9, work)
         # G1's corpus: 1e9 samples of 4,096 tokens over 1,024 prefixes (4e12 tokens, sparse)

@@ -30,6 +30,21 @@ def array_digest(array: np.ndarray) -> Dict[str, Any]:
 
 
 _PLAIN = (bool, int, float, str)
+_PLAIN_TYPES = frozenset(_PLAIN) | {type(None)}
+# type -> the keyed field names of a dataclass without a fingerprint() method, or () for any other
+# type: decided once per type (a key of thousands of datasets canonicalises some 12,000
+# dataclasses, and dataclasses.fields and a missing attribute's lookup are slow)
+_DATACLASS_FIELDS: Dict[type, Tuple[str, ...]] = {}
+
+
+def _dataclass_fields(kind: type) -> Tuple[str, ...]:
+    names = _DATACLASS_FIELDS.get(kind)
+    if names is None:
+        plain = (dataclasses.is_dataclass(kind) and not callable(getattr(kind, "fingerprint", None)))
+        names = _DATACLASS_FIELDS[kind] = (
+            tuple(f.name for f in dataclasses.fields(kind) if f.metadata.get("cache_key", True))
+            if plain else ())
+    return names
 
 
 def canonical(obj: Any) -> Any:
@@ -38,14 +53,21 @@ def canonical(obj: Any) -> Any:
     :func:`array_digest`, numpy scalars and dtypes as numbers and strings, tuples as lists,
     mapping keys as strings."""
     kind = type(obj)
-    if obj is None or kind in _PLAIN:  # most of a key's values: answered first
+    if kind in _PLAIN_TYPES:  # most of a key's values: answered first
         return obj
     if kind in (list, tuple):
-        return [canonical(v) for v in obj]
+        return [v if type(v) in _PLAIN_TYPES else canonical(v) for v in obj]
+    names = _dataclass_fields(kind)
+    if names:  # a dataclass (without a fingerprint() method): field by field
+        out = {"__type__": kind.__name__}
+        for name in names:
+            v = getattr(obj, name)
+            out[name] = v if type(v) in _PLAIN_TYPES else canonical(v)
+        return out
     if hasattr(obj, "fingerprint") and callable(obj.fingerprint):
         return canonical(obj.fingerprint())
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {"__type__": type(obj).__name__,
+        return {"__type__": kind.__name__,
                 **{f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                    if f.metadata.get("cache_key", True)}}
     if isinstance(obj, Mapping):

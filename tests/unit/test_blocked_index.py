@@ -1,7 +1,9 @@
 """The blocked order of the curriculum index (megatron/data/curriculum/blocked.py): its kernel
-against its Python twin, Tijdeman's in-block bound, the bounds against the exact per-sample
-target, epochized and sequential stages, a continuation, ``auto``, the cache written in place,
-and a resumed run keeping the order its checkpoint's mix was drawn in."""
+against its Python twin, the in-block bound (Tijdeman's rule over groups of equal quotas, a
+group's datasets in turn), the bounds against the exact per-sample target, the split of constant
+weights, epochized and sequential stages, a continuation, ``auto``, the cache written in place,
+batches released in order, a resumed run keeping the order its checkpoint's mix was drawn in, and
+``CurriculumDataset.locate``."""
 import json
 import os
 
@@ -51,17 +53,23 @@ def test_kernel_equals_python_twin_and_tijdeman_bound_holds_in_every_block():
         np.testing.assert_array_equal(counts, np.arange(D) * 10 + totals)
         for d in range(D):  # each dataset's samples numbered on from where it stood, in order
             np.testing.assert_array_equal(samples[ids == gid[d]], d * 10 + np.arange(totals[d]))
-        o = 0
-        for L, q in zip(lens, quotas, strict=True):
-            m = int((q > 0).sum())
-            block = ids[o:o + L]
-            for d in np.flatnonzero(q):
-                c = np.cumsum(block == gid[d])
-                line = q[d] * np.arange(1, L + 1) / L
-                # Tijdeman: never a full sample from the quota's straight line (1 - 1/(2m - 2))
-                bound = 1 - 1 / (2 * m - 2) if m > 1 else 0
-                assert np.abs(c - line).max() <= bound + 1e-9
-            o += L
+        _assert_in_block_bound(lens, quotas, gid, ids)
+
+
+def _assert_in_block_bound(lens, quotas, gid, ids):
+    """Every dataset within ``1 - 1/(K g)`` of its quota's straight line in every block: Tijdeman
+    over the G groups of equal quotas (K = 2G - 2) and a group's g datasets in turn."""
+    o = 0
+    for L, q in zip(lens, quotas, strict=True):
+        G = len(np.unique(q[q > 0]))
+        block = ids[o:o + L]
+        for d in np.flatnonzero(q):
+            c = np.cumsum(block == gid[d])
+            line = q[d] * np.arange(1, L + 1) / L
+            g = int((q == q[d]).sum())
+            bound = 1 - 1 / ((2 * G - 2) * g) if G > 1 else (g - 1) / g
+            assert np.abs(c - line).max() <= bound + 1e-9, (d, G, g)
+        o += L
 
 
 def test_apportion_sums_to_the_block_and_rounds_to_the_nearest_side():
@@ -307,3 +315,164 @@ def test_without_a_compiler_the_python_twin_serves(monkeypatch, caplog):
     ids, samples = np.empty(5, dtype=np.int16), np.empty(5, dtype=np.int64)
     blocked.fill_blocks(lens, quotas, np.arange(2), np.zeros(2, dtype=np.int64), ids, samples)
     assert np.bincount(ids).tolist() == [2, 3]
+
+
+def _fill_both(lens, quotas, gid):
+    """The blocks filled by the kernel and by the Python twin (asserted equal): (ids, samples)."""
+    out = []
+    for use_kernel in (True, False):
+        counts = np.zeros(len(gid), dtype=np.int64)
+        ids = np.empty(int(lens.sum()), dtype=np.int16)
+        samples = np.empty(int(lens.sum()), dtype=np.int64)
+        blocked.fill_blocks(lens, quotas, gid, counts, ids, samples, use_kernel)
+        out.append((ids, samples))
+    for a, b in zip(*out, strict=True):
+        np.testing.assert_array_equal(a, b)
+    return out[0]
+
+
+def test_equal_quotas_form_groups_drawn_in_turn_within_the_bound():
+    # thousands of small datasets of equal quotas beside a few large ones, as a skewed blend of
+    # 4,096 prefixes gives: a few distinct quotas (the bucket queue) and many (the heap)
+    rng = np.random.default_rng(5)
+    D = 3000
+    for L, heavy in ((65536, 4), (4000, 300)):
+        q = np.zeros(D, dtype=np.int64)
+        small = rng.choice(D, 1500, replace=False)
+        q[small] = rng.integers(1, 4, len(small))
+        big = rng.choice(np.setdiff1d(np.arange(D), small), heavy, replace=False)
+        q[big] = blocked.apportion(rng.dirichlet(np.ones(heavy)) * (L - q.sum()), L - int(q.sum()))
+        assert q.sum() == L
+        gid = rng.permutation(D)
+        ids, samples = _fill_both(np.array([L]), q[None, :], gid)
+        assert np.bincount(ids, minlength=D)[gid].tolist() == q.tolist()
+        _assert_in_block_bound(np.array([L]), q[None, :], gid, ids)
+        # a group's datasets take their samples in turn, lowest dataset first
+        for value in (1, 2, 3):
+            members = np.flatnonzero(q == value)
+            order = ids[np.isin(ids, gid[members])]
+            np.testing.assert_array_equal(order, np.tile(gid[members], value))
+
+
+def test_one_group_is_a_round_robin():
+    lens, quotas = np.array([12]), np.array([[0, 3, 3, 0, 3, 3]])
+    ids, samples = _fill_both(lens, quotas, np.arange(6))
+    assert ids.tolist() == [1, 2, 4, 5] * 3 and samples.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_smallest_is_the_head_of_a_stable_argsort():
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        n = int(rng.integers(1, 50))
+        key = rng.integers(-3, 3, n).astype(np.float64) / 2  # many ties
+        if rng.random() < 0.3:
+            key[rng.random(n) < 0.3] = np.inf
+        k = int(rng.integers(0, n + 2))
+        got = blocked._smallest(key, k)
+        assert sorted(got.tolist()) == sorted(np.argsort(key, kind="stable")[:k].tolist())
+
+
+def test_constant_entries_split_blocks_as_the_full_weights_do():
+    # the split rule on (constant entries, scheduled entries) against the rule on every entry's
+    # normalised weights: the same blocks, the same Simpson weights
+    rng = np.random.default_rng(4)
+    D, length = 200, 1 << 16
+    static = rng.pareto(0.7, D) + 1e-4
+    dynamic = np.array([3, 50, 120])
+    static[dynamic] = 0.0
+    slopes = rng.random((len(dynamic), 1)) * 1e-4
+
+    def at(pos):
+        return 0.5 + slopes * pos[None, :]
+
+    weights = blocked.StageWeights(static, dynamic, at)
+    s, e, inv, dyn = blocked._split_blocks(np.array([0]), np.array([length]), weights,
+                                           lambda j, detail: pytest.fail("no zero weights"))
+    assert len(s) > 1 and s[0] == 0 and e[-1] == length and (s[1:] == e[:-1]).all()
+
+    def full(pos):
+        raw = np.repeat(static[:, None], len(pos), axis=1)
+        raw[dynamic] = at(pos)
+        return raw / raw.sum(axis=0)
+
+    mids = (s + e - 1) // 2
+    w0, wm, w1 = full(s), full(mids), full(e - 1)
+    err = (np.abs(w1 - w0) / 8 + np.abs(wm - (w0 + w1) / 2)).max(axis=0) * (e - s)
+    assert (err <= blocked.BLOCK_ERROR * (1 + 1e-9)).all()
+    simpson = (w0 + 4 * wm + w1) / 6
+    got = static[:, None] * inv[None, :]
+    got[dynamic] = dyn
+    np.testing.assert_allclose(got, simpson, rtol=1e-12, atol=1e-15)
+    # each block's parent was too far from straight: halving stopped as soon as it could
+    parents = {(int(a), int(b)) for a, b in zip(s, e, strict=True)}
+    for a, b in parents:
+        size = b - a
+        if size < length:  # a half: its parent spanned [a, a + 2 size) or [a - size, b)
+            lo = a if (a // size) % 2 == 0 else a - size
+            p0, pm, p1 = full(np.array([lo])), full(np.array([(2 * lo + 2 * size - 1) // 2])), \
+                full(np.array([lo + 2 * size - 1]))
+            perr = (np.abs(p1 - p0) / 8 + np.abs(pm - (p0 + p1) / 2)).max() * 2 * size
+            assert perr > blocked.BLOCK_ERROR
+
+
+def test_locate_reads_the_index_refuses_outside_it_and_survives_pickling():
+    import pickle
+
+    from megatron.data.curriculum.dataset import CurriculumDataset
+
+    blend = {"blend": [{"path": "a", "weight": 1}, {"path": "b", "weight": 3}]}
+    idx = fake_index(blend, 400, seq=SEQ, order="blocked")
+    cfg = parse_blend_config({"train": blend}, "t.yaml", check_files=False).train
+    tail = CurriculumIndex(cfg, idx.constituents, 400, BatchSchedule(4, None, SEQ), order="blocked",
+                           begin=100, base=idx.drawn_before(100))
+    for ds, begin in ((CurriculumDataset(idx, [None, None]), 0),
+                      (CurriculumDataset(tail, [None, None]), 100)):
+        ids, samples = np.asarray(ds.dataset_index), np.asarray(ds.dataset_sample_index)
+        for copy in (ds, pickle.loads(pickle.dumps(ds))):
+            for i in (begin, begin + 1, 250, 399):
+                got = copy.locate(i)
+                assert got == (ids[i - begin], samples[i - begin])
+                assert type(got[0]) is int and type(got[1]) is int
+            assert copy.locate(np.int64(399)) == (ids[-1], samples[-1])
+            for outside in (begin - 1, -1, 400, 10 ** 6):
+                with pytest.raises(IndexError, match=rf"global sample {outside} is outside this "
+                                                     rf"mix's samples \[{begin}, 400\)"):
+                    copy.locate(outside)
+
+
+def test_batches_are_released_in_order_and_planned_a_bounded_way_ahead(monkeypatch):
+    # a stage of 40 batches: each filled range is told in order, and the quotas of at most
+    # PENDING_BATCHES + 1 batches are held at once (their pages released as they are filled)
+    monkeypatch.setattr(blocked, "MAX_BLOCK", 64)
+    monkeypatch.setattr(blocked, "BATCH_SAMPLES", 128)
+    D, length = 7, 40 * 128
+    told, planned = [], []
+    quotas = blocked._quotas
+
+    def planning(*args):
+        planned.append(len(told))
+        return quotas(*args)
+
+    monkeypatch.setattr(blocked, "_quotas", planning)
+    weights = blocked.StageWeights(np.arange(1.0, D + 1), np.zeros(0, dtype=np.int64), None)
+    ids, samples = np.empty(length, dtype=np.uint8), np.empty(length, dtype=np.int32)
+    counts = np.zeros(D, dtype=np.int64)
+    drawn = blocked.build_blocked_stage(length, weights, np.zeros(0, dtype=np.int64),
+                                        np.full(D, -1), counts, np.arange(D), ids, samples,
+                                        lambda j, detail: pytest.fail("no zero weights"),
+                                        written=lambda lo, hi: told.append((lo, hi)))
+    assert told == [(k * 128, (k + 1) * 128) for k in range(40)]
+    assert len(planned) == 40
+    assert all(k - done <= blocked.PENDING_BATCHES for k, done in enumerate(planned))
+    assert drawn.tolist() == counts.tolist() == np.bincount(ids, minlength=D).tolist()
+    for d in range(D):
+        np.testing.assert_array_equal(samples[ids == d], np.arange(drawn[d]))
+
+
+def test_a_quota_longer_than_its_block_is_refused_by_the_kernel():
+    if blocked._load_kernel() is None:
+        pytest.skip("no compiler: the kernel is not built")
+    ids, samples = np.empty(4, dtype=np.int16), np.empty(4, dtype=np.int64)
+    with pytest.raises(ValueError, match="a quota longer than its block"):
+        blocked.fill_blocks(np.array([4]), np.array([[5, 0]]), np.arange(2),
+                            np.zeros(2, dtype=np.int64), ids, samples)

@@ -1,13 +1,18 @@
 // The blocked order's in-block kernel (megatron/data/curriculum/blocked.py): given, per block, how
-// many samples each dataset gives (its quota), the order of the block's samples. Within a block of
-// L samples the datasets with a quota n_d > 0 (m of them) are interleaved by Tijdeman's
-// earliest-deadline rule ("The chairman assignment problem", Discrete Math. 32, 1980) at the
-// rates n_d / L: with K = 2m - 2, dataset d's (k+1)-th sample is released at the first sample j
-// with n_d (j + 1) / L - k >= 1/K and due when n_d (j + 1) / L reaches k + 1 - 1/K; each sample
-// goes to the released dataset due first (ties: the lowest dataset). Then no dataset is ever a
-// full sample from n_d j / L inside the block: |c_d(j) - n_d j / L| <= 1 - 1/K.
+// many samples each dataset gives (its quota), the order of the block's samples. The datasets of a
+// block with equal quotas q > 0 form a group (g of them: its quota is Q = g q); the groups are
+// numbered in the order of their lowest dataset. Within a block of L samples the groups (G of
+// them) are interleaved by Tijdeman's earliest-deadline rule ("The chairman assignment problem",
+// Discrete Math. 32, 1980) at the rates Q / L: with K = 2G - 2, a group's (k+1)-th sample is
+// released at the first sample j with Q (j + 1) / L - k >= 1/K and due when Q (j + 1) / L reaches
+// k + 1 - 1/K; each sample goes to the released group due first (ties: the lowest group), and a
+// group gives its samples to its datasets in turn (lowest dataset first, round-robin). Then no
+// group is a full sample from Q j / L (|C(j) - Q j / L| <= 1 - 1/K), and no dataset a full sample
+// from q j / L: its count is within (g - 1) / g of C(j) / g, so within 1 - 1/(K g) of q j / L.
+// A block costs O(L + D) whatever the datasets: G is at most the distinct quotas (sqrt(2 L)),
+// and a blend of thousands of small datasets is mostly groups of quota 1, 2, 3, ...
 // Releases and deadlines are exact integers (deadlines in 1/4096 samples, ties: the lowest
-// dataset), so blocked.py's Python twin gives the identical order. Built at first use with
+// group), so blocked.py's Python twin gives the identical order. Built at first use with
 // torch.utils.cpp_extension.load.
 #include <algorithm>
 #include <cstdint>
@@ -118,19 +123,70 @@ class ReadyHeap {
   std::vector<uint64_t> keys_;
 };
 
-// one block: the Tijdeman order of quotas n[0..m) over L samples (see the top of this file)
+// The groups of one block: group t holds the datasets member[start[t] .. start[t + 1]) (each of
+// quota q[t], so the group's quota is n[t] = q[t] (start[t + 1] - start[t])), in increasing order.
+struct Groups {
+  std::vector<int32_t> member, start, cursor;
+  std::vector<int64_t> n;
+  std::vector<int32_t> of_quota;  // of_quota[q]: the group of quota q in this block, -1 none
+  // the groups of quotas q[0..D) (a block of at most L samples), in the order of their lowest dataset
+  int64_t build(const int64_t* q, int32_t D, int64_t L) {
+    if ((int64_t)of_quota.size() < L + 1) of_quota.assign((size_t)L + 1, -1);
+    std::vector<int64_t>& quota = quota_;
+    quota.clear(); start.clear(); n.clear();
+    for (int32_t d = 0; d < D; ++d) {
+      if (q[d] <= 0) continue;
+      if (q[d] > L) throw std::invalid_argument("blocked index: a quota longer than its block");
+      int32_t& g = of_quota[(size_t)q[d]];
+      if (g < 0) { g = (int32_t)quota.size(); quota.push_back(q[d]); start.push_back(0); }
+      ++start[(size_t)g];  // its size, for now
+    }
+    const int64_t G = (int64_t)quota.size();
+    int32_t at = 0;
+    for (int64_t t = 0; t < G; ++t) {  // sizes -> starts; n = q x size
+      const int32_t size = start[(size_t)t];
+      n.push_back(quota[(size_t)t] * size);
+      start[(size_t)t] = at;
+      at += size;
+    }
+    start.push_back(at);
+    member.resize((size_t)at);
+    cursor.assign(start.begin(), start.end() - 1);  // the next free slot, then the next to draw
+    for (int32_t d = 0; d < D; ++d) {
+      if (q[d] > 0) member[(size_t)cursor[(size_t)of_quota[(size_t)q[d]]]++] = d;
+    }
+    for (int64_t t = 0; t < G; ++t) {
+      of_quota[(size_t)quota[(size_t)t]] = -1;
+      cursor[(size_t)t] = start[(size_t)t];
+    }
+    return G;
+  }
+  // the dataset group t gives its next sample to (its datasets in turn)
+  int32_t next_dataset(int32_t t) {
+    const int32_t d = member[(size_t)cursor[(size_t)t]];
+    if (++cursor[(size_t)t] == start[(size_t)t + 1]) cursor[(size_t)t] = start[(size_t)t];
+    return d;
+  }
+
+ private:
+  std::vector<int64_t> quota_;
+};
+
+// one block: the Tijdeman order of the G groups' quotas over L samples (see the top of this file)
 template <typename Ready, typename TI, typename TS>
-void fill_block(int64_t L, int64_t m, const std::vector<int32_t>& list, const std::vector<int64_t>& n,
-                std::vector<int64_t>& k, std::vector<int32_t>& next, std::vector<Clock>& clock,
-                std::vector<int32_t>& head, Ready& ready, const int64_t* gid, int64_t* counts,
-                TI* out_id, TS* out_sample) {
-  const int64_t K = 2 * m - 2;
+void fill_block(int64_t L, int64_t G, Groups& groups, std::vector<int64_t>& k,
+                std::vector<int32_t>& next, std::vector<Clock>& clock, std::vector<int32_t>& head,
+                Ready& ready, const int64_t* gid, int64_t* counts, TI* out_id, TS* out_sample) {
+  const std::vector<int64_t>& n = groups.n;
+  const int64_t K = 2 * G - 2;
   head.assign((size_t)L, -1);
-  clock.resize((size_t)m);
-  ready.reset(L, m);
-  // dataset t is released: into the ready queue under its key (deadline << 16 | position)
+  clock.resize((size_t)G);
+  k.assign((size_t)G, 0);
+  next.assign((size_t)G, -1);
+  ready.reset(L, G);
+  // group t is released: into the ready queue under its key (deadline << 16 | position)
   auto release = [&](int32_t t) { ready.push(t, ((uint64_t)clock[t].dq << 16) | (uint64_t)t); };
-  auto schedule = [&](int32_t t, int64_t j) {  // dataset t's next sample
+  auto schedule = [&](int32_t t, int64_t j) {  // group t's next sample
     const int64_t r = clock[t].release();
     if (r <= j) {
       release(t);
@@ -139,16 +195,16 @@ void fill_block(int64_t L, int64_t m, const std::vector<int32_t>& list, const st
       head[r] = t;
     }
   };
-  for (int32_t t = (int32_t)m - 1; t >= 0; --t) {
+  for (int32_t t = (int32_t)G - 1; t >= 0; --t) {
     clock[t].start(L, n[t], K);
     schedule(t, -1);
   }
   for (int64_t j = 0; j < L; ++j) {
     for (int32_t t = head[j]; t >= 0; t = next[t]) release(t);
-    // Tijdeman's bound keeps a released dataset at every sample (the deficits sum to 1)
+    // Tijdeman's bound keeps a released group at every sample (the deficits sum to 1)
     const int32_t t = ready.pop();
     if (t < 0) throw std::runtime_error("blocked index: no dataset released");
-    const int32_t d = list[t];
+    const int32_t d = groups.next_dataset(t);
     out_id[j] = (TI)gid[d];
     out_sample[j] = (TS)(counts[d]++);
     if (++k[t] < n[t]) {
@@ -161,35 +217,27 @@ void fill_block(int64_t L, int64_t m, const std::vector<int32_t>& list, const st
 template <typename TI, typename TS>
 void fill(int64_t nb, int32_t D, const int64_t* lens, const int64_t* quotas, const int64_t* gid,
           int64_t* counts, TI* out_id, TS* out_sample) {
-  std::vector<int32_t> list, next;
-  std::vector<int64_t> n, k;
+  Groups groups;
+  std::vector<int32_t> next;
+  std::vector<int64_t> k;
   std::vector<Clock> clock;
-  std::vector<int32_t> head;  // the calendar of releases: head[j] lists the datasets released at j
-  list.reserve(D); n.reserve(D); k.reserve(D); next.reserve(D); clock.reserve(D);
+  std::vector<int32_t> head;  // the calendar of releases: head[j] lists the groups released at j
   ReadyBuckets ready;
   ReadyHeap heap;
   int64_t o = 0;
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t L = lens[b];
-    const int64_t* q = quotas + b * D;
-    list.clear(); n.clear(); k.clear(); next.clear(); clock.clear();
-    for (int32_t d = 0; d < D; ++d) {
-      if (q[d] > 0) { list.push_back(d); n.push_back(q[d]); k.push_back(0); next.push_back(-1); }
-    }
-    const int64_t m = (int64_t)list.size();
-    if (m == 1) {
-      const int32_t d = list[0];
+    const int64_t G = groups.build(quotas + b * D, D, L);
+    if (G == 1) {  // one group: its datasets in turn
       for (int64_t j = 0; j < L; ++j) {
+        const int32_t d = groups.next_dataset(0);
         out_id[o + j] = (TI)gid[d];
         out_sample[o + j] = (TS)(counts[d]++);
       }
-      o += L;
-      continue;
-    }
-    if (m * 64 > L) {  // many datasets of few samples: equal deadlines, a heap
-      fill_block(L, m, list, n, k, next, clock, head, heap, gid, counts, out_id + o, out_sample + o);
+    } else if (G * 64 > L) {  // many groups of few samples: equal deadlines, a heap
+      fill_block(L, G, groups, k, next, clock, head, heap, gid, counts, out_id + o, out_sample + o);
     } else {
-      fill_block(L, m, list, n, k, next, clock, head, ready, gid, counts, out_id + o, out_sample + o);
+      fill_block(L, G, groups, k, next, clock, head, ready, gid, counts, out_id + o, out_sample + o);
     }
     o += L;
   }

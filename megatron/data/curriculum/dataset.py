@@ -58,21 +58,27 @@ class CurriculumDataset(torch.utils.data.Dataset):
         self.epochs = index.epochs
         self.counts = index.counts
         self._ledger_cache: Tuple[int, np.ndarray] = (index.begin, index.base.copy())
-        self._views: Optional[Tuple[memoryview, memoryview]] = None
+        self._make_views()
+
+    def _make_views(self) -> None:
+        # memoryviews of the index arrays: an item is a Python int, several times faster than
+        # numpy's scalar indexing (made again after unpickling: a memoryview is not picklable)
+        self._ids = memoryview(self.dataset_index)
+        self._samples = memoryview(self.dataset_sample_index)
 
     def __len__(self) -> int:
         return self.index.num_samples
 
     def locate(self, idx: int) -> Tuple[int, int]:
-        """(dataset id, that dataset's sample number) of global sample ``idx``."""
-        j = int(idx) - self.begin
-        if not 0 <= j < len(self.dataset_index):
-            raise IndexError(f"global sample {idx} is outside this mix's samples [{self.begin}, "
-                             f"{self.index.num_samples})")
-        views = self._views
-        if views is None:  # memoryviews: an item is a Python int, several times faster than numpy's
-            views = self._views = (memoryview(self.dataset_index), memoryview(self.dataset_sample_index))
-        return views[0][j], views[1][j]
+        """(dataset id, that dataset's sample number) of global sample ``idx`` (an integer)."""
+        j = idx - self.begin
+        if j >= 0:  # a negative position would count from the end
+            try:
+                return self._ids[j], self._samples[j]
+            except IndexError:
+                pass
+        raise IndexError(f"global sample {idx} is outside this mix's samples [{self.begin}, "
+                         f"{self.index.num_samples})")
 
     def __getitem__(self, idx: int) -> Dict[str, Any]:
         dataset_id, sample = self.locate(idx)
@@ -96,8 +102,12 @@ class CurriculumDataset(torch.utils.data.Dataset):
     def __getstate__(self):  # DataLoader workers: the index arrays are shared, not the cache
         state = dict(self.__dict__)
         state["_ledger_cache"] = (self.index.begin, self.index.base.copy())
-        state["_views"] = None  # not picklable; made again on first use
+        del state["_ids"], state["_samples"]  # memoryviews: not picklable, made again
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_views()
 
 
 def _split_enum(split: str):

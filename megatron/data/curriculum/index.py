@@ -61,7 +61,12 @@ import numpy as np
 
 from megatron.data.blend_config import BlendConfigError, BlendEntry, BlendStage, SplitBlend
 from megatron.data.cache_key import cache_key
-from megatron.data.curriculum.blocked import blocked_kernel_digest, build_blocked_stage, resolve_index_order
+from megatron.data.curriculum.blocked import (
+    StageWeights,
+    blocked_kernel_digest,
+    build_blocked_stage,
+    resolve_index_order,
+)
 from megatron.data.curriculum.cache import (
     cache_directory,
     new_index_files,
@@ -147,6 +152,7 @@ class CurriculumIndex:
         self.context = WeightContext(batch_schedule, self.num_samples)
         self._key_index = {(c.path, c.split[0], c.split[1]): i for i, c in enumerate(self.constituents)}
         self._schedules: Dict[Tuple[int, int], Any] = {}
+        self._static: Dict[int, Tuple[np.ndarray, List[int]]] = {}  # by stage number
         self.plans = self._plan()
         if D > 32767:
             raise BlendConfigError(f"{blend.where}: {D} datasets; at most 32767 are supported")
@@ -272,32 +278,64 @@ class CurriculumIndex:
             return "samples"
         return "iterations" if units else None
 
+    def _static_weights(self, plan: _StagePlan) -> Tuple[np.ndarray, List[int]]:
+        """(each entry's weight where it is a number or a default (its cap), 0 where it is a
+        schedule; the positions of the schedules) of ``plan``'s stage: a stage of thousands of
+        static entries is weighted with one array, not an entry at a time."""
+        if plan.number not in self._static:
+            static = np.zeros(len(plan.ids), dtype=np.float64)
+            dynamic = []
+            for k, (e, cap) in enumerate(zip(plan.stage.entries, plan.caps, strict=True)):
+                if e.weight is None:
+                    static[k] = float(cap)
+                elif isinstance(e.weight, dict):
+                    dynamic.append(k)
+                else:
+                    static[k] = float(e.weight)
+            self._static[plan.number] = (static, dynamic)
+        return self._static[plan.number]
+
+    def _dynamic_weights(self, plan: _StagePlan, samples: np.ndarray, check: bool = True,
+                         out: Optional[np.ndarray] = None, rows: Optional[List[int]] = None
+                         ) -> np.ndarray:
+        """[k, len(samples)] raw weights of the entries of ``plan`` that follow a schedule (in the
+        order of :meth:`_static_weights`' positions) at global sample indices; written into rows
+        ``rows`` of ``out`` when given (returned)."""
+        _, dynamic = self._static_weights(plan)
+        if out is None:
+            out = np.empty((len(dynamic), len(samples)), dtype=np.float64)
+            rows = range(len(dynamic))
+        progress: Dict[str, np.ndarray] = {}
+        for row, k in zip(rows, dynamic, strict=True):
+            e, i = plan.stage.entries[k], plan.ids[k]
+            sched = self._schedule(i, plan.number, e)
+            unit = getattr(sched, "unit", "iterations")
+            if unit not in progress:
+                progress[unit] = self.progress.of(samples, unit)
+            p = progress[unit]
+            out[row] = sched(p)
+            if check:
+                v = out[row]
+                if not (v.min(initial=0.0) >= 0 and np.isfinite(v.max(initial=0.0))):
+                    bad = ~np.isfinite(v) | (v < 0)
+                    j = int(np.argmax(bad))
+                    raise BlendConfigError(
+                        f"{e.where}.weight: schedule {e.weight!r} gives weight {v[j]!r} at "
+                        f"{unit} {p[j]:g} (sample {int(samples[j])}); weights must be finite "
+                        "and non-negative")
+        return out
+
     def _raw_weights(self, plan: _StagePlan, samples: np.ndarray, check: bool = True) -> np.ndarray:
         """[D_stage, len(samples)] raw (unnormalised) weights at global sample indices."""
+        static, dynamic = self._static_weights(plan)
         out = np.empty((len(plan.ids), len(samples)), dtype=np.float64)
-        progress: Dict[str, np.ndarray] = {}
-        for k, (e, i, cap) in enumerate(zip(plan.stage.entries, plan.ids, plan.caps, strict=True)):
-            if e.weight is None:
-                out[k] = float(cap)
-            elif isinstance(e.weight, dict):
-                sched = self._schedule(i, plan.number, e)
-                unit = getattr(sched, "unit", "iterations")
-                if unit not in progress:
-                    progress[unit] = self.progress.of(samples, unit)
-                p = progress[unit]
-                out[k] = sched(p)
-                if check:
-                    v = out[k]
-                    if not (v.min(initial=0.0) >= 0 and np.isfinite(v.max(initial=0.0))):
-                        bad = ~np.isfinite(v) | (v < 0)
-                        j = int(np.argmax(bad))
-                        raise BlendConfigError(
-                            f"{e.where}.weight: schedule {e.weight!r} gives weight {v[j]!r} at "
-                            f"{unit} {p[j]:g} (sample {int(samples[j])}); weights must be finite "
-                            "and non-negative")
-            else:
-                out[k] = float(e.weight)
-        return out
+        if not dynamic:
+            out[:] = static[:, None]
+        elif len(dynamic) < len(static):  # the constant rows; the schedules write the others
+            constant = np.ones(len(static), dtype=bool)
+            constant[dynamic] = False
+            out[constant] = static[constant, None]
+        return self._dynamic_weights(plan, samples, check, out, dynamic)
 
     @staticmethod
     def _normalise(raw: np.ndarray, sums_out: Optional[list] = None) -> np.ndarray:
@@ -385,8 +423,11 @@ class CurriculumIndex:
         def zero_error(j: int, detail: str):
             self._all_zero_error(plan, plan.begin + j, detail)
 
+        static, dynamic = self._static_weights(plan)
+        weights = StageWeights(static, np.asarray(dynamic, dtype=np.int64),
+                               lambda pos: self._dynamic_weights(plan, plan.begin + pos))
         return build_blocked_stage(
-            plan.end - plan.begin, lambda pos: self._raw_weights(plan, plan.begin + pos),
+            plan.end - plan.begin, weights,
             self._blocked_cuts(plan), np.asarray(plan.caps, dtype=np.int64), counts, ids,
             out_id[lo:hi], out_sample[lo:hi], zero_error,
             written=lambda a, b: release_written((out_id, out_sample), lo + a, lo + b))
@@ -596,9 +637,9 @@ class CurriculumIndex:
         return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
 
     def _load_or_build(self, cache_dir: Optional[str]):
-        key = self.cache_key()
-        if not cache_dir:
+        if not cache_dir:  # nothing is looked up or written: no key (O(D) JSON at thousands)
             return self._build()
+        key = self.cache_key()
         path = cache_directory(cache_dir, key)
         self.cache_path = path
         loaded = try_load_index(path, self.num_samples, self.length, self.id_dtype,

@@ -73,9 +73,10 @@ NO_SCALING = RopeScaling()
 
 class _UlyssesRotary:
     """The angles of this rank's global positions under DeepSpeed-Ulysses (the module docstring),
-    for megatron-core's rotary embeddings: mixed in before the megatron-core class, whose
-    (cached) ``forward`` calls :meth:`get_emb`; a class gives its whole-sequence angles by
-    ``angles``."""
+    for megatron-core's rotary embeddings: mixed in before the megatron-core class; a class gives
+    its whole-sequence angles by ``angles`` and its ``forward`` by :meth:`_forward`. The Ulysses
+    group is megatron-core's context-parallel group, so where it has more than one rank
+    megatron-core's ``forward`` (which would cut its context-parallel chunks) is not called."""
 
     def _ulysses_group(self):
         if not getattr(self, "sequence_sharded", False):
@@ -107,6 +108,14 @@ class _UlyssesRotary:
             return emb[0][shard], emb[1]
         return emb[shard]
 
+    def _forward(self, core_forward, max_seq_len: int, offset: int, packed_seq: bool, cp_group):
+        """megatron-core's ``core_forward`` (cached) without Ulysses; with it :meth:`get_emb`:
+        this rank's slice of the angles once ``sequence_sharded`` is set, all of them before
+        (YaRN's constructor computes the original length's)."""
+        if self.cp_group is None or self.cp_group.size() == 1:
+            return core_forward(self, max_seq_len, offset, packed_seq, cp_group)
+        return self.get_emb(max_seq_len, offset)
+
 
 class RotaryEmbedding(_UlyssesRotary, mcore_rotary.RotaryEmbedding):
     """megatron-core's ``RotaryEmbedding`` that keeps ``inv_freq`` on the CPU when CUDA is absent."""
@@ -122,6 +131,13 @@ class RotaryEmbedding(_UlyssesRotary, mcore_rotary.RotaryEmbedding):
         else:
             emb = torch.cat((freqs, freqs), dim=-1)
         return emb[:, None, None, :]
+
+    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False,
+                cp_group=None) -> Tensor:
+        """megatron-core's embedding; under Ulysses the ``[max_seq_len / N, 1, 1, dim]`` angles of
+        this rank's slice of the ``max_seq_len`` positions."""
+        return self._forward(mcore_rotary.RotaryEmbedding.forward, max_seq_len, offset,
+                             packed_seq, cp_group)
 
 
 class YarnRotaryEmbedding(_UlyssesRotary, mcore_yarn.YarnRotaryEmbedding):
@@ -145,6 +161,16 @@ class YarnRotaryEmbedding(_UlyssesRotary, mcore_yarn.YarnRotaryEmbedding):
         factor = mcore_yarn._yarn_get_concentration_factor(self.scaling_factor, self.mscale,
                                                            self.mscale_all_dim)
         return torch.cat((freqs, freqs), dim=-1)[:, None, None, :], factor
+
+    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False,
+                cp_group=None) -> Tuple[Tensor, float]:
+        """megatron-core's YaRN embedding and attention factor; under Ulysses the angles of this
+        rank's slice of the ``max_seq_len`` positions."""
+        return self._forward(mcore_yarn.YarnRotaryEmbedding.forward, max_seq_len, offset,
+                             packed_seq, cp_group)
+
+    # megatron-core's constructor clears its forward's cache (``self.forward.cache_clear()``)
+    forward.cache_clear = mcore_yarn.YarnRotaryEmbedding.forward.cache_clear
 
 
 def rotary_embedding(config: TransformerConfig, position_embedding_type: str,

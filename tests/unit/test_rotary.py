@@ -102,9 +102,10 @@ def test_ulysses_rank_gets_its_slice_of_the_angles(monkeypatch, yarn):
     else:
         module = RotaryEmbedding(kv_channels=16, rotary_percent=1.0, rotary_base=500,
                                  use_cpu_initialization=True)
-    whole = module(16)
+    module.cp_group = Group()  # megatron-core's context-parallel group is the Ulysses group
+    whole = module(16)  # before sequence_sharded (YaRN's constructor): all positions
     module.sequence_sharded = True
-    mine = module.get_emb(16)
+    mine = module(16)
     if yarn:
         (whole, factor), (mine, my_factor) = whole, mine
         assert my_factor == factor != 1.0

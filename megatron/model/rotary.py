@@ -37,7 +37,7 @@ from torch import Tensor
 from megatron.parallel.ulysses import sequence_parallel_group, sequence_shard
 
 __all__ = ["NO_SCALING", "RopeScaling", "RotaryEmbedding", "YarnRotaryEmbedding", "YARN_CONFIG_FIELDS",
-           "rotary_embedding", "use_device_rotary_embedding", "use_yarn_rotary_embedding"]
+           "rotary_embedding", "use_device_rotary_embedding", "use_yarn_rotary_embedding", "yarn_fields"]
 
 # The TransformerConfig attributes megatron-core's GPTModel and attention read for YaRN, and the
 # flags (argparse dests) they come from (Megatron-LM's ``_apply_yarn_config_from_args``).

@@ -34,6 +34,10 @@ MODEL_ARG_NAMES = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "kv_channels", "max_position_embeddings", "normalization", "norm_epsilon", "swiglu",
     "openai_gelu", "bias_gelu_fusion", "position_embedding_type", "rotary_percent", "rotary_base",
+    # RoPE's scalings (megatron/config/model_flags.py): linear, Llama 3.1's, YaRN's
+    "rotary_seq_len_interpolation_factor", "use_rope_scaling", "rope_scaling_factor",
+    "rotary_scaling_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast",
+    "yarn_beta_slow", "mscale", "mscale_all_dim", "yarn_correction_range_round_to_int",
     "untie_embeddings_and_output_weights", "disable_bias_linear", "make_vocab_size_divisible_by",
     "pad_vocab_size_to", "embed_layernorm",
     # mixture of experts (megatron/config/moe_flags.py): the experts' shapes and how tokens reach them

@@ -14,6 +14,7 @@ from megatron.model.attention_backends import AttentionBackend, AttentionChoice
 from megatron.model.fusions import FusionFlags, fusion_config
 from megatron.model.gpt_model_pipe import activation_checkpoint_interval, partition_method
 from megatron.model.model_config import ModelConfig, MoELayout
+from megatron.model.rotary import YARN_CONFIG_FIELDS, yarn_fields
 from megatron.parallel.topology import ParallelLayout
 from megatron.utils.typed_config import config_from_args
 
@@ -41,13 +42,15 @@ def _comparable(value):
 class FlagTransformerConfig(TransformerConfig):
     """The ``TransformerConfig`` of parsed flags, equal to another exactly when every field is
     (the init-method partials megatron-core's ``__post_init__`` makes compare by function and
-    arguments), so two namespaces validated from the same flags compare equal."""
+    arguments), so two namespaces validated from the same flags compare equal; the ``yarn_*``
+    attributes (YaRN's, not dataclass fields) are compared too."""
 
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
-        return all(_comparable(getattr(self, f.name)) == _comparable(getattr(other, f.name))
-                   for f in dataclasses.fields(self))
+        return yarn_fields(self) == yarn_fields(other) and all(
+            _comparable(getattr(self, f.name)) == _comparable(getattr(other, f.name))
+            for f in dataclasses.fields(self))
 
     __hash__ = None
 
@@ -98,8 +101,10 @@ def fusion_config_from_args(args, device_type: str) -> Dict[str, Any]:
 
 def transformer_config_from_args(args) -> TransformerConfig:
     """Translate model flags (``--num-layers``, ``--hidden-size`` ...) into a TransformerConfig
-    (``validate_args`` calls it once; megatron-core's checks raise ValueError)."""
-    return FlagTransformerConfig(
+    (``validate_args`` calls it once; megatron-core's checks raise ValueError). With
+    ``--position-embedding-type yarn`` it carries YaRN's flags as the ``yarn_*`` attributes
+    megatron-core's GPTModel and attention read (as Megatron-LM sets them)."""
+    config = FlagTransformerConfig(
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads,
@@ -127,6 +132,10 @@ def transformer_config_from_args(args) -> TransformerConfig:
         # modules computing the same functions (megatron/model/fusions.py)
         **fusion_config_from_args(args, _device_type()),
     )
+    if args.position_embedding_type == "yarn":
+        for field, dest in YARN_CONFIG_FIELDS.items():
+            setattr(config, field, getattr(args, dest))
+    return config
 
 
 def batches_have_structure(args) -> bool:

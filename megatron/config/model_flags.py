@@ -49,13 +49,49 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="GPU: no Apex persistent LayerNorm kernel (used with Apex and "
                         "--transformer-impl local).")
     g.add_argument("--position-embedding-type", default="learned_absolute",
-                   choices=["learned_absolute", "rope", "alibi", "none"],
+                   choices=["learned_absolute", "rope", "yarn", "alibi", "none"],
                    type=value_alias("--position-embedding-type"),
-                   help="alibi: BLOOM's attention biases (no position embedding); BigScience's "
-                        "rotary and absolute mean rope and learned_absolute.")
+                   help="rope: rotary embeddings; yarn: rotary embeddings with YaRN's frequency "
+                        "correction and attention factor (--rotary-scaling-factor, --yarn-*, "
+                        "--mscale*); alibi: BLOOM's attention biases (no position embedding); "
+                        "BigScience's rotary and absolute mean rope and learned_absolute.")
     g.add_argument("--rotary-percent", type=float, default=1.0,
-                   help="Fraction of each head's channels rotated (needs rope).")
-    g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base (needs rope).")
+                   help="Fraction of each head's channels rotated (needs rope or yarn).")
+    g.add_argument("--rotary-base", type=int, default=10000,
+                   help="RoPE base theta (needs rope or yarn).")
+    # RoPE scaling (docs/position_encodings.md): Megatron-LM's flags, megatron-core's formulas
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=float, default=None,
+                   help="Linear position interpolation: positions divided by this factor >= 1 "
+                        "(transformers' rope_type linear; needs rope).")
+    g.add_argument("--use-rope-scaling", action="store_true",
+                   help="Llama 3.1's RoPE scaling (transformers' rope_type llama3: low/high "
+                        "frequency factors 1 and 4, original length 8192; needs rope).")
+    g.add_argument("--rope-scaling-factor", type=float, default=8.0,
+                   help="Llama 3.1's RoPE scaling factor >= 1 (needs --use-rope-scaling).")
+    g.add_argument("--rotary-scaling-factor", type=float, default=1.0,
+                   help="YaRN's scaling factor s >= 1: the new length over the original "
+                        "(needs yarn).")
+    g.add_argument("--yarn-original-max-position-embeddings", type=int, default=4096,
+                   help="YaRN: the length the model was trained at before the extension "
+                        "(needs yarn).")
+    g.add_argument("--yarn-beta-fast", type=float, default=32.0,
+                   help="YaRN: rotations over the original length above which a frequency is "
+                        "kept (needs yarn).")
+    g.add_argument("--yarn-beta-slow", type=float, default=1.0,
+                   help="YaRN: rotations over the original length below which a frequency is "
+                        "divided by the scaling factor (needs yarn).")
+    g.add_argument("--mscale", type=float, default=1.0,
+                   help="YaRN: attention factor numerator 0.1 * mscale * ln(s) + 1 (needs yarn).")
+    g.add_argument("--mscale-all-dim", type=float, default=0.0,
+                   help="YaRN: attention factor denominator 0.1 * mscale_all_dim * ln(s) + 1 "
+                        "(needs yarn).")
+    g.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=True,
+                   help="YaRN: round the correction range's ends to whole channels (the "
+                        "default; transformers' truncate true; needs yarn).")
+    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
+                   dest="yarn_correction_range_round_to_int",
+                   help="YaRN: keep the correction range's ends fractional (transformers' "
+                        "truncate false; needs yarn).")
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
@@ -135,16 +171,71 @@ def build_transformer_config(args) -> None:
                             f"recompute and precision flags): {e}") from None
 
 
+# Flags (argparse dests) of each position encoding: given with another, they are refused.
+ROTARY_DESTS = ("rotary_percent", "rotary_base")
+ROPE_SCALING_DESTS = ("rotary_seq_len_interpolation_factor", "use_rope_scaling", "rope_scaling_factor")
+YARN_DESTS = ("rotary_scaling_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast",
+              "yarn_beta_slow", "mscale", "mscale_all_dim", "yarn_correction_range_round_to_int")
+
+
+def _given(args, dests) -> List[str]:
+    """``FLAG VALUE`` (``FLAG`` for a switch) of each of ``dests`` given on the command line."""
+    out = []
+    for dest in dests:
+        if dest in args.given_flags:
+            value = getattr(args, dest)
+            out.append(args.given_flags[dest] if isinstance(value, bool) else
+                       f"{args.given_flags[dest]} {value:g}")
+    return out
+
+
+def _refuse_unless(args, dests, allowed, what: str) -> None:
+    """Refuse the flags of ``dests`` given while ``--position-embedding-type`` is not in
+    ``allowed``, naming them, the type and the types that take them."""
+    given = _given(args, dests)
+    if given and args.position_embedding_type not in allowed:
+        raise ArgumentError(f"{', '.join(given)} configure {what}, but --position-embedding-type "
+                            f"is {args.position_embedding_type}; they need --position-embedding-type "
+                            f"{' or '.join(allowed)}")
+
+
 def _validate_rotary(args) -> None:
-    """``--rotary-*`` flags (or their aliases) configure RoPE; without it they are an error."""
-    if args.position_embedding_type == "rope":
-        return
-    given = [f"{args.given_flags[d]} {getattr(args, d):g}" for d in ("rotary_percent", "rotary_base")
-             if d in args.given_flags]
-    if given:
-        raise ArgumentError(f"{', '.join(given)} configure rotary position embeddings, but "
-                            f"--position-embedding-type is {args.position_embedding_type}; add "
-                            "--position-embedding-type rope or drop them")
+    """The position-encoding flags: ``--rotary-*`` need rope or yarn, the linear and Llama 3.1
+    scaling flags rope, the YaRN flags yarn; each value within what megatron-core's formulas
+    (and transformers' ``rope_scaling``) take."""
+    _refuse_unless(args, ROTARY_DESTS, ("rope", "yarn"), "rotary position embeddings")
+    _refuse_unless(args, ROPE_SCALING_DESTS, ("rope",), "RoPE scaling (YaRN scales by "
+                   "--rotary-scaling-factor)")
+    _refuse_unless(args, YARN_DESTS, ("yarn",), "YaRN")
+    if "rope_scaling_factor" in args.given_flags and not args.use_rope_scaling:
+        raise ArgumentError(f"--rope-scaling-factor {args.rope_scaling_factor:g} needs "
+                            "--use-rope-scaling (Llama 3.1's RoPE scaling)")
+    if args.use_rope_scaling and args.rotary_seq_len_interpolation_factor is not None:
+        raise ArgumentError(f"--use-rope-scaling and --rotary-seq-len-interpolation-factor "
+                            f"{args.rotary_seq_len_interpolation_factor:g}: choose one RoPE scaling "
+                            "(Llama 3.1's or linear interpolation)")
+    checks = [("rotary_base", args.rotary_base > 0, "a positive integer"),
+              ("rotary_percent", 0.0 < args.rotary_percent <= 1.0, "in (0, 1]"),
+              ("rotary_seq_len_interpolation_factor",
+               args.rotary_seq_len_interpolation_factor is None
+               or args.rotary_seq_len_interpolation_factor >= 1.0, ">= 1"),
+              ("rope_scaling_factor", args.rope_scaling_factor >= 1.0, ">= 1"),
+              ("rotary_scaling_factor", args.rotary_scaling_factor >= 1.0, ">= 1"),
+              ("yarn_original_max_position_embeddings",
+               args.yarn_original_max_position_embeddings >= 1, ">= 1"),
+              ("yarn_beta_slow", args.yarn_beta_slow > 0, "> 0"),
+              ("yarn_beta_fast", args.yarn_beta_fast > args.yarn_beta_slow,
+               f"> --yarn-beta-slow {args.yarn_beta_slow:g}"),
+              ("mscale", args.mscale >= 0, ">= 0"),
+              ("mscale_all_dim", args.mscale_all_dim >= 0, ">= 0")]
+    for dest, ok, allowed in checks:
+        if not ok:
+            flag = args.given_flags.get(dest, "--" + dest.replace("_", "-"))
+            raise ArgumentError(f"{flag} {getattr(args, dest):g}: must be {allowed}")
+    if args.position_embedding_type == "yarn" and args.rotary_percent != 1.0:
+        raise ArgumentError(f"--rotary-percent {args.rotary_percent:g} with "
+                            "--position-embedding-type yarn: megatron-core's YaRN rotates every "
+                            "channel of each head (--rotary-percent 1)")
 
 
 def validate_model(args, notes: List[str]) -> None:

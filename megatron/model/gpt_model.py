@@ -33,7 +33,7 @@ from megatron.model.moe import (
 )
 from megatron.model.norms import sequence_parallel_capable
 from megatron.model.param_names import global_expert_name
-from megatron.model.rotary import use_device_rotary_embedding
+from megatron.model.rotary import use_device_rotary_embedding, use_yarn_rotary_embedding
 from megatron.model.vocab_padding import mask_output_layer_padding
 from megatron.parallel.experts import first_local_expert
 from megatron.utils.rank_utils import print_rank_0
@@ -103,6 +103,8 @@ def build_gpt_model(transformer: TransformerConfig, model: ModelConfig, padded_v
     spec = gpt_layer_spec(model, config)
     if model.sequence_parallel:
         spec = sequence_parallel_capable(spec, config.num_layers)
+    position = model_position_embedding_type(model.position_embedding_type)
+    scaling = model.rope_scaling
     gpt = GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -112,15 +114,22 @@ def build_gpt_model(transformer: TransformerConfig, model: ModelConfig, padded_v
         post_process=True,
         parallel_output=True,
         share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
-        position_embedding_type=model_position_embedding_type(model.position_embedding_type),
+        # YaRN's embedding is given below: megatron-core builds it on the GPU
+        position_embedding_type="rope" if position == "yarn" else position,
         rotary_percent=model.rotary_percent,
         rotary_base=model.rotary_base,
+        seq_len_interpolation_factor=scaling.seq_len_interpolation_factor,
+        rope_scaling=scaling.rope_scaling,
+        rope_scaling_factor=scaling.rope_scaling_factor,
     )
     # logits of the padding rows (>= vocab_size, from tokenizer_setup) are -inf, so every TP
     # size is the same model (megatron/model/vocab_padding.py)
     mask_output_layer_padding(gpt.output_layer, vocab_size, padded_vocab_size)
     # --position-embedding-type rope without a GPU too, at each Ulysses rank's global positions
     use_device_rotary_embedding(gpt, sequence_parallel=model.ds_sequence_parallel_size > 1)
+    if position == "yarn":  # megatron-core's YaRN branch, its embedding without a GPU too
+        use_yarn_rotary_embedding(gpt, model.rotary_percent, model.rotary_base,
+                                  sequence_parallel=model.ds_sequence_parallel_size > 1)
     if model.embed_layernorm:  # BLOOM: LayerNorm on the word embeddings
         add_embedding_layernorm(gpt.embedding, config)
     # experts by their global ids (megatron/model/param_names.py), so every expert-parallel

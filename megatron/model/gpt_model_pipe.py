@@ -52,7 +52,7 @@ from megatron.model.masks import AttentionStructure
 from megatron.model.model_config import ModelConfig
 from megatron.model.norms import sequence_parallel_capable
 from megatron.model.param_names import global_expert_name, pipe_key_to_gpt_name
-from megatron.model.rotary import RotaryEmbedding
+from megatron.model.rotary import NO_SCALING, RopeScaling, rotary_embedding, yarn_fields
 from megatron.model.segment_layout import padded_cu_seqlens
 from megatron.model.vocab_padding import local_padding_start, mask_padding_logits_, tp_coordinates
 from megatron.parallel.experts import first_local_expert
@@ -115,7 +115,10 @@ def stage_config(config: TransformerConfig) -> TransformerConfig:
     if config.recompute_granularity == "full":
         changes.update(recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
                        distribute_saved_activations=False)
-    return dataclasses.replace(config, **changes)
+    staged = dataclasses.replace(config, **changes)
+    for field, value in yarn_fields(config).items():  # YaRN's attributes are not fields
+        setattr(staged, field, value)
+    return staged
 
 
 class StageAttentionStructure:
@@ -192,13 +195,15 @@ def tied_output_forward(embedding: EmbeddingPipe, inputs) -> torch.Tensor:
 
 class TransformerLayerPipe(torch.nn.Module):
     """One transformer layer from the layer spec, with its global ``layer_number`` (1-based),
-    ``(hidden, *attention) -> (hidden, *attention)``. With ``--position-embedding-type rope`` the
-    rotary embedding (no parameters) is recomputed here from the sequence length, as ``GPTModel``
-    does."""
+    ``(hidden, *attention) -> (hidden, *attention)``. With ``--position-embedding-type rope`` (its
+    ``rope_scaling``) or ``yarn`` the rotary embedding (no parameters) is recomputed here from
+    the sequence length, as ``GPTModel`` does (YaRN's attention factor is applied by the
+    attention, from the config's ``yarn_*`` attributes)."""
 
     def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec, layer_number: int,
                  position_embedding_type: str, rotary_percent: float, rotary_base: int,
-                 stage_attention: Optional[StageAttentionStructure] = None):
+                 stage_attention: Optional[StageAttentionStructure] = None,
+                 rope_scaling: RopeScaling = NO_SCALING):
         super().__init__()
         self.config = config
         self.layer_number = layer_number
@@ -206,12 +211,8 @@ class TransformerLayerPipe(torch.nn.Module):
         self.stage_attention = stage_attention if stage_attention is not None else (
             StageAttentionStructure())
         self.layer = build_module(layer_spec, config=config, layer_number=layer_number)
-        self.rotary_pos_emb = None
-        if position_embedding_type == "rope":
-            self.rotary_pos_emb = RotaryEmbedding(
-                kv_channels=config.kv_channels, rotary_percent=rotary_percent,
-                rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
-                use_cpu_initialization=config.use_cpu_initialization)
+        self.rotary_pos_emb = rotary_embedding(config, position_embedding_type, rotary_percent,
+                                               rotary_base, rope_scaling)
 
     def forward(self, inputs):
         hidden, attention = _split(inputs)
@@ -220,6 +221,8 @@ class TransformerLayerPipe(torch.nn.Module):
             seq_len = hidden.size(0) * (self.config.tensor_model_parallel_size
                                         if self.config.sequence_parallel else 1)
             rotary = self.rotary_pos_emb(seq_len)
+            if isinstance(rotary, tuple):  # YaRN: (angles, attention factor)
+                rotary = rotary[0]
         # As TransformerBlock: sequence-parallel dropout draws from the model-parallel RNG stream.
         rng = (tensor_parallel.get_cuda_rng_tracker().fork() if self.config.sequence_parallel
                else contextlib.nullcontext())
@@ -336,7 +339,8 @@ class GPTModelPipe(PipelineModule):
     def __init__(self, config: TransformerConfig, layer_spec: LayerSpecs, vocab_size: int,
                  max_sequence_length: int, topology, *,
                  position_embedding_type: str = "learned_absolute", rotary_percent: float = 1.0,
-                 rotary_base: int = 10000, share_embeddings_and_output_weights: bool = True,
+                 rotary_base: int = 10000, rope_scaling: RopeScaling = NO_SCALING,
+                 share_embeddings_and_output_weights: bool = True,
                  partition_method: str = "type:transformer",
                  activation_checkpoint_interval: int = 0, embed_layernorm: bool = False,
                  real_vocab_size: Optional[int] = None):
@@ -346,6 +350,7 @@ class GPTModelPipe(PipelineModule):
         specs = self.layer_specs(config, layer_spec, vocab_size, max_sequence_length,
                                  position_embedding_type=position_embedding_type,
                                  rotary_percent=rotary_percent, rotary_base=rotary_base,
+                                 rope_scaling=rope_scaling,
                                  share_embeddings_and_output_weights=(
                                      share_embeddings_and_output_weights),
                                  embed_layernorm=embed_layernorm,
@@ -362,6 +367,7 @@ class GPTModelPipe(PipelineModule):
     def layer_specs(config: TransformerConfig, layer_spec: LayerSpecs, vocab_size: int,
                     max_sequence_length: int, *, position_embedding_type: str = "learned_absolute",
                     rotary_percent: float = 1.0, rotary_base: int = 10000,
+                    rope_scaling: RopeScaling = NO_SCALING,
                     share_embeddings_and_output_weights: bool = True,
                     embed_layernorm: bool = False,
                     real_vocab_size: Optional[int] = None) -> list:
@@ -391,7 +397,7 @@ class GPTModelPipe(PipelineModule):
         for i in range(config.num_layers):
             specs.append(LayerSpec(TransformerLayerPipe, cfg, block.layer_specs[i], i + 1,
                                    position_embedding_type, rotary_percent, rotary_base,
-                                   stage_attention=stage_attention))
+                                   stage_attention=stage_attention, rope_scaling=rope_scaling))
         specs.append(LayerSpec(FinalNormPipe, cfg, block.layer_norm))
         if share_embeddings_and_output_weights:
             # On a last stage that holds no embedding, this builds the tied module without
@@ -516,6 +522,7 @@ def build_gpt_model_pipe(transformer: TransformerConfig, model: ModelConfig, pad
         position_embedding_type=model_position_embedding_type(model.position_embedding_type),
         rotary_percent=model.rotary_percent,
         rotary_base=model.rotary_base,
+        rope_scaling=model.rope_scaling,
         share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
         partition_method=model.partition_method,
         activation_checkpoint_interval=model.activation_checkpoint_interval,

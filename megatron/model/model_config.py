@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Union
 
 from megatron.model.attention_backends import AttentionChoice
+from megatron.model.rotary import RopeScaling
 from megatron.parallel.topology import ParallelLayout
 
 
@@ -49,7 +50,9 @@ class MoELayout:
 class ModelConfig:
     """What building the model reads besides the ``TransformerConfig``: ``--seed`` (initial
     weights), ``--max-position-embeddings`` (positions), the position encoding
-    (``--position-embedding-type``, ``--rotary-percent``, ``--rotary-base``), tied or untied
+    (``--position-embedding-type``, ``--rotary-percent``, ``--rotary-base``, RoPE's linear or
+    Llama 3.1 scaling: ``--rotary-seq-len-interpolation-factor``, ``--use-rope-scaling``,
+    ``--rope-scaling-factor``; YaRN's flags are the ``TransformerConfig``'s), tied or untied
     embeddings, BLOOM's ``--embed-layernorm``, ``--sequence-parallel``,
     ``--ds-sequence-parallel-size`` (Ulysses ranks), ``--transformer-impl``,
     ``--normalization``, ``--num-layers``, ``--pipeline-model-parallel-size``; and what
@@ -63,6 +66,9 @@ class ModelConfig:
     position_embedding_type: str
     rotary_percent: float
     rotary_base: int
+    rotary_seq_len_interpolation_factor: Optional[float]
+    use_rope_scaling: bool
+    rope_scaling_factor: float
     untie_embeddings_and_output_weights: bool
     embed_layernorm: bool
     sequence_parallel: bool
@@ -76,6 +82,13 @@ class ModelConfig:
     layout: ParallelLayout
     attention: AttentionChoice
     moe: Optional[MoELayout]
+
+    @property
+    def rope_scaling(self) -> RopeScaling:
+        """megatron-core's RoPE scaling arguments of the flags."""
+        return RopeScaling(seq_len_interpolation_factor=self.rotary_seq_len_interpolation_factor,
+                           rope_scaling=self.use_rope_scaling,
+                           rope_scaling_factor=self.rope_scaling_factor)
 
     @property
     def num_experts(self) -> Optional[int]:

@@ -108,10 +108,17 @@ class ScheduleConfig:
     batch: BatchConfig
 
 
+# Levanter's configs nest the schedules under the optimizer's section
+LEVANTER_WRAPPER = "optimizer"
+
+
 def load_schedule_config(path: str) -> Dict[str, Any]:
     """Read a ``--lr-schedule-config`` file (YAML or JSON) into a dict with keys ``lr_schedule``
     and optionally ``weight_decay_schedule`` and ``seq_length_schedule`` (the sequence-length
-    curriculum, read by megatron/config/seqlen_flags.py); ``ValueError`` naming the file otherwise."""
+    curriculum, read by megatron/config/seqlen_flags.py); ``ValueError`` naming the file otherwise.
+    Levanter's configs nest ``lr_schedule:`` under ``optimizer:``: that wrapper is taken when it is
+    the file's only key, and its keys are then those same keys (others named as
+    ``optimizer.KEY``)."""
     if not os.path.isfile(path):
         raise ConfigError(f"--lr-schedule-config {path}: no such file")
     with open(path) as f:
@@ -126,12 +133,26 @@ def load_schedule_config(path: str) -> Dict[str, Any]:
         raise ConfigError(f"--lr-schedule-config {path}: cannot parse ({e})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"--lr-schedule-config {path}: expected a mapping with key 'lr_schedule'")
-    unknown = sorted(set(config) - {"lr_schedule", "weight_decay_schedule", "seq_length_schedule"})
+    prefix = ""
+    if LEVANTER_WRAPPER in config:
+        beside = sorted(str(k) for k in config if k != LEVANTER_WRAPPER)
+        if beside:
+            raise ConfigError(f"--lr-schedule-config {path}: key {beside[0]!r} beside "
+                              f"'{LEVANTER_WRAPPER}' (Levanter's wrapper of lr_schedule): with the "
+                              f"wrapper the file holds '{LEVANTER_WRAPPER}' alone; move "
+                              f"{beside[0]!r} under it or drop the wrapper")
+        config, prefix = config[LEVANTER_WRAPPER], LEVANTER_WRAPPER + "."
+        if not isinstance(config, dict):
+            raise ConfigError(f"--lr-schedule-config {path}: '{LEVANTER_WRAPPER}' must be a "
+                              "mapping with key 'lr_schedule'")
+    unknown = sorted(str(k) for k in set(config) - {"lr_schedule", "weight_decay_schedule",
+                                                     "seq_length_schedule"})
     if unknown:
-        raise ConfigError(f"--lr-schedule-config {path}: unknown key {unknown[0]!r} (known keys: "
-                         "lr_schedule, weight_decay_schedule, seq_length_schedule)")
+        raise ConfigError(f"--lr-schedule-config {path}: unknown key {prefix + unknown[0]!r} "
+                          f"(known keys: {prefix}lr_schedule, {prefix}weight_decay_schedule, "
+                          f"{prefix}seq_length_schedule)")
     if "lr_schedule" not in config:
-        raise ConfigError(f"--lr-schedule-config {path}: missing key 'lr_schedule'")
+        raise ConfigError(f"--lr-schedule-config {path}: missing key '{prefix}lr_schedule'")
     return config
 
 

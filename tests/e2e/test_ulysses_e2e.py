@@ -1,6 +1,6 @@
 """DeepSpeed-Ulysses sequence parallelism (--ds-sequence-parallel-size) through the launcher: the
 model at SP 2 against the whole sequence on one rank (tests/scripts/ulysses_model_check.py, 2 CPU
-ranks) for RoPE, ALiBi, packed prefix-LM batches, query groups and recompute. The slicing, the
+ranks) for RoPE, YaRN, ALiBi, packed prefix-LM batches, query groups and recompute. The slicing, the
 heads and the refused layouts in process: tests/unit/test_ulysses.py."""
 import json
 
@@ -23,7 +23,7 @@ def test_model_at_sp2_equals_the_whole_sequence_on_one_rank(tmp_path):
 
     for record in records:
         for name in ("rope_packed_prefix", "alibi_packed_prefix", "rope_gqa_causal",
-                     "learned_causal_selective_recompute"):
+                     "learned_causal_selective_recompute", "yarn_packed_prefix"):
             case = record[name]
             assert case["loss"] == pytest.approx(case["reference_loss"], rel=1e-6), name
             assert case["per_sample"] == pytest.approx(case["reference_per_sample"], rel=1e-6), name

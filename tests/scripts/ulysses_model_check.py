@@ -33,6 +33,9 @@ CASES = {  # name -> (extra flags, structured batch)
     "rope_gqa_causal": (["--position-embedding-type", "rope",
                          "--num-query-groups", "2"], False),
     "learned_causal_selective_recompute": (["--recompute-granularity", "selective"], False),
+    # YaRN extending 4 positions 4-fold: each rank's angles and the attention factor
+    "yarn_packed_prefix": (["--position-embedding-type", "yarn", "--rotary-scaling-factor", "4",
+                            "--yarn-original-max-position-embeddings", "4"], True),
 }
 
 

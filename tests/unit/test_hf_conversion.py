@@ -362,8 +362,8 @@ def test_import_bad_inputs(tmp_path):
         import_hf(str(hf), str(tmp_path / "a"))
     bad = [({"model_type": "t5"}, "model_type 't5' is not supported"),
            ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act='gelu'"),
-           ({"model_type": "llama", "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-            "only the default"),
+           ({"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+            "rope_type 'dynamic': supported are default, linear, llama3 and yarn"),
            ({"model_type": "gpt2", "activation_function": "relu"}, "activation_function='relu'")]
     for config, message in bad:
         (hf / "config.json").write_text(json.dumps(config))

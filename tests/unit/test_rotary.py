@@ -1,5 +1,6 @@
-"""megatron/model/rotary.py: ``--position-embedding-type rope`` on CPU, the same angles as
-megatron-core's RotaryEmbedding. End to end through the deepspeed launcher, a RoPE model trains
+"""megatron/model/rotary.py: ``--position-embedding-type rope`` and ``yarn`` on CPU, the same
+angles as megatron-core's RotaryEmbedding and YarnRotaryEmbedding (their scalings against
+transformers: tests/unit/test_rope_scaling.py). End to end through the deepspeed launcher, a RoPE model trains
 (its loss falls) and equals its one-rank run under every layout of tests/e2e/test_moe_e2e.py (the
 Llama-style MoE model), and under DeepSpeed-Ulysses in tests/e2e/test_ulysses_e2e.py."""
 import math
@@ -7,8 +8,13 @@ import math
 import pytest
 import torch
 from megatron.core.models.common.embeddings import rotary_pos_embedding as mcore_rotary
+from megatron.core.models.common.embeddings import yarn_rotary_pos_embedding as mcore_yarn
 
-from megatron.model.rotary import RotaryEmbedding, use_device_rotary_embedding
+from megatron.model.rotary import RotaryEmbedding, YarnRotaryEmbedding, use_device_rotary_embedding
+
+YARN = dict(kv_channels=16, rotary_base=500, scaling_factor=4.0, original_max_position_embeddings=32,
+            beta_fast=16.0, beta_slow=2.0, mscale=0.7, mscale_all_dim=0.3,
+            use_cpu_initialization=True)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -62,3 +68,45 @@ def test_gpt_model_with_rope_runs_forward_and_backward_on_cpu(dist_group):
         b = model(torch.roll(tokens, 1, dims=1), positions, None)
     assert not torch.allclose(a[:, 1:], b[:, 1:])
     assert use_device_rotary_embedding(torch.nn.Linear(2, 2)).__class__ is torch.nn.Linear
+
+
+@pytest.mark.parametrize("round_to_int", [True, False])
+@pytest.mark.parametrize("offset", [0, 5])
+def test_cpu_yarn_embedding_equals_megatron_cores(monkeypatch, round_to_int, offset):
+    ours = YarnRotaryEmbedding(**YARN, correction_range_round_to_int=round_to_int)
+    emb, factor = ours.get_emb(64, offset)
+    assert emb.device.type == "cpu" and emb.shape == (64, 1, 1, 16)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    ref = mcore_yarn.YarnRotaryEmbedding(**YARN, correction_range_round_to_int=round_to_int)
+    ref_emb, ref_factor = ref.get_emb(64, offset)
+    torch.testing.assert_close(emb, ref_emb, rtol=0, atol=0)
+    assert factor == ref_factor == (0.1 * 0.7 * math.log(4) + 1) / (0.1 * 0.3 * math.log(4) + 1)
+
+
+@pytest.mark.parametrize("yarn", [False, True])
+def test_ulysses_rank_gets_its_slice_of_the_angles(monkeypatch, yarn):
+    """Under Ulysses (a 2-rank group, this rank 1) the embedding of 16 positions is the angles of
+    positions 8..15 (with YaRN's attention factor alongside)."""
+    import megatron.model.rotary as rotary
+
+    class Group:
+        def size(self):
+            return 2
+
+        def rank(self):
+            return 1
+
+    monkeypatch.setattr(rotary, "sequence_parallel_group", Group)
+    if yarn:
+        module = YarnRotaryEmbedding(**YARN)
+    else:
+        module = RotaryEmbedding(kv_channels=16, rotary_percent=1.0, rotary_base=500,
+                                 use_cpu_initialization=True)
+    module.cp_group = Group()  # megatron-core's context-parallel group is the Ulysses group
+    whole = module(16)  # before sequence_sharded (YaRN's constructor): all positions
+    module.sequence_sharded = True
+    mine = module(16)
+    if yarn:
+        (whole, factor), (mine, my_factor) = whole, mine
+        assert my_factor == factor != 1.0
+    torch.testing.assert_close(mine, whole[8:], rtol=0, atol=0)

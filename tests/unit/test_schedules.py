@@ -330,6 +330,42 @@ def test_levanter_seed_file(tmp_path):
                                                    "min_lr": 1e-5}
 
 
+def test_levanter_optimizer_wrapper_is_taken_and_keys_beside_it_refused(tmp_path):
+    """Levanter's configs nest lr_schedule under optimizer: the seed file so wrapped gives the
+    unwrapped file's LR at every iteration (Levanter's inv in the last stage); a key beside the
+    wrapper, or one inside it other than the schedules, is refused in one line naming it."""
+    import torch
+
+    from megatron.optim.learning_rates import build_opt_param_scheduler
+    seed = open(os.path.join(SEEDS, "levanter_lr_schedule.yaml")).read()
+    wrapped = tmp_path / "levanter_optimizer.yaml"
+    wrapped.write_text("optimizer:\n" + "".join("  " + line + "\n" for line in seed.splitlines()))
+    lrs = []
+    for path in (os.path.join(SEEDS, "levanter_lr_schedule.yaml"), str(wrapped)):
+        flags = BASE[:-4] + ["--train-iters", "120000", "--lr", "1e-4", "--min-lr", "1e-5",
+                             "--lr-schedule-config", path]
+        args = validate_args(get_parser().parse_args(flags), 1, require_data=False)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        iterations = np.arange(0, 120001, 7)
+        lrs.append(build_opt_param_scheduler(args.run_config.schedule, opt).values_at(
+            iterations, iterations * 4)[0])
+    np.testing.assert_array_equal(lrs[0], lrs[1])
+    assert lrs[1][-1] == pytest.approx(levanter_inv(119994 - 100000, 1e-4, 1e-5, 20000), rel=1e-12)
+    bad = [("optimizer:\n  lr_schedule: {type: constant, value: 1e-3}\ntrainer: {num_train_steps: 10}\n",
+            "key 'trainer' beside 'optimizer' (Levanter's wrapper of lr_schedule)"),
+           ("optimizer:\n  learning_rate: 3e-4\n  lr_schedule: {type: constant, value: 1e-3}\n",
+            "unknown key 'optimizer.learning_rate' (known keys: optimizer.lr_schedule"),
+           ("optimizer:\n  weight_decay_schedule: {type: constant, value: 0.1}\n",
+            "missing key 'optimizer.lr_schedule'"),
+           ("optimizer: [1, 2]\n", "'optimizer' must be a mapping with key 'lr_schedule'")]
+    for text, message in bad:
+        args, path = config_args(tmp_path, text, "bad.yaml")
+        with pytest.raises(ArgumentError) as e:
+            validate_args(args, 1, require_data=False)
+        assert f"--lr-schedule-config {path}: {message}" in str(e.value)
+        assert "\n" not in str(e.value)
+
+
 def test_inv_kind_matches_levanters_formula():
     for lr, low, span in ((1e-4, 1e-5, 20), (3e-3, 3e-5, 1000), (1.0, 0.5, 7)):
         s = build_schedule({"type": "inv", "learning_rate": lr, "min_lr": low, "span": span}, CTX)

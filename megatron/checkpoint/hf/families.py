@@ -28,7 +28,7 @@ from megatron.checkpoint.hf.llama import LLAMA
 from megatron.checkpoint.hf.mixtral import MIXTRAL
 from megatron.errors import ConfigError
 
-_BY_POSITION = {"learned_absolute": GPT2, "rope": LLAMA, "alibi": BLOOM}
+_BY_POSITION = {"learned_absolute": GPT2, "rope": LLAMA, "yarn": LLAMA, "alibi": BLOOM}
 _BY_MODEL_TYPE = {f.model_type: f for f in (GPT2, LLAMA, BLOOM, MIXTRAL)}
 
 
@@ -40,7 +40,7 @@ def family_of(flags: dict) -> Family:
         raise ConfigError(f"--position-embedding-type {position}: no transformers family has it "
                           f"(exportable: {', '.join(f'{k} ({v.name})' for k, v in _BY_POSITION.items())}; "
                           "rope with --num-experts: Mixtral)")
-    if position == "rope" and flags.get("num_experts"):
+    if position in ("rope", "yarn") and flags.get("num_experts"):
         return MIXTRAL
     return _BY_POSITION[position]
 

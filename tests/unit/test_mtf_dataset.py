@@ -93,6 +93,62 @@ def test_pack_lengths_is_a_valid_partition(lengths):
         assert 0 < sum(lengths[i] for i in items[offsets[b]:offsets[b + 1]]) <= 64
 
 
+
+def _compiled_and_python_packs(lengths, seq_length):
+    from megatron.data import mtf_dataset
+
+    kernel = mtf_dataset._load_pack_kernel()
+    if kernel is None:
+        pytest.skip("the T0 packing kernel cannot be built here (no compiler)")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    items, offsets = np.empty(len(lengths), np.int64), np.empty(len(lengths) + 1, np.int64)
+    bins = kernel.pack(lengths, order, seq_length, items, offsets)
+    return (items, offsets[:bins + 1]), mtf_dataset._pack_in_python(lengths, order, seq_length)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 9000).flatmap(lambda s: st.tuples(
+    st.just(s), st.lists(st.integers(1, s), min_size=0, max_size=400))))
+def test_compiled_packing_is_the_python_loop(case):
+    """The compiled best-fit-decreasing loop (mtf_packing.cpp) places every item where the Python
+    twin does (same bins, same order within each), for rooms across several bitset words and
+    summary words (seq_length up to 9,000: rooms past 4,096)."""
+    seq_length, lengths = case
+    (items, offsets), (ref_items, ref_offsets) = _compiled_and_python_packs(lengths, seq_length)
+    np.testing.assert_array_equal(offsets, ref_offsets)
+    np.testing.assert_array_equal(items, ref_items)
+
+
+def test_pack_lengths_compiled_on_many_items_equals_python():
+    """pack_lengths on P3-like lengths (50,000 items: the compiled path) gives the Python loop's
+    packs, with many equal lengths (ties in given order) and a few items of the full length."""
+    from megatron.data import mtf_dataset
+
+    lengths = p3_like_lengths(50000, 2048, seed=3)
+    lengths[::997] = 2048
+    assert len(lengths) >= mtf_dataset.PACK_KERNEL_MIN_ITEMS
+    if mtf_dataset._load_pack_kernel() is None:
+        pytest.skip("the T0 packing kernel cannot be built here (no compiler)")
+    items, offsets = pack_lengths(lengths, 2048)
+    order = np.argsort(-lengths, kind="stable")
+    ref_items, ref_offsets = mtf_dataset._pack_in_python(lengths, order, 2048)
+    np.testing.assert_array_equal(offsets, ref_offsets)
+    np.testing.assert_array_equal(items, ref_items)
+
+
+def test_pack_kernel_that_cannot_be_built_leaves_the_python_loop(monkeypatch):
+    """Without the kernel (no compiler: the loader gives None) pack_lengths packs in Python, the
+    same packs."""
+    from megatron.data import mtf_dataset
+
+    lengths = p3_like_lengths(3000, 512, seed=4)
+    monkeypatch.setitem(mtf_dataset._PACK_KERNEL, "fn", None)
+    items, offsets = pack_lengths(lengths, 512)
+    ref_items, ref_offsets = mtf_dataset._pack_in_python(lengths, np.argsort(-lengths, kind="stable"), 512)
+    np.testing.assert_array_equal(items, ref_items)
+    np.testing.assert_array_equal(offsets, ref_offsets)
+
 def naive_first_fit_decreasing(lengths, capacity):
     bins = []
     for length in sorted(lengths, reverse=True):

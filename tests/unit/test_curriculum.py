@@ -700,3 +700,26 @@ def test_linear_fast_path_cuts_each_stage_at_its_own_breakpoints():
     c = {k: np.cumsum(np.eye(2, dtype=np.int64)[np.asarray(v.dataset_index)], axis=0)
          for k, v in out.items()}
     assert np.abs(c[True] - c[False]).max() <= 2
+
+
+def test_drawn_before_counts_either_side_of_the_index():
+    """The ledger at a sample (CurriculumIndex.drawn_before, and CurriculumDataset's, which goes
+    on from its last answer when that is shorter) is the base plus the samples before it, whether
+    it counts them or takes the samples after it from the totals; for a continuation index too."""
+    from helpers.curriculum import fake_constituents
+    from megatron.data.blend_config import parse_blend_config
+    from megatron.data.curriculum.dataset import CurriculumDataset
+    from megatron.schedules.units import BatchSchedule
+
+    blend = parse_blend_config({"train": {"blend": [{"path": f"p{d}", "weight": 1 + d}
+                                                    for d in range(5)]}},
+                               "t.yaml", check_files=False).train
+    for begin, base in ((0, [0] * 5), (300, [50, 60, 70, 60, 60])):
+        idx = CurriculumIndex(blend, fake_constituents(blend, 10 ** 6, SEQ), 2000,
+                              BatchSchedule(4, None, SEQ), begin=begin, base=base)
+        ids = np.asarray(idx.dataset_index)
+        ds = CurriculumDataset(idx, [None] * 5)
+        for s in (begin, begin + 1, 1200, 1999, 2000, 700, 1900, 1901, begin + 3):
+            want = np.asarray(base) + np.bincount(ids[:s - begin], minlength=5)
+            np.testing.assert_array_equal(idx.drawn_before(s), want)
+            np.testing.assert_array_equal(ds.drawn_before(s), want)

@@ -259,11 +259,32 @@ def missing_files_problem(path: str) -> Optional[str]:
             f"{path}.bin and {path}.idx, from tools/preprocess_data.py)")
 
 
+# prefix -> the stat of its .idx and .bin when dataset_prefix_problem last found them readable
+_READABLE: Dict[str, Tuple[int, ...]] = {}
+
+
+def _files_state(path: str) -> Optional[Tuple[int, ...]]:
+    """(inode, bytes, mtime in ns) of ``path.idx`` and of ``path.bin``, or None if one is missing."""
+    try:
+        a, b = os.stat(path + ".idx"), os.stat(path + ".bin")
+    except OSError:
+        return None
+    return (a.st_ino, a.st_size, a.st_mtime_ns, b.st_ino, b.st_size, b.st_mtime_ns)
+
+
 def dataset_prefix_problem(path: str) -> Optional[str]:
     """What is wrong with the dataset prefix ``path`` (a missing ``.bin``/``.idx``:
     :func:`missing_files_problem`, or what :func:`indexed_dataset_problem` finds in the header),
-    or None when it is readable."""
-    return missing_files_problem(path) or indexed_dataset_problem(path)
+    or None when it is readable. A prefix found readable is not read again in this process while
+    its two files keep their inode, size and modification time (two ``stat`` calls): the start-up
+    checks and the constituents' resolution read each header once."""
+    state = _files_state(path)
+    if state is not None and _READABLE.get(path) == state:
+        return None
+    problem = missing_files_problem(path) or indexed_dataset_problem(path)
+    if problem is None and state is not None:
+        _READABLE[path] = state
+    return problem
 
 
 def prefix_problems_message(label: str, problems: Sequence[str], shown: int = PROBLEMS_SHOWN) -> str:

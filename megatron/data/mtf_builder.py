@@ -52,9 +52,13 @@ def items_blend(items: Sequence[SplitItem], name: str, where: str) -> SplitBlend
 
 
 def mtf_fingerprint(pair: MTFDocumentPair) -> str:
-    """The fingerprint of an MTF prefix's two files (megatron/data/mix_ledger.py)."""
-    return (f"inputs: {gpt_files_fingerprint(pair.inputs_path)}; "
-            f"targets: {gpt_files_fingerprint(pair.targets_path)}")
+    """The fingerprint of an MTF prefix's two files (megatron/data/mix_ledger.py), their header
+    counts taken from the pair's open indices (no header read again)."""
+    def counts(ds):
+        return len(ds.sequence_lengths), len(ds.document_indices)
+
+    return (f"inputs: {gpt_files_fingerprint(pair.inputs_path, counts(pair.inputs))}; "
+            f"targets: {gpt_files_fingerprint(pair.targets_path, counts(pair.targets))}")
 
 
 def resolve_mtf_constituents(blend: SplitBlend, seq_length: int,

@@ -505,3 +505,15 @@ def test_blend_refuses_samples_without_segment_ids():
         PackedSamplesOnly(plain)[0]
     packed = [dict(plain[0], segment_ids=torch.ones(4, dtype=torch.int32))] * 4
     assert PackedSamplesOnly(packed)[3]["segment_ids"].tolist() == [1] * 4
+
+
+def test_mtf_fingerprint_from_the_open_pair_is_the_headers(tmp_path):
+    """The T0 ledger's fingerprint, taken from the pair's open indices, is the one read from the
+    two .idx headers."""
+    from megatron.data.mix_ledger import gpt_files_fingerprint
+    from megatron.data.mtf_builder import mtf_fingerprint
+
+    prefix, _ = make_pairs(tmp_path, n=30)
+    pair = MTFDocumentPair(prefix)
+    assert mtf_fingerprint(pair) == (f"inputs: {gpt_files_fingerprint(pair.inputs_path)}; "
+                                     f"targets: {gpt_files_fingerprint(pair.targets_path)}")

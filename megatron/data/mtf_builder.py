@@ -67,6 +67,7 @@ def resolve_mtf_constituents(blend: SplitBlend, seq_length: int,
     name taken twice gets ``_2``, ``_3``, ...); their epochs pack differently, so they have no
     fixed ``samples_per_epoch``."""
     out: List[Constituent] = []
+    names = set()  # the names taken so far (a set: thousands of prefixes stay linear)
     for entry in (e for stage in blend.stages for e in stage.entries):
         if entry.path not in pairs:
             pairs[entry.path] = MTFDocumentPair(entry.path)
@@ -75,9 +76,10 @@ def resolve_mtf_constituents(blend: SplitBlend, seq_length: int,
         keep_in, keep_tg = truncated_lengths(pair.input_lengths[lo:hi], pair.target_lengths[lo:hi],
                                              seq_length)
         base, name, k = short_dataset_name(entry.path), short_dataset_name(entry.path), 1
-        while name in {c.name for c in out}:
+        while name in names:
             k += 1
             name = f"{base}_{k}"
+        names.add(name)
         out.append(Constituent(entry.path, entry.split, name, lo, hi, len(pair),
                                int(np.sum(keep_in) + np.sum(keep_tg)), None, mtf_fingerprint(pair)))
     return out

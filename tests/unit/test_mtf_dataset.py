@@ -517,3 +517,17 @@ def test_mtf_fingerprint_from_the_open_pair_is_the_headers(tmp_path):
     pair = MTFDocumentPair(prefix)
     assert mtf_fingerprint(pair) == (f"inputs: {gpt_files_fingerprint(pair.inputs_path)}; "
                                      f"targets: {gpt_files_fingerprint(pair.targets_path)}")
+
+
+def test_mtf_constituents_take_distinct_names(tmp_path):
+    """A T0 prefix listed at two document ranges, and another of the same short name in another
+    directory, are three datasets named after the prefix, the later ones with _2 and _3."""
+    from megatron.data.mtf_builder import items_blend, resolve_mtf_constituents
+
+    a, _ = make_pairs(tmp_path, n=20, name="task")
+    (tmp_path / "other").mkdir()
+    b, _ = make_pairs(tmp_path / "other", n=20, name="task")
+    blend = items_blend([(1.0, 0.0, 0.5, a), (1.0, 0.5, 1.0, a), (2.0, 0.0, 1.0, b)], "T", "test")
+    cons = resolve_mtf_constituents(blend, 64, {})
+    assert [c.name for c in cons] == ["task", "task_2", "task_3"]
+    assert [(c.doc_begin, c.doc_end) for c in cons] == [(0, 10), (10, 20), (0, 20)]

@@ -2,9 +2,11 @@
 billion samples, against megatron-core in the same run (run by hand; no timed asserts).
 
     .venv/bin/python benchmarks/data_scale.py            # D-scaling at N = 1e7, edit, lookups,
-                                                          # set-up over sparse corpora
-    .venv/bin/python benchmarks/data_scale.py --g1       # also G1: D = 1,024, N = 1e9 (~5 min)
+                                                          # set-up over sparse corpora, other paths
+    .venv/bin/python benchmarks/data_scale.py --g1       # also G1: D = 1,024, N = 1e9, and the
+                                                          # tools on it (~15 min)
     .venv/bin/python benchmarks/data_scale.py --parts d-scaling lookups   # only those
+    .venv/bin/python benchmarks/data_scale.py --parts tools --g1 [--reuse-cache]
 
 What it measures:
 * **D-scaling**: the training index at N = 1e7 and D in {10, 100, 1,024, 4,096, 32,766} (skewed
@@ -24,6 +26,16 @@ What it measures:
   (truncated to size: terabytes of tokens cost no disk), ``build_curriculum_dataset`` cold and warm
   (constituents, index, each dataset's own indices) against megatron-core's
   ``BlendedMegatronDatasetBuilder`` over the same prefixes, with the cache files each leaves.
+* **The other data paths** (``--parts other-paths``), each from parsed flags through the real
+  builders (``build_pretraining_data``, ``build_mtf_data``), cold and warm to the first sample:
+  ``--data-args-path`` with 1,024 ``W PREFIX`` pairs and ``--split 98,2,0`` (against megatron-core's
+  ``BlendedMegatronDatasetBuilder`` on the same blend and split), ``--train-weighted-split-paths``
+  with 1,024 items and two validation groups, and T0 packing over 1e7 examples in 1,000 prefixes
+  (real ``.idx``, sparse ``.bin``), with its packing loop compiled against its Python twin.
+* **Tools at G1** (``--parts tools --g1``): the G1 blend file over 1,024 sparse prefixes of 4e12
+  tokens, set up through ``build_pretraining_data`` cold and warm, a checkpoint's data ledger at
+  60% of the run; then ``tools/preview_schedule.py`` (with and without ``--load``) and
+  ``tools/data_provenance.py`` (10 iterations across the checkpoint), each in a fresh process.
 """
 import argparse
 import json
@@ -46,7 +58,7 @@ from megatron.data.curriculum.index import CurriculumIndex  # noqa: E402
 from megatron.schedules.units import BatchSchedule  # noqa: E402
 
 SEQ, GBS = 4096, 1024
-PARTS = ("d-scaling", "edit", "lookups", "setup")
+PARTS = ("d-scaling", "edit", "lookups", "setup", "other-paths", "tools")
 
 
 def skewed_weights(D: int, seed: int) -> np.ndarray:
@@ -69,14 +81,14 @@ def static_blend(D: int, seed: int = 0):
                               "bench.yaml", check_files=False).train
 
 
-def g1_blend(D: int, N: int, extra: int = 0, change: float = 1.0):
-    """G1: 8 sequential stages of skewed weights, stage 3 a linear ramp between two of them;
-    ``extra`` prefixes added to the last stages and the first weight times ``change`` there (the
-    edit)."""
+def g1_blend_spec(names, N: int, extra: int = 0, change: float = 1.0) -> dict:
+    """G1's blend file (as a dict) over the datasets ``names``: 8 sequential stages of skewed
+    weights, stage 3 a linear ramp between two of them; ``extra`` prefixes added to the last
+    stages and the first weight times ``change`` there (the edit)."""
+    D = len(names)
     stages = []
     for k in range(8):
         w = skewed_weights(D, k)
-        names = [f"p{d:05d}" for d in range(D)]
         if k == 3:
             w2 = skewed_weights(D, 100)
             entries = [{"path": n, "weight": {"type": "linear", "unit": "samples",
@@ -91,7 +103,13 @@ def g1_blend(D: int, N: int, extra: int = 0, change: float = 1.0):
         if k < 7:
             stage["until"] = {"samples": int(N * (k + 1) / 8)}
         stages.append(stage)
-    return parse_blend_config({"train": {"sequential": stages}}, "g1.yaml", check_files=False).train
+    return {"train": {"sequential": stages}}
+
+
+def g1_blend(D: int, N: int, extra: int = 0, change: float = 1.0):
+    """G1's parsed training blend over the fake datasets ``p00000``... (no files)."""
+    return parse_blend_config(g1_blend_spec([f"p{d:05d}" for d in range(D)], N, extra, change),
+                              "g1.yaml", check_files=False).train
 
 
 def megatron_blend_seconds(weights: np.ndarray, N: int) -> float:
@@ -360,6 +378,251 @@ def setup_over_sparse_corpora(D: int, N: int, work: str, documents: int = 64, pe
         print(f"- megatron-core BlendedMegatronDatasetBuilder: fails: {exc}")
 
 
+MODEL_FLAGS = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+               "--micro-batch-size", "1", "--lr", "1e-3"]
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _sparse_prefixes(work: str, D: int, documents: int = 64):
+    """``D`` sparse GPT prefixes (``documents`` documents of 131,072 tokens each) under ``work``."""
+    data = os.path.join(work, f"corpus-{documents}")
+    os.makedirs(data, exist_ok=True)
+    prefixes = [os.path.join(data, f"ds{d:05d}_text_document") for d in range(D)]
+    for p in prefixes:
+        if not os.path.exists(p + ".idx"):
+            sparse_corpus(p, documents, 1 << 17)
+    return prefixes
+
+
+def sparse_t0_corpus(prefix: str, examples: int, seed: int) -> None:
+    """A T0 prefix of ``examples`` (input, target) pairs: real ``PREFIX_inputs_document.idx`` and
+    ``PREFIX_targets_document.idx`` (P3-like lengths: inputs lognormal around 150 tokens, at most
+    1,984, targets around 4, at most 64: no pair is truncated at 2,048) and sparse ``.bin`` files of the matching size."""
+    from megatron.core.datasets.indexed_dataset import _IndexWriter
+
+    rng = np.random.default_rng(seed)
+    inputs = np.clip(rng.lognormal(np.log(150), 0.9, examples), 1, 1984).astype(np.int32)
+    targets = np.clip(rng.lognormal(np.log(4), 0.9, examples), 1, 64).astype(np.int32)
+    for key, lengths in (("inputs", inputs), ("targets", targets)):
+        path = f"{prefix}_{key}_document"
+        with _IndexWriter(path + ".idx", np.uint16) as writer:
+            writer.write(lengths, None, list(range(examples + 1)))
+        with open(path + ".bin", "wb") as f:
+            f.truncate(int(lengths.sum()) * 2)
+
+
+def _peer_data_path_seconds(prefixes, weights, N: int, split: str, work: str) -> float:
+    """megatron-core's ``BlendedMegatronDatasetBuilder`` over the same ``--data-path`` blend and
+    ``--split`` (cold cache, to the first sample): seconds."""
+    import torch
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    from megatron.tokenizer import ByteLevelTokenizer
+
+    cache = os.path.join(work, "peer-data-path-cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    config = GPTDatasetConfig(random_seed=1234, sequence_length=SEQ,
+                              blend=(list(prefixes), list(weights)), split=split,
+                              path_to_cache=cache, tokenizer=ByteLevelTokenizer(),
+                              reset_position_ids=False, reset_attention_mask=False,
+                              eod_mask_loss=False)
+    if not torch.distributed.is_initialized():  # megatron-core's builder asks for the rank
+        torch.distributed.init_process_group("gloo", init_method=f"file://{work}/pg-store-2",
+                                             rank=0, world_size=1)
+    t0 = time.perf_counter()
+    built = BlendedMegatronDatasetBuilder(GPTDataset, [N, 0, 0], lambda: True, config).build()
+    built[0][0]
+    return time.perf_counter() - t0
+
+
+def _build_twice(label: str, parse, build, cache: str):
+    """Parse the flags (validation) and build the data cold (``cache`` emptied) and warm, each to
+    the first training sample; prints and returns (parse s, cold s, warm s)."""
+    shutil.rmtree(cache, ignore_errors=True)
+    parse_t, args = _timed(parse)
+    times = []
+    for _ in range(2):
+        t, data = _timed(lambda: build(args))
+        t0 = time.perf_counter()
+        data.train[0]
+        times.append(t + time.perf_counter() - t0)
+    files = sum(len(fs) for _, _, fs in os.walk(cache))
+    print(f"- {label}: flags parsed and checked in {parse_t:.1f} s; set-up cold {times[0]:.1f} s, "
+          f"warm {times[1]:.2f} s (to the first sample); {files} cache files")
+    return parse_t, times[0], times[1]
+
+
+def other_paths(D: int, N: int, work: str, t0_prefixes: int = 1000, t0_examples: int = 10 ** 7,
+                peer: bool = True):
+    """The other data paths at scale, through the real builders (megatron/data/builder.py
+    ``build_pretraining_data``, megatron/data/mtf_builder.py ``build_mtf_data``) from parsed flags:
+    ``--data-args-path`` (``D`` ``W PREFIX`` pairs) with ``--split``, ``--train-weighted-split-paths``
+    (one group of ``D`` items and two validation groups), and T0 packing over ``t0_examples``
+    examples in ``t0_prefixes`` prefixes; each cold and warm."""
+    from megatron.config.parser import parse_args
+    from megatron.data.builder import build_pretraining_data
+    from megatron.tokenizer import ByteLevelTokenizer
+
+    print(f"\n## The other data paths at D = {D:,} sparse prefixes, N = {N:.0e}, seq {SEQ}, "
+          f"global batch {GBS}")
+    prefixes = _sparse_prefixes(work, D)
+    w = skewed_weights(D, 0).tolist()
+    tokenizer = ByteLevelTokenizer()
+    common = MODEL_FLAGS + ["--seq-length", str(SEQ), "--global-batch-size", str(GBS),
+                            "--train-samples", str(N), "--eval-iters", "1",
+                            "--eval-interval", str(10 ** 6)]
+
+    args_file = os.path.join(work, "data-args.txt")
+    with open(args_file, "w") as f:
+        f.write("\n".join(f"{x!r} {p}" for x, p in zip(w, prefixes, strict=True)))
+    cache = os.path.join(work, "data-path-cache")
+    _, cold, _ = _build_twice(
+        f"--data-args-path ({D:,} W PREFIX pairs), --split 98,2,0",
+        lambda: parse_args(common + ["--data-args-path", args_file, "--split", "98,2,0",
+                                     "--data-cache-path", cache]).run_config.data,
+        lambda config: build_pretraining_data(config, tokenizer), cache)
+    if peer:
+        peer_t = _peer_data_path_seconds(prefixes, w, N, "98,2,0", work)
+        print(f"  megatron-core BlendedMegatronDatasetBuilder, same blend and split: cold "
+              f"{peer_t:.1f} s ({peer_t / cold:.1f}x ours)")
+
+    train = "TRAIN: " + ", ".join(f"{x!r} 0:0.95 {p}" for x, p in zip(w, prefixes, strict=True))
+    valid = [f"V{g}: " + ", ".join(f"1 0.95:1 {p}" for p in prefixes[g::64]) for g in range(2)]
+    cache = os.path.join(work, "weighted-split-cache")
+    _build_twice(
+        f"--train-weighted-split-paths ({D:,} items) and 2 validation groups of {D // 64} items",
+        lambda: parse_args(common + ["--train-weighted-split-paths", train,
+                                     "--valid-weighted-split-paths", *valid,
+                                     "--data-cache-path", cache]).run_config.data,
+        lambda config: build_pretraining_data(config, tokenizer), cache)
+
+    t0_dir = os.path.join(work, f"t0-{t0_prefixes}-{t0_examples}")
+    os.makedirs(t0_dir, exist_ok=True)
+    per = t0_examples // t0_prefixes
+    t0_paths = [os.path.join(t0_dir, f"task{k:04d}") for k in range(t0_prefixes)]
+    for k, p in enumerate(t0_paths):
+        if not os.path.exists(p + "_targets_document.idx"):
+            sparse_t0_corpus(p, per, k)
+    t0_seq = 2048
+    # equal weights (equal tasks); one pass over 10 examples packs about 1.1 samples of 2,048
+    # tokens, so every task's first epoch (all its examples) is packed and no second one
+    t0_samples = t0_examples // 10
+    t0_train = "T0: " + ", ".join(f"1 0:0.99 {p}" for p in t0_paths)
+    t0_valid = "V: " + ", ".join(f"1 0.99:1 {p}" for p in t0_paths[::100])
+    cache = os.path.join(work, "t0-cache")
+
+    def t0_build(config):
+        from megatron.data.mtf_builder import build_mtf_data
+
+        return build_mtf_data(config, tokenizer)
+
+    def t0_parse():
+        from finetune_t0 import parse_t0_args
+
+        return parse_t0_args(MODEL_FLAGS + [
+            "--seq-length", str(t0_seq), "--global-batch-size", str(GBS), "--train-samples",
+            str(t0_samples), "--eval-iters", "1", "--eval-interval", str(10 ** 6),
+            "--train-weighted-split-paths", t0_train, "--valid-weighted-split-paths", t0_valid,
+            "--data-cache-path", cache]).run_config.data
+
+    _build_twice(f"T0 packing: {t0_examples:.0e} examples in {t0_prefixes:,} prefixes, "
+                 f"{t0_samples:.0e} packed samples of {t0_seq} tokens", t0_parse, t0_build, cache)
+    t0_pack_loops(t0_paths, t0_seq)
+
+
+def t0_pack_loops(paths, seq_length: int) -> None:
+    """One epoch's best-fit-decreasing packing of every T0 prefix's examples (``pack_lengths``:
+    compiled from 2,048 items) against the same packing by its Python twin, in this run: seconds,
+    and whether the packs are identical."""
+    from megatron.data import mtf_dataset
+
+    lengths = []
+    for p in paths:
+        pair = mtf_dataset.MTFDocumentPair(p)
+        keep_in, keep_tg = mtf_dataset.truncated_lengths(pair.input_lengths, pair.target_lengths,
+                                                         seq_length)
+        lengths.append((keep_in + keep_tg).astype(np.int64))
+    t0 = time.perf_counter()
+    packs = [mtf_dataset.pack_lengths(x, seq_length) for x in lengths]
+    compiled = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    same = all(np.array_equal(a, b) for x, got in zip(lengths, packs, strict=True)
+               for a, b in zip(got, mtf_dataset._pack_in_python(x, np.argsort(-x, kind="stable"),
+                                                                 seq_length), strict=True))
+    python = time.perf_counter() - t0
+    items = sum(len(x) for x in lengths)
+    print(f"  the packing loop alone, {items:.2e} examples in {len(paths):,} prefixes: compiled "
+          f"{compiled:.2f} s, its Python twin {python:.1f} s ({python / compiled:.0f}x); identical "
+          f"packs: {same}")
+
+
+def _tool_seconds(script: str, flags) -> float:
+    """Wall seconds of ``tools/SCRIPT`` with ``flags`` in a fresh process (imports included)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", script), *flags], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return time.perf_counter() - t0
+
+
+def tools_at_scale(D: int, N: int, work: str, documents: int = 30518, cold: bool = True):
+    """``tools/preview_schedule.py`` and ``tools/data_provenance.py`` on G1 over sparse corpora
+    (``D`` prefixes of ``documents`` documents of 131,072 tokens): the data set-up through
+    ``build_pretraining_data`` cold and warm, a checkpoint's data ledger written at 60% of the
+    run, then each tool timed in a fresh process against the cache (seconds). ``cold=False``
+    keeps a cache left by an earlier run (the set-up is then warm twice)."""
+    from megatron.checkpoint.format import checkpoint_tag, write_data_mix, write_tracker
+    from megatron.config.parser import parse_args
+    from megatron.data.builder import build_pretraining_data
+    from megatron.tokenizer import ByteLevelTokenizer
+
+    print(f"\n## Tools at G1 (D = {D:,}, N = {N:.0e}, 8 stages) over sparse corpora, from the cache")
+    prefixes = _sparse_prefixes(work, D, documents)
+    blend_file = os.path.join(work, f"g1-blend-{D}.json")
+    with open(blend_file, "w") as f:
+        json.dump(g1_blend_spec(prefixes, N), f)
+    cache = os.path.join(work, "g1-tools-cache")
+    flags = MODEL_FLAGS + ["--seq-length", str(SEQ), "--global-batch-size", str(GBS),
+                           "--train-samples", str(N), "--eval-iters", "0",
+                           "--data-blend-config", blend_file, "--data-cache-path", cache]
+    tokenizer = ByteLevelTokenizer()
+    config = parse_args(flags).run_config.data
+    if cold:
+        shutil.rmtree(cache, ignore_errors=True)
+    times = []
+    for _ in range(2):  # cold (an empty cache), warm
+        t, data = _timed(lambda: build_pretraining_data(config, tokenizer))
+        data.train[0]
+        times.append(t)
+    print(f"- data set-up through build_pretraining_data (--data-blend-config): cold "
+          f"{times[0]:.1f} s, warm {times[1]:.2f} s")
+    iters = N // GBS
+    at = int(iters * 0.6)
+    load = os.path.join(work, "g1-load")
+    shutil.rmtree(load, ignore_errors=True)
+    directory = os.path.join(load, checkpoint_tag(at))
+    os.makedirs(directory)
+    write_data_mix(directory, data.mix.record(at, at * GBS).to_json())
+    write_tracker(load, at)
+    out = os.path.join(work, "tool-out")
+    preview = _tool_seconds("preview_schedule.py", flags + ["--output-json", out + ".json"])
+    resumed = _tool_seconds("preview_schedule.py", flags + ["--output-json", out + "-load.json",
+                                                            "--load", load])
+    provenance = _tool_seconds("data_provenance.py", flags + [
+        "--load", load, "--iterations", f"{at - 4}:{at + 5}", "--output", out + ".jsonl"])
+    with open(out + ".jsonl") as f:
+        lines = sum(1 for _ in f)
+    print(f"- preview_schedule.py (mixture of {iters:,} iterations): {preview:.1f} s; with --load "
+          f"(the ledger at iteration {at:,}): {resumed:.1f} s")
+    print(f"- data_provenance.py --iterations {at - 4}:{at + 5} (across the checkpoint, "
+          f"{lines:,} samples): {provenance:.1f} s")
+
+
 def fetch(ours, peer, N: int, count: int = 3000):
     rng = np.random.default_rng(1)
     probes = rng.integers(0, N, count).tolist()
@@ -381,9 +644,13 @@ def main():
     parser.add_argument("--g1", action="store_true", help="also G1 (N = 1e9; minutes)")
     parser.add_argument("--work", default=None, help="where corpora and caches go")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1024, 4096, 32766])
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="which measurements to run (all by default; --g1 adds G1)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS[:-1]),
+                        help="which measurements to run (all but tools by default; with --g1, "
+                             "G1 too, and tools at G1)")
+    parser.add_argument("--reuse-cache", action="store_true",
+                        help="tools: keep the index cache an earlier run left in --work")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # no buffered lines copied into forked children
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # megatron-core opens every prefix
     work = args.work or tempfile.mkdtemp(prefix="data_scale-")
@@ -396,10 +663,16 @@ def main():
         lookups(1024, 10 ** 7)
     if "setup" in args.parts:
         setup_over_sparse_corpora(1024, 10 ** 7, work)
-    if args.g1:
+    if "other-paths" in args.parts:
+        other_paths(1024, 10 ** 7, work)
+    if "tools" in args.parts and not args.g1:
+        tools_at_scale(1024, 10 ** 7, work, documents=64, cold=not args.reuse_cache)
+    if args.g1 and args.parts != ["tools"]:
         g1(1024, 10 ** 9, work)
         # G1's corpus: 1e9 samples of 4,096 tokens over 1,024 prefixes (4e12 tokens, sparse)
         setup_over_sparse_corpora(1024, 10 ** 9, work, documents=30518, peer=False)
+    if args.g1 and ("tools" in args.parts or args.parts == list(PARTS[:-1])):
+        tools_at_scale(1024, 10 ** 9, work, cold=not args.reuse_cache)
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 

@@ -51,7 +51,8 @@ __all__ = [
     "load_blend_config", "parse_blend_config", "parse_energon_metadataset", "is_energon_metadataset",
     "parse_split_range", "check_dataset_prefix",
     "short_dataset_name",
-    "indexed_dataset_problem", "dataset_prefix_problem", "prefix_problems_message",
+    "indexed_dataset_problem", "missing_files_problem", "dataset_prefix_problem",
+    "prefix_problems_message",
     "range_tokens", "scaled_weight", "SCALED_WEIGHT_TYPE",
 ]
 
@@ -246,13 +247,44 @@ def indexed_dataset_problem(path: str) -> Optional[str]:
     return None
 
 
+def missing_files_problem(path: str) -> Optional[str]:
+    """The one wording, for every data flag and blend file, of a dataset prefix ``path`` whose
+    ``.bin`` or ``.idx`` is missing (the first missing file named, and the other when it is
+    missing too), or None when both exist. Checks existence only; no file is opened."""
+    missing = [path + ext for ext in (".bin", ".idx") if not os.path.isfile(path + ext)]
+    if not missing:
+        return None
+    nor = f", nor {missing[1]!r}" if len(missing) > 1 else ""
+    return (f"dataset file {missing[0]!r} does not exist{nor} (the prefix {path!r} needs "
+            f"{path}.bin and {path}.idx, from tools/preprocess_data.py)")
+
+
+# prefix -> the stat of its .idx and .bin when dataset_prefix_problem last found them readable
+_READABLE: Dict[str, Tuple[int, ...]] = {}
+
+
+def _files_state(path: str) -> Optional[Tuple[int, ...]]:
+    """(inode, bytes, mtime in ns) of ``path.idx`` and of ``path.bin``, or None if one is missing."""
+    try:
+        a, b = os.stat(path + ".idx"), os.stat(path + ".bin")
+    except OSError:
+        return None
+    return (a.st_ino, a.st_size, a.st_mtime_ns, b.st_ino, b.st_size, b.st_mtime_ns)
+
+
 def dataset_prefix_problem(path: str) -> Optional[str]:
-    """What is wrong with the dataset prefix ``path`` (a missing ``.bin``/``.idx``, or what
-    :func:`indexed_dataset_problem` finds), or None when it is readable."""
-    for ext in (".bin", ".idx"):
-        if not os.path.isfile(path + ext):
-            return f"dataset file {path + ext!r} does not exist (path {path!r})"
-    return indexed_dataset_problem(path)
+    """What is wrong with the dataset prefix ``path`` (a missing ``.bin``/``.idx``:
+    :func:`missing_files_problem`, or what :func:`indexed_dataset_problem` finds in the header),
+    or None when it is readable. A prefix found readable is not read again in this process while
+    its two files keep their inode, size and modification time (two ``stat`` calls): the start-up
+    checks and the constituents' resolution read each header once."""
+    state = _files_state(path)
+    if state is not None and _READABLE.get(path) == state:
+        return None
+    problem = missing_files_problem(path) or indexed_dataset_problem(path)
+    if problem is None and state is not None:
+        _READABLE[path] = state
+    return problem
 
 
 def prefix_problems_message(label: str, problems: Sequence[str], shown: int = PROBLEMS_SHOWN) -> str:

@@ -1,7 +1,6 @@
 """Build the train / valid / test GPT datasets of ``pretrain_gpt.py`` from its data flags: a
 ``--data-blend-config`` curriculum, weighted split groups or Megatron-LM's ``--data-path``
 static blends, the training set with its data ledger (megatron/data/mix_resume.py)."""
-import os
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -12,7 +11,7 @@ from megatron.data.blend_config import (
     BlendEntry,
     BlendStage,
     SplitBlend,
-    indexed_dataset_problem,
+    dataset_prefix_problem,
     prefix_problems_message,
 )
 from megatron.data.curriculum.constituents import resolve_constituents
@@ -64,29 +63,13 @@ def gpt_dataset_config(config: DataConfig, tokenizer) -> GPTDatasetConfig:
     )
 
 
-def _prefix_problems(prefixes: Sequence[str]) -> List[str]:
-    """What is wrong with each unreadable prefix of ``prefixes`` (a missing ``.bin``/``.idx``, a
-    truncated or corrupt file), in order."""
-    out = []
-    for prefix in prefixes:
-        missing = [ext for ext in (".bin", ".idx") if not os.path.isfile(prefix + ext)]
-        if missing:
-            out.append(f"dataset prefix {prefix!r} has no {' or '.join(missing)} file (expected "
-                       f"{prefix}.bin and {prefix}.idx from tools/preprocess_data.py)")
-            continue
-        problem = indexed_dataset_problem(prefix)
-        if problem:
-            out.append(problem)
-    return out
-
-
 def check_all_prefixes(sources: Sequence[Tuple[str, str, Optional[Sequence[str]]]]) -> None:
     """Raise one ConfigError for every unreadable prefix of ``sources`` (``(flag, context,
     prefixes)``; ``context`` prefixes each problem, e.g. a weighted-split group): the flag(s), the
     first few problems and how many more (megatron/data/blend_config.py ``prefix_problems_message``),
     so a blend of thousands of shards is checked at once before anything is built."""
     found = [(flag, context + text) for flag, context, prefixes in sources if prefixes
-             for text in _prefix_problems(prefixes)]
+             for text in map(dataset_prefix_problem, prefixes) if text]
     if not found:
         return
     flags = list(dict.fromkeys(flag for flag, _ in found))

@@ -48,16 +48,20 @@ KINDS = ("blend_config", "data_path", "weighted_split", "t0")
 LedgerKey = Tuple[str, float, float, str]
 
 
-def gpt_files_fingerprint(prefix: str) -> str:
+def gpt_files_fingerprint(prefix: str, counts: Optional[Tuple[int, int]] = None) -> str:
     """``"documents=D sequences=S idx_bytes=I bin_bytes=B"`` of a megatron-core indexed dataset
     (``prefix.idx`` header and the two file sizes): what tells a dataset apart from another one
-    written at the same path."""
+    written at the same path. ``counts``: the header's (sequence count, document-index length)
+    where the caller has the index open already (then only the sizes are read)."""
     idx = prefix + ".idx"
-    with open(idx, "rb") as f:
-        header = f.read(34)
-    if len(header) < 34:
-        raise ConfigError(f"dataset index {idx!r} is truncated (no header)")
-    _, _, sequences, documents = struct.unpack("<QBQQ", header[9:34])
+    if counts is None:
+        with open(idx, "rb") as f:
+            header = f.read(34)
+        if len(header) < 34:
+            raise ConfigError(f"dataset index {idx!r} is truncated (no header)")
+        _, _, sequences, documents = struct.unpack("<QBQQ", header[9:34])
+    else:
+        sequences, documents = (int(c) for c in counts)
     return (f"documents={documents - 1 if documents else 0} sequences={sequences} "
             f"idx_bytes={os.path.getsize(idx)} bin_bytes={os.path.getsize(prefix + '.bin')}")
 

@@ -53,9 +53,13 @@ def items_blend(items: Sequence[SplitItem], name: str, where: str) -> SplitBlend
 
 
 def mtf_fingerprint(pair: MTFDocumentPair) -> str:
-    """The fingerprint of an MTF prefix's two files (megatron/data/mix_ledger.py)."""
-    return (f"inputs: {gpt_files_fingerprint(pair.inputs_path)}; "
-            f"targets: {gpt_files_fingerprint(pair.targets_path)}")
+    """The fingerprint of an MTF prefix's two files (megatron/data/mix_ledger.py), their header
+    counts taken from the pair's open indices (no header read again)."""
+    def counts(ds):
+        return len(ds.sequence_lengths), len(ds.document_indices)
+
+    return (f"inputs: {gpt_files_fingerprint(pair.inputs_path, counts(pair.inputs))}; "
+            f"targets: {gpt_files_fingerprint(pair.targets_path, counts(pair.targets))}")
 
 
 def resolve_mtf_constituents(blend: SplitBlend, seq_length: int,
@@ -64,6 +68,7 @@ def resolve_mtf_constituents(blend: SplitBlend, seq_length: int,
     name taken twice gets ``_2``, ``_3``, ...); their epochs pack differently, so they have no
     fixed ``samples_per_epoch``."""
     out: List[Constituent] = []
+    names = set()  # the names taken so far (a set: thousands of prefixes stay linear)
     for entry in (e for stage in blend.stages for e in stage.entries):
         if entry.path not in pairs:
             pairs[entry.path] = MTFDocumentPair(entry.path)
@@ -72,9 +77,10 @@ def resolve_mtf_constituents(blend: SplitBlend, seq_length: int,
         keep_in, keep_tg = truncated_lengths(pair.input_lengths[lo:hi], pair.target_lengths[lo:hi],
                                              seq_length)
         base, name, k = short_dataset_name(entry.path), short_dataset_name(entry.path), 1
-        while name in {c.name for c in out}:
+        while name in names:
             k += 1
             name = f"{base}_{k}"
+        names.add(name)
         out.append(Constituent(entry.path, entry.split, name, lo, hi, len(pair),
                                int(np.sum(keep_in) + np.sum(keep_tg)), None, mtf_fingerprint(pair)))
     return out

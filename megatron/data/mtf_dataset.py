@@ -169,19 +169,55 @@ def truncated_lengths(input_length, target_length, seq_length):
     return keep_in, keep_tg
 
 
+PACK_KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mtf_packing.cpp")
+PACK_KERNEL_NAME = "megatron_mtf_packing"
+# below this many items the Python loop is quick and no kernel is built or loaded
+PACK_KERNEL_MIN_ITEMS = 2048
+_PACK_KERNEL: Dict[str, object] = {}  # {"fn": the built module, or None: the Python twin serves}
+
+
+def _load_pack_kernel():
+    """The compiled packing loop (``mtf_packing.cpp``: ``pack``), or None where it cannot be
+    built (then :func:`_pack_in_python` gives the same packs, slowly). Built once per
+    environment, loaded once per process."""
+    if "fn" not in _PACK_KERNEL:
+        from megatron.runtime import jit_ops
+
+        _PACK_KERNEL["fn"] = jit_ops.load_op_or_none(
+            PACK_KERNEL_NAME, [PACK_KERNEL_SOURCE_PATH], ["-O3"],
+            "the T0 packing kernel (megatron/data/mtf_packing.cpp)", "about 20 s")
+    return _PACK_KERNEL["fn"]
+
+
 def pack_lengths(lengths: Sequence[int], seq_length: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Best-fit-decreasing bin packing of items with ``lengths`` (each 1..seq_length) into bins of
-    ``seq_length``. Items are taken longest first (stable: equal lengths keep their given order);
-    each goes into the open bin with the least room that still fits it, else into a new bin.
+    """Best-fit-decreasing bin packing of items with ``lengths`` (each 1..seq_length tokens) into
+    bins of ``seq_length`` tokens. Items are taken longest first (stable: equal lengths keep their
+    given order); each goes into the open bin with the least room that still fits it (among bins
+    of equal room the one that reached it last), else into a new bin.
 
     Returns ``(items, offsets)``: bin ``b`` holds item indices ``items[offsets[b]:offsets[b+1]]``
-    (in placement order); bins are numbered in creation order.
+    (in placement order); bins are numbered in creation order. From
+    :data:`PACK_KERNEL_MIN_ITEMS` items on, the loop runs compiled (``mtf_packing.cpp``, about
+    25 ns per item against about 1.5 us in Python); both give identical packs.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     if lengths.size and (lengths.min() < 1 or lengths.max() > seq_length):
         raise ValueError(f"item lengths must be in [1, {seq_length}], got "
                          f"[{lengths.min()}, {lengths.max()}]")
-    order = np.argsort(-lengths, kind="stable")
+    order = np.argsort(-lengths, kind="stable").astype(np.int64, copy=False)
+    kernel = _load_pack_kernel() if len(lengths) >= PACK_KERNEL_MIN_ITEMS else None
+    if kernel is None:
+        return _pack_in_python(lengths, order, int(seq_length))
+    items = np.empty(len(lengths), dtype=np.int64)
+    offsets = np.empty(len(lengths) + 1, dtype=np.int64)
+    bins = kernel.pack(lengths, order, int(seq_length), items, offsets)
+    return items, offsets[:bins + 1].copy()
+
+
+def _pack_in_python(lengths: np.ndarray, order: np.ndarray,
+                    seq_length: int) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`pack_lengths`'s loop in Python (the kernel's twin): the items of ``lengths`` taken
+    in ``order``, each into the open bin with the least room that fits it, else a new bin."""
     bins: List[List[int]] = []
     by_room: List[List[int]] = [[] for _ in range(seq_length + 1)]  # open bins by remaining room
     occupied = 0  # bit r set <=> by_room[r] is non-empty

@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend
+from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend, missing_files_problem
 from megatron.errors import ConfigError
 
 __all__ = [
@@ -120,10 +120,9 @@ def parse_weighted_split_group(text: str, flag: str = "--train-weighted-split-pa
         start, end = _fraction(start_s, flag, text), _fraction(end_s, flag, text)
         if not start < end:
             raise _fail(flag, text, f"empty range {range_s!r} in item {part!r} (START must be < END)")
-        if check_files:
-            for ext in (".bin", ".idx"):
-                if not os.path.isfile(prefix + ext):
-                    raise _fail(flag, text, f"dataset file {prefix + ext!r} does not exist")
+        problem = missing_files_problem(prefix) if check_files else None
+        if problem:
+            raise _fail(flag, text, problem)
         key = (prefix, start, end)
         if key in seen:
             raise _fail(flag, text, f"{prefix} {range_s} is listed twice in group {name!r}")

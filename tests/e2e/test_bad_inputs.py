@@ -465,9 +465,10 @@ def test_data_path_missing_prefix(data):
     nothing = data["dir"] + "/nothing"
     _raises(ConfigError, lambda: check_prefixes_exist("--data-path", ["0.5", nothing,
                                                                       "0.5", data["web"]]),
-            f"--data-path: dataset prefix {nothing!r} has no .bin or .idx file")
+            f"--data-path: dataset file '{nothing}.bin' does not exist, nor '{nothing}.idx' (the "
+            f"prefix {nothing!r} needs {nothing}.bin and {nothing}.idx, from tools/preprocess_data.py)")
     _raises(ConfigError, lambda: check_prefixes_exist("--train-data-path", [data["only_bin"]]),
-            f"--train-data-path: dataset prefix {data['only_bin']!r} has no .idx file")
+            f"--train-data-path: dataset file '{data['only_bin']}.idx' does not exist (the prefix")
 
 
 @pytest.mark.parametrize("damage, fragments", [

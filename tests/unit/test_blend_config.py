@@ -413,3 +413,28 @@ def test_loss_weight_entries(data, tmp_path):
     plain = parse_blend_config({"train": {"blend": [{"path": data["web"], "weight": 1}]}}, "t.yaml")
     assert dataset_loss_weights(resolve_constituents(plain.train, 8), plain.train, {}) is None
     assert dataset_loss_weights(resolve_constituents(plain.train, 8), plain.train, {"web": 3}) == [3]
+
+
+def test_a_readable_prefix_is_read_once_until_its_files_change(tmp_path, monkeypatch):
+    """dataset_prefix_problem reads a prefix's header once while its files keep their inode,
+    size and mtime (the start-up checks, then resolve_constituents); a file cut short after the
+    first check is read again and reported. The fingerprint resolve_constituents takes from the
+    open index is gpt_files_fingerprint's from the header."""
+    from helpers.curriculum import write_corpus
+    from megatron.data import blend_config
+    from megatron.data.curriculum.constituents import resolve_constituents
+    from megatron.data.mix_ledger import gpt_files_fingerprint
+
+    prefix = write_corpus(str(tmp_path / "web_text_document"), [30, 40, 50, 20])
+    reads = []
+    real = blend_config.indexed_dataset_problem
+    monkeypatch.setattr(blend_config, "indexed_dataset_problem", lambda p: reads.append(p) or real(p))
+    assert blend_config.dataset_prefix_problem(prefix) is None
+    blend = parse_blend_config({"train": {"blend": [{"path": prefix, "weight": 1}]}}, "t.yaml").train
+    (c,) = resolve_constituents(blend, 16)
+    assert reads == [prefix]
+    assert c.fingerprint == gpt_files_fingerprint(prefix)
+    with open(prefix + ".bin", "r+b") as f:
+        f.truncate(10)
+    assert "is truncated" in blend_config.dataset_prefix_problem(prefix)
+    assert reads == [prefix, prefix]

@@ -646,6 +646,34 @@ def test_empty_split_is_refused_naming_what_to_change(data):
     assert "selects no document" in str(err.value) and "--split" in str(err.value)
 
 
+def test_blocked_and_linear_cuts_share_the_breakpoints():
+    """Both cut rules read one list of breakpoints (CurriculumIndex._breakpoints): a samples-unit
+    step at 250.5 and a ramp ending at 600 (samples), a tokens-unit step at 100 samples of SEQ
+    tokens, and a smooth cosine (no breakpoints). The blocked order's block starts are ceil(x) - 1
+    to ceil(x) + 1 (stage-local, inside the stage); the linear fast path's segment starts are
+    floor(x) - 1 to floor(x) + 2 (global), and it declines a stage with a smooth schedule."""
+    blend = {"blend": [
+        {"path": "a", "weight": {"type": "step", "unit": "samples", "points": {0: 1, 250.5: 3}}},
+        {"path": "b", "weight": {"type": "linear", "unit": "samples", "points": {0: 1, 600: 2}}},
+        {"path": "c", "weight": {"type": "step", "unit": "tokens", "points": {0: 2, 100 * SEQ: 1}}},
+        {"path": "d", "weight": 1.0}]}
+    idx = fake_index(blend, 1000, 4, seq=SEQ, order="blocked")
+    plan = idx.plans[0]
+    assert [unit for unit, _ in idx._breakpoints(plan)] == ["samples", "samples", "tokens"]
+    xs = [0.0, 250.5, 0.0, 600.0, 0.0, 100.0]  # every breakpoint, as a sample position
+    expected = {int(np.ceil(x)) + k for x in xs for k in (-1, 0, 1)}
+    np.testing.assert_array_equal(idx._blocked_cuts(plan),
+                                  sorted(c for c in expected if 0 < c < 1000))
+    segments, iterations = idx._linear_segments(plan)
+    assert not iterations
+    np.testing.assert_array_equal(segments, sorted({int(np.floor(x)) + k for x in xs
+                                                    for k in (-1, 0, 1, 2)}))
+    blend["blend"][3]["weight"] = {"type": "cosine", "unit": "samples", "from": 1.0, "to": 2.0}
+    smooth = fake_index(blend, 1000, 4, seq=SEQ, order="blocked")
+    assert smooth._breakpoints(smooth.plans[0])[3] == ("samples", None)
+    assert smooth._linear_segments(smooth.plans[0]) is None
+
+
 def test_linear_fast_path_cuts_each_stage_at_its_own_breakpoints():
     """Two sequential stages giving datasets a and b other samples-unit ramps: each stage's
     segments are cut at its own schedules' breakpoints (a stage once took another stage's
@@ -672,3 +700,26 @@ def test_linear_fast_path_cuts_each_stage_at_its_own_breakpoints():
     c = {k: np.cumsum(np.eye(2, dtype=np.int64)[np.asarray(v.dataset_index)], axis=0)
          for k, v in out.items()}
     assert np.abs(c[True] - c[False]).max() <= 2
+
+
+def test_drawn_before_counts_either_side_of_the_index():
+    """The ledger at a sample (CurriculumIndex.drawn_before, and CurriculumDataset's, which goes
+    on from its last answer when that is shorter) is the base plus the samples before it, whether
+    it counts them or takes the samples after it from the totals; for a continuation index too."""
+    from helpers.curriculum import fake_constituents
+    from megatron.data.blend_config import parse_blend_config
+    from megatron.data.curriculum.dataset import CurriculumDataset
+    from megatron.schedules.units import BatchSchedule
+
+    blend = parse_blend_config({"train": {"blend": [{"path": f"p{d}", "weight": 1 + d}
+                                                    for d in range(5)]}},
+                               "t.yaml", check_files=False).train
+    for begin, base in ((0, [0] * 5), (300, [50, 60, 70, 60, 60])):
+        idx = CurriculumIndex(blend, fake_constituents(blend, 10 ** 6, SEQ), 2000,
+                              BatchSchedule(4, None, SEQ), begin=begin, base=base)
+        ids = np.asarray(idx.dataset_index)
+        ds = CurriculumDataset(idx, [None] * 5)
+        for s in (begin, begin + 1, 1200, 1999, 2000, 700, 1900, 1901, begin + 3):
+            want = np.asarray(base) + np.bincount(ids[:s - begin], minlength=5)
+            np.testing.assert_array_equal(idx.drawn_before(s), want)
+            np.testing.assert_array_equal(ds.drawn_before(s), want)

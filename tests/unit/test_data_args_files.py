@@ -150,6 +150,6 @@ def test_weighted_split_missing_prefixes_one_error(corpora, tmp_path):
         check_weighted_split_prefixes({"train": train, "valid": valid, "test": []})
     msg = str(info.value)
     assert "6 dataset prefixes" in msg and "--train-weighted-split-paths" in msg, msg
-    assert "group V: dataset prefix" in msg and "group W" not in msg  # past the first 5
-    assert "group TRAIN: dataset prefix" in msg and msg.endswith("... and 1 more")
+    assert "group V: dataset file" in msg and "group W" not in msg  # past the first 5
+    assert "group TRAIN: dataset file" in msg and msg.endswith("... and 1 more")
     check_weighted_split_prefixes({"train": train[:0], "valid": [], "test": []})

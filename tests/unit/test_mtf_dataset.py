@@ -93,6 +93,62 @@ def test_pack_lengths_is_a_valid_partition(lengths):
         assert 0 < sum(lengths[i] for i in items[offsets[b]:offsets[b + 1]]) <= 64
 
 
+
+def _compiled_and_python_packs(lengths, seq_length):
+    from megatron.data import mtf_dataset
+
+    kernel = mtf_dataset._load_pack_kernel()
+    if kernel is None:
+        pytest.skip("the T0 packing kernel cannot be built here (no compiler)")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    items, offsets = np.empty(len(lengths), np.int64), np.empty(len(lengths) + 1, np.int64)
+    bins = kernel.pack(lengths, order, seq_length, items, offsets)
+    return (items, offsets[:bins + 1]), mtf_dataset._pack_in_python(lengths, order, seq_length)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 9000).flatmap(lambda s: st.tuples(
+    st.just(s), st.lists(st.integers(1, s), min_size=0, max_size=400))))
+def test_compiled_packing_is_the_python_loop(case):
+    """The compiled best-fit-decreasing loop (mtf_packing.cpp) places every item where the Python
+    twin does (same bins, same order within each), for rooms across several bitset words and
+    summary words (seq_length up to 9,000: rooms past 4,096)."""
+    seq_length, lengths = case
+    (items, offsets), (ref_items, ref_offsets) = _compiled_and_python_packs(lengths, seq_length)
+    np.testing.assert_array_equal(offsets, ref_offsets)
+    np.testing.assert_array_equal(items, ref_items)
+
+
+def test_pack_lengths_compiled_on_many_items_equals_python():
+    """pack_lengths on P3-like lengths (50,000 items: the compiled path) gives the Python loop's
+    packs, with many equal lengths (ties in given order) and a few items of the full length."""
+    from megatron.data import mtf_dataset
+
+    lengths = p3_like_lengths(50000, 2048, seed=3)
+    lengths[::997] = 2048
+    assert len(lengths) >= mtf_dataset.PACK_KERNEL_MIN_ITEMS
+    if mtf_dataset._load_pack_kernel() is None:
+        pytest.skip("the T0 packing kernel cannot be built here (no compiler)")
+    items, offsets = pack_lengths(lengths, 2048)
+    order = np.argsort(-lengths, kind="stable")
+    ref_items, ref_offsets = mtf_dataset._pack_in_python(lengths, order, 2048)
+    np.testing.assert_array_equal(offsets, ref_offsets)
+    np.testing.assert_array_equal(items, ref_items)
+
+
+def test_pack_kernel_that_cannot_be_built_leaves_the_python_loop(monkeypatch):
+    """Without the kernel (no compiler: the loader gives None) pack_lengths packs in Python, the
+    same packs."""
+    from megatron.data import mtf_dataset
+
+    lengths = p3_like_lengths(3000, 512, seed=4)
+    monkeypatch.setitem(mtf_dataset._PACK_KERNEL, "fn", None)
+    items, offsets = pack_lengths(lengths, 512)
+    ref_items, ref_offsets = mtf_dataset._pack_in_python(lengths, np.argsort(-lengths, kind="stable"), 512)
+    np.testing.assert_array_equal(items, ref_items)
+    np.testing.assert_array_equal(offsets, ref_offsets)
+
 def naive_first_fit_decreasing(lengths, capacity):
     bins = []
     for length in sorted(lengths, reverse=True):
@@ -471,3 +527,29 @@ def test_blend_refuses_samples_without_segment_ids():
         PackedSamplesOnly(plain)[0]
     packed = [dict(plain[0], segment_ids=torch.ones(4, dtype=torch.int32))] * 4
     assert PackedSamplesOnly(packed)[3]["segment_ids"].tolist() == [1] * 4
+
+
+def test_mtf_fingerprint_from_the_open_pair_is_the_headers(tmp_path):
+    """The T0 ledger's fingerprint, taken from the pair's open indices, is the one read from the
+    two .idx headers."""
+    from megatron.data.mix_ledger import gpt_files_fingerprint
+    from megatron.data.mtf_builder import mtf_fingerprint
+
+    prefix, _ = make_pairs(tmp_path, n=30)
+    pair = MTFDocumentPair(prefix)
+    assert mtf_fingerprint(pair) == (f"inputs: {gpt_files_fingerprint(pair.inputs_path)}; "
+                                     f"targets: {gpt_files_fingerprint(pair.targets_path)}")
+
+
+def test_mtf_constituents_take_distinct_names(tmp_path):
+    """A T0 prefix listed at two document ranges, and another of the same short name in another
+    directory, are three datasets named after the prefix, the later ones with _2 and _3."""
+    from megatron.data.mtf_builder import items_blend, resolve_mtf_constituents
+
+    a, _ = make_pairs(tmp_path, n=20, name="task")
+    (tmp_path / "other").mkdir()
+    b, _ = make_pairs(tmp_path / "other", n=20, name="task")
+    blend = items_blend([(1.0, 0.0, 0.5, a), (1.0, 0.5, 1.0, a), (2.0, 0.0, 1.0, b)], "T", "test")
+    cons = resolve_mtf_constituents(blend, 64, {})
+    assert [c.name for c in cons] == ["task", "task_2", "task_3"]
+    assert [(c.doc_begin, c.doc_end) for c in cons] == [(0, 10), (10, 20), (0, 20)]

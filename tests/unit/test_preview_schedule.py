@@ -368,3 +368,37 @@ def test_a_long_run_over_many_datasets_gets_one_mixture_point_per_k_iterations()
         np.testing.assert_allclose(thinned[:, k], window.sum(axis=1) / window.shape[1])
     np.testing.assert_array_equal(idx.target_iteration_mixture(500, per_point=7),
                                   idx.target_iteration_mixture(500)[:, ::7])
+
+
+@pytest.mark.parametrize("long_point", [1, 1 << 30])
+def test_iteration_mixture_counts_each_samples_iteration(monkeypatch, long_point):
+    """iteration_mixture (one bincount per point, or per chunk of points labelled by repetition:
+    both branches) equals counting every sample's iteration (BatchSchedule.iterations_at_samples)
+    under a batch-size ramp, for whole and thinned points, fewer iterations than the run's, and a
+    continuation index that starts mid-run (earlier samples count nowhere)."""
+    from helpers.curriculum import fake_constituents
+    from megatron.data.blend_config import parse_blend_config
+    from megatron.data.curriculum import index as index_module
+    from megatron.data.curriculum.index import CurriculumIndex
+    from megatron.schedules.units import BatchSchedule
+
+    monkeypatch.setattr(index_module, "MIXTURE_LONG_POINT", long_point)
+    blend = parse_blend_config({"train": {"blend": [{"path": f"p{d}", "weight": 1 + d % 4}
+                                                    for d in range(6)]}},
+                               "t.yaml", check_files=False).train
+    schedule = BatchSchedule(12, (2, 2, 300), 16)
+    for begin in (0, 517):
+        base = [0] * 6 if begin == 0 else [100] * 6
+        idx = CurriculumIndex(blend, fake_constituents(blend, 10 ** 6, 16), 3000, schedule,
+                              begin=begin, base=base)
+        ids = np.asarray(idx.dataset_index)
+        its = schedule.iterations_at_samples(np.arange(begin, 3000))
+        for n_it, per_point in ((None, 1), (None, 5), (40, 3), (10 ** 4, 7)):
+            n = idx.progress.num_iterations if n_it is None else n_it
+            points = -(-n // per_point)
+            keep = its < n
+            ref = np.bincount(its[keep] // per_point * 6 + ids[keep], minlength=points * 6)
+            ref = ref.reshape(points, 6).T.astype(np.float64)
+            tot = ref.sum(axis=0, keepdims=True)
+            ref = np.divide(ref, tot, out=np.zeros_like(ref), where=tot > 0)
+            np.testing.assert_array_equal(idx.iteration_mixture(n_it, per_point), ref)

@@ -94,6 +94,7 @@ def resolve_constituents(blend: SplitBlend, seq_length: int,
                                        "selects no document: a stage with nothing to draw; give "
                                        "it a wider range (--split) or more documents")
             tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
+            header_counts = (n, len(indexed.document_indices))  # the fingerprint's, read once
             del lengths, indexed  # the view first, then its map closes
             if tokens <= 0:
                 raise BlendConfigError(f"{entry.where}: {entry.path!r} (documents {beg}:{end}) has "
@@ -107,5 +108,5 @@ def resolve_constituents(blend: SplitBlend, seq_length: int,
                 name, k = f"{base}#{k}", k + 1
             names.add(name)
             out[entry.key] = Constituent(entry.path, entry.split, name, beg, end, n, tokens, spe,
-                                         gpt_files_fingerprint(entry.path), passes)
+                                         gpt_files_fingerprint(entry.path, header_counts), passes)
     return list(out.values())

@@ -86,14 +86,20 @@ class CurriculumDataset(torch.utils.data.Dataset):
 
     def drawn_before(self, sample: int) -> np.ndarray:
         """Samples drawn per dataset before global sample ``sample`` (the ledger there); cheap
-        when called with growing ``sample`` (counts only the samples since the last call)."""
+        when called with growing ``sample`` (counts only the samples since the last call), and
+        otherwise the index's count of the shorter side (:meth:`CurriculumIndex.drawn_before`)."""
         last, counts = self._ledger_cache
-        if sample < last:
-            last, counts = self.begin, self.index.base.copy()
-        lo, hi = last - self.begin, int(sample) - self.begin
-        if hi > lo:
-            counts = counts + np.bincount(self.dataset_index[lo:hi], minlength=len(self.names))
-        self._ledger_cache = (int(sample), counts)
+        s = int(sample)
+        stop, length = s - self.begin, len(self.dataset_index)
+        if 0 <= stop <= length and (s < last or s - last > min(stop, length - stop)):
+            counts = self.index.drawn_before(s)
+        else:
+            if s < last:
+                last, counts = self.begin, self.index.base.copy()
+            if stop > last - self.begin:
+                counts = counts + np.bincount(self.dataset_index[last - self.begin:stop],
+                                              minlength=len(self.names))
+        self._ledger_cache = (s, counts)
         return counts.copy()
 
     def target_weights(self, sample_indices) -> np.ndarray:

@@ -87,6 +87,8 @@ __all__ = ["CurriculumIndex"]
 # schedule, its steps included), so no entry of an earlier version is ever read
 INDEX_VERSION = "curriculum-index-v3"
 CHUNK = 1 << 20
+# iteration_mixture: points of at least this many samples on average are counted one bincount each
+MIXTURE_LONG_POINT = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -183,14 +185,20 @@ class CurriculumIndex:
 
     def drawn_before(self, sample: int) -> np.ndarray:
         """Samples drawn per dataset before global sample ``sample`` (``begin <= sample <= N``):
-        the ledger at that point."""
+        the ledger at that point. Counts the shorter side of the index: the samples before
+        ``sample`` from the base, or those from ``sample`` on taken from the index's totals (a
+        ledger at 90% of a billion samples reads a tenth of them)."""
         if not self.begin <= int(sample) <= self.num_samples:
             raise ValueError(f"sample {sample} outside [{self.begin}, {self.num_samples}]")
-        counts = self.base.copy()
-        stop = int(sample) - self.begin
-        for lo in range(0, stop, 1 << 24):
-            counts += np.bincount(self.dataset_index[lo:min(stop, lo + (1 << 24))],
-                                  minlength=len(self.constituents))
+        stop, length = int(sample) - self.begin, len(self.dataset_index)
+        totals = getattr(self, "totals", None)
+        if totals is not None and length - stop < stop:
+            counts, lo, hi, sign = totals.copy(), stop, length, -1
+        else:
+            counts, lo, hi, sign = self.base.copy(), 0, stop, 1
+        for a in range(lo, hi, 1 << 24):
+            counts += sign * np.bincount(self.dataset_index[a:min(hi, a + (1 << 24))],
+                                         minlength=len(self.constituents))
         return counts
 
     # -- planning ------------------------------------------------------------------------------
@@ -388,27 +396,43 @@ class CurriculumIndex:
         self._known_totals = global_counts
         return out_id, out_sample
 
-    def _blocked_cuts(self, plan: _StagePlan) -> np.ndarray:
-        """Stage-local samples where a block of the blocked order must start: the first samples at
-        and after every breakpoint (a step, a ramp's end) of the stage's piecewise-linear weight
-        schedules, in any unit."""
-        cuts = [np.zeros(0, dtype=np.int64)]
+    def _breakpoints(self, plan: _StagePlan) -> List[Tuple[str, Optional[np.ndarray]]]:
+        """``(unit, breakpoints)`` of every scheduled weight of ``plan``'s stage, in entry order:
+        the schedule's unit and the finite points (in that unit) where it is not affine (steps,
+        ramps' ends), or None for a smooth schedule (cosine, ...)."""
+        out = []
         for e, i in zip(plan.stage.entries, plan.ids, strict=True):
             if not isinstance(e.weight, dict):
                 continue
             sched = self._schedule(i, plan.number, e)
             points = _linear_breakpoints(sched)
+            out.append((getattr(sched, "unit", "iterations"),
+                        None if points is None else points[np.isfinite(points)]))
+        return out
+
+    def _cuts_around(self, at, before: int, after: int) -> np.ndarray:
+        """Global samples ``q - before`` to ``q + after`` around each sample position ``q`` of
+        ``at`` (``at`` clipped to [-4, num_samples + 4] first, then truncated to integers): where
+        segments or blocks must start so that none holds a breakpoint, with a margin for float
+        rounding."""
+        q = np.clip(np.asarray(at, dtype=np.float64), -4, self.num_samples + 4).astype(np.int64)
+        return (q[:, None] + np.arange(-before, after + 1, dtype=np.int64)).reshape(-1)
+
+    def _blocked_cuts(self, plan: _StagePlan) -> np.ndarray:
+        """Stage-local samples where a block of the blocked order must start: the first samples at
+        and after every breakpoint (a step, a ramp's end) of the stage's piecewise-linear weight
+        schedules, in any unit (:meth:`_breakpoints`; a breakpoint at sample position x cuts at
+        ceil(x) - 1 to ceil(x) + 1)."""
+        cuts = [np.zeros(0, dtype=np.int64)]
+        for unit, points in self._breakpoints(plan):
             if points is None:
                 continue  # smooth (cosine, ...): the block size bounds its error
-            points = points[np.isfinite(points)]
-            unit = getattr(sched, "unit", "iterations")
             if unit == "iterations":
                 at = self.batch_schedule.samples_at_iterations(
                     np.clip(np.ceil(points), 0, self.progress.num_iterations).astype(np.int64))
             else:
                 at = np.ceil(self.batch_schedule.convert(points, unit, "samples"))
-            q = np.clip(np.asarray(at, dtype=np.float64), -4, self.num_samples + 4).astype(np.int64)
-            cuts.append((q[:, None] + np.arange(-1, 2, dtype=np.int64)).reshape(-1) - plan.begin)
+            cuts.append(self._cuts_around(at, 1, 1) - plan.begin)
         cuts = np.unique(np.concatenate(cuts))
         return cuts[(cuts > 0) & (cuts < plan.end - plan.begin)]
 
@@ -490,32 +514,27 @@ class CurriculumIndex:
 
     def _linear_segments(self, plan: _StagePlan) -> Optional[Tuple[np.ndarray, bool]]:
         """(sorted global sample indices where a segment must start, iterations-unit schedule
-        present) when the fast path applies to ``plan``, else None."""
+        present) when the fast path applies to ``plan``, else None. The cuts are those of
+        :meth:`_breakpoints` (a breakpoint at sample position x cuts at floor(x) - 1 to
+        floor(x) + 2)."""
         if not self.linear_fast_path or any(c >= 0 for c in plan.caps):
             return None
         cuts, iterations = [np.zeros(0, dtype=np.int64)], False
-        for e, i in zip(plan.stage.entries, plan.ids, strict=True):
-            if not isinstance(e.weight, dict):
-                continue
-            sched = self._schedule(i, plan.number, e)
-            unit = getattr(sched, "unit", "iterations")
+        seq_plan = self.batch_schedule.seq_plan
+        for unit, points in self._breakpoints(plan):
             if unit == "iterations":
                 iterations = True
                 continue
             if unit not in ("samples", "tokens"):
                 return None
-            seq_plan = self.batch_schedule.seq_plan
             if unit == "tokens" and seq_plan is not None and seq_plan.truncates:
                 return None  # tokens are not samples x seq length under a truncating curriculum
-            points = _linear_breakpoints(sched)
             if points is None:
                 return None
-            points = points[np.isfinite(points)]
             scale = 1.0 if unit == "samples" else float(self.batch_schedule.seq_length)
-            q = np.clip(np.floor(points / scale), -4, self.num_samples + 4).astype(np.int64)
             # a breakpoint between samples q and q + 1 (or at q): q and q + 1 start segments,
             # so no segment has a breakpoint inside it (q - 1, q + 2: float rounding margin)
-            cuts.append((q[:, None] + np.arange(-1, 3, dtype=np.int64)).reshape(-1))
+            cuts.append(self._cuts_around(np.floor(points / scale), 1, 2))
         return np.unique(np.concatenate(cuts)), iterations
 
     def _build_linear(self, plan: _StagePlan, state: "_KernelState", bounds, out_id: np.ndarray,
@@ -692,19 +711,34 @@ class CurriculumIndex:
         """[D, points] fraction of the global batches drawn from each dataset by the built index:
         one point per ``per_point`` iterations (``ceil(num_iterations / per_point)`` points; 1:
         one per iteration), so a run of a million iterations over thousands of datasets stays a
-        few million numbers."""
+        few million numbers. Point ``p`` counts the samples of iterations ``p x per_point`` to
+        ``(p + 1) x per_point - 1`` (a contiguous range of the index, from the batch schedule):
+        one bincount per point where points are long, else one per chunk of points labelled by
+        repetition, so no per-sample iteration is computed (a billion samples: seconds)."""
         n_it = self.progress.num_iterations if num_iterations is None else int(num_iterations)
         per_point = max(1, int(per_point))
         points = -(-n_it // per_point)
         D = len(self.constituents)
-        acc = np.zeros(points * D, dtype=np.int64)
-        for lo in range(self.begin, self.num_samples, CHUNK * 4):
-            hi = min(self.num_samples, lo + CHUNK * 4)
-            it = self.progress.iteration_of(np.arange(lo, hi))
-            keep = it < n_it
-            ids = np.asarray(self.dataset_index[lo - self.begin:hi - self.begin])[keep]
-            acc += np.bincount(it[keep] // per_point * D + ids, minlength=points * D)
-        acc = acc.reshape(points, D).T.astype(np.float64)
+        acc = np.zeros((points, D), dtype=np.int64)
+        firsts = np.minimum(np.arange(points + 1, dtype=np.int64) * per_point, n_it)
+        # index positions (samples from self.begin) where each point starts; the last: the end
+        bounds = np.clip(self.batch_schedule.samples_at_iterations(firsts), self.begin,
+                         self.num_samples) - self.begin
+        ids = self.dataset_index
+        if bounds[-1] - bounds[0] >= points * MIXTURE_LONG_POINT:  # few long points
+            for p in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+                acc[p] = np.bincount(np.asarray(ids[bounds[p]:bounds[p + 1]]), minlength=D)
+        else:  # many short points: each chunk's samples labelled by their point
+            step = max(1, CHUNK * 4 // max(1, int((bounds[-1] - bounds[0]) // max(points, 1))))
+            for p0 in range(0, points, step):
+                p1 = min(points, p0 + step)
+                lo, hi = int(bounds[p0]), int(bounds[p1])
+                if hi <= lo:
+                    continue
+                labels = np.repeat(np.arange(p1 - p0, dtype=np.int64), np.diff(bounds[p0:p1 + 1]))
+                counts = np.bincount(labels * D + np.asarray(ids[lo:hi]), minlength=(p1 - p0) * D)
+                acc[p0:p1] += counts.reshape(p1 - p0, D)
+        acc = acc.T.astype(np.float64)
         tot = acc.sum(axis=0, keepdims=True)
         return np.divide(acc, tot, out=np.zeros_like(acc), where=tot > 0)
 

@@ -51,6 +51,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.data.blend_config import indexed_dataset_problem
 from megatron.data.cache_key import cache_key
 from megatron.errors import ConfigError
+from megatron.runtime import jit_ops
 from megatron.utils.atomic_io import atomic_path
 
 INPUTS_KEY = "inputs"
@@ -181,8 +182,6 @@ def _load_pack_kernel():
     built (then :func:`_pack_in_python` gives the same packs, slowly). Built once per
     environment, loaded once per process."""
     if "fn" not in _PACK_KERNEL:
-        from megatron.runtime import jit_ops
-
         _PACK_KERNEL["fn"] = jit_ops.load_op_or_none(
             PACK_KERNEL_NAME, [PACK_KERNEL_SOURCE_PATH], ["-O3"],
             "the T0 packing kernel (megatron/data/mtf_packing.cpp)", "about 20 s")

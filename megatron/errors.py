@@ -12,6 +12,7 @@ from typing import NoReturn
 # Exit statuses of the entry points (docs/robustness.md lists them).
 EXIT_CONFIG_ERROR = 1  # bad file, blend config, checkpoint, busy port ... (ConfigError)
 EXIT_FLAG_ERROR = 2  # bad or unknown flag (argparse's status)
+EXIT_LOST_PEER = 3  # a node or rank stopped answering in a collective (megatron/runtime/lost_peers.py)
 # Under a launcher every rank meets the same flag error; rank 0 reports it and the launcher then
 # stops the others, which report theirs only after this many seconds (should rank 0 not exit).
 NONZERO_RANK_REPORT_DELAY_S = 10.0

@@ -147,7 +147,8 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     run = args.run_config
     loop, checkpoint = run.loop, run.checkpoint
     check_backend_trains(run.model.attention)  # before start-up: FlexAttention has no backward on a CPU
-    start_notes = initialize_distributed(run.model.layout, args.distributed_backend)
+    start_notes = initialize_distributed(run.model.layout, run.distributed.distributed_backend,
+                                         run.distributed.distributed_timeout_minutes)
     # flag compatibility, --deepspeed_config, the tokenizer's, distributed start-up's
     for note in run.notes + tuple(notes) + tuple(start_notes):
         print_rank_0(note)

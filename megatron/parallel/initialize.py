@@ -121,11 +121,13 @@ def rendezvous_problem(error: str, timeout_minutes: float) -> Optional[str]:
     world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
     waited = lost_peers.describe_timeout(timeout_minutes)
     joined = re.search(r"(\d+)/(\d+) clients joined", error)
-    if joined:
-        return (f"only {joined.group(1)} of the {world} ranks (WORLD_SIZE {world}: every node's "
-                f"launcher with its --node_rank) reached the master at {addr}:{port} within "
-                f"{waited}: a node did not start, or reaches the master on another address or "
-                f"interface (--master_addr, the hostfile, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)")
+    if joined or "wait timeout" in error:  # the master's count, or a rank waiting on the others
+        count = (f"only {joined.group(1)} of the {world} ranks" if joined
+                 else f"not all of the {world} ranks")
+        return (f"{count} (WORLD_SIZE {world}: every node's launcher with its --node_rank) "
+                f"reached the master at {addr}:{port} within {waited}: a node did not start, or "
+                f"reaches the master on another address or interface (--master_addr, the "
+                f"hostfile, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)")
     if "timed out" in error.lower() or "connect" in error.lower():
         return (f"rank {rank} cannot reach the master at {addr}:{port} (--master_addr / "
                 f"MASTER_ADDR, --master_port) within {waited}: no process listens there or the "

@@ -1,0 +1,214 @@
+"""Two nodes x 2 ranks on one machine (tests/helpers/cluster.py: each node in its own network, UTS
+and mount namespaces, launched as users do: ``deepspeed --hostfile H --no_ssh --node_rank K
+--master_addr ADDR --master_port P``, ``GLOO_SOCKET_IFNAME`` of its interface).
+
+* The same numbers as one node x 4 ranks: loss, gradient norm, per-dataset losses, consumed
+  samples and tokens, every validation group's loss, bitwise (a curriculum blend and a
+  sequence-length warmup, DP 4).
+* A node killed mid-run: the surviving node's ranks and launcher exit non-zero within 60 s with one
+  line naming the lost host and ranks, no traceback, no orphan, nothing in /dev/shm, the tracker on
+  a complete checkpoint; both nodes relaunched resume from it bitwise.
+* A hung node (SIGSTOP): the others exit within the timeout (``--distributed-timeout-minutes``,
+  here 6 s) plus a small slack, naming the timeout and the host.
+* A node that never arrives, and a node given a wrong master address: one line each, naming the
+  world size expected and the address, within the timeout.
+* SIGTERM to one node's launcher and ranks (as a scheduler does) with ``--exit-signal-handler``:
+  every rank on both nodes saves one consistent checkpoint; a relaunch resumes bitwise.
+"""
+import signal
+import time
+
+import pytest
+
+from helpers.cluster import cluster_or_skip
+from helpers.launch import read_jsonl, run_deepspeed
+from helpers.parallel import layout_flags
+
+pytestmark = pytest.mark.launch
+
+ITERS = 12
+COMPARED = ("consumed_samples", "consumed_tokens", "seq_length", "lr", "lm_loss", "grad_norm",
+            "per_dataset_loss", "samples_drawn")
+KILL_EXIT_S = 60  # the issue's bound for the survivors of a killed node
+HANG_TIMEOUT_MIN = 0.1  # 6 s
+HANG_SLACK_S = 20  # the roll call (5 s), the launcher's poll (1 s) and the exit, on a loaded machine
+
+
+def train_records(path):
+    return [r for r in read_jsonl(path) if "split" not in r] if path.exists() else []
+
+
+def valid_losses(path):
+    return [(r["iteration"], r["group"], r["lm_loss"]) for r in read_jsonl(path)
+            if r.get("split") == "valid"]
+
+
+def assert_same_records(got, want):
+    assert [r["iteration"] for r in got] == [r["iteration"] for r in want]
+    for g, w in zip(got, want, strict=True):
+        for key in COMPARED:
+            assert g[key] == w[key], (g["iteration"], key, g[key], w[key])
+
+
+def wait_for_iteration(cluster, metrics, iteration, timeout=300):
+    deadline = time.time() + timeout
+    while not any(r["iteration"] >= iteration for r in _complete_records(metrics)):
+        for k, proc in enumerate(cluster.procs):
+            assert proc.poll() is None, f"node{k} exited {proc.returncode}\n{cluster.output()}"
+        assert time.time() < deadline, cluster.output()
+        time.sleep(0.1)
+
+
+def _complete_records(path):
+    import json
+
+    if not path.exists():
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            record = json.loads(line)
+            if "split" not in record:
+                out.append(record)
+    return out
+
+
+def flags(demo_data, run_dir, extra=()):
+    """The layout comparison's model and curriculum (tests/helpers/parallel.py), DP 4, a shared
+    data cache."""
+    return layout_flags(demo_data, run_dir, ["--distributed-timeout-minutes", "0.5", *extra],
+                        iters=ITERS)
+
+
+@pytest.fixture(scope="module")
+def one_node(demo_data, tmp_path_factory):
+    """1 node x 4 ranks, uninterrupted: the reference (run directory)."""
+    run_dir = tmp_path_factory.mktemp("one_node_dp4")
+    run_deepspeed("pretrain_gpt.py", flags(demo_data, run_dir), num_ranks=4)
+    assert [r["iteration"] for r in train_records(run_dir / "metrics.jsonl")] == \
+        list(range(1, ITERS + 1))
+    return run_dir
+
+
+def test_two_nodes_match_one_node_bitwise(one_node, demo_data, tmp_path):
+    with cluster_or_skip(tmp_path) as cluster:
+        started = time.time()
+        cluster.run("pretrain_gpt.py", flags(demo_data, tmp_path))
+        print(f"two-node launch ({cluster.mode}): {time.time() - started:.1f} s")
+        assert cluster.leftovers() == []
+    log = cluster.output(0)
+    assert "data-parallel 4" in log
+    if cluster.mode == "netns":  # gloo ran over the veth pair, between two addresses
+        assert cluster.addresses[0] != cluster.addresses[1]
+    want = train_records(one_node / "metrics.jsonl")
+    assert_same_records(train_records(tmp_path / "metrics.jsonl"), want)
+    assert valid_losses(tmp_path / "metrics.jsonl") == valid_losses(one_node / "metrics.jsonl")
+    assert {"web", "code"} == set(want[-1]["per_dataset_loss"])
+
+
+def test_killed_node_ends_the_run_in_one_line_and_a_relaunch_resumes_bitwise(
+        one_node, demo_data, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run_flags = flags(demo_data, tmp_path, ["--save", str(ckpt), "--save-interval", "3"])
+    with cluster_or_skip(tmp_path) as cluster:
+        cluster.launch("pretrain_gpt.py", run_flags)
+        wait_for_iteration(cluster, tmp_path / "metrics.jsonl", 5)
+        cluster.signal_node(1, signal.SIGKILL)
+        killed = time.time()
+        code = cluster.procs[0].wait(timeout=KILL_EXIT_S + 30)
+        exit_s = time.time() - killed
+        print(f"node0 exited {code} {exit_s:.1f} s after node1 was killed ({cluster.mode})")
+        assert code != 0 and exit_s < KILL_EXIT_S, (code, exit_s)
+        log = cluster.output(0)
+        lines = [line for line in log.splitlines() if "error: lost host node1 (ranks 2-3)" in line]
+        assert len(lines) == 1, log[-6000:]
+        assert "connections closed" in lines[0]
+        assert "Traceback" not in log, log[-6000:]
+        time.sleep(1)
+        assert [p for p in cluster.leftovers() if p.startswith("node0") or "/dev/shm" in p] == []
+    tracker = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    assert tracker % 3 == 0 and (ckpt / f"iter_{tracker:07d}").is_dir()
+    assert tracker <= train_records(tmp_path / "metrics.jsonl")[-1]["iteration"]
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    resume_flags = flags(demo_data, resumed, ["--load", str(ckpt)])
+    with cluster_or_skip(resumed) as cluster:
+        cluster.run("pretrain_gpt.py", resume_flags)
+    assert f"at iteration {tracker}," in cluster.output(0)
+    want = train_records(one_node / "metrics.jsonl")
+    assert_same_records(train_records(resumed / "metrics.jsonl"), want[tracker:])
+
+
+def test_hung_node_ends_the_run_within_the_timeout(demo_data, tmp_path):
+    run_flags = layout_flags(demo_data, tmp_path, ["--distributed-timeout-minutes",
+                                                   str(HANG_TIMEOUT_MIN)], iters=1000)
+    with cluster_or_skip(tmp_path) as cluster:
+        cluster.launch("pretrain_gpt.py", run_flags)
+        wait_for_iteration(cluster, tmp_path / "metrics.jsonl", 2)
+        cluster.signal_node(1, signal.SIGSTOP)
+        stopped = time.time()
+        code = cluster.procs[0].wait(timeout=HANG_TIMEOUT_MIN * 60 + HANG_SLACK_S + 60)
+        exit_s = time.time() - stopped
+        print(f"node0 exited {code} {exit_s:.1f} s after node1 was stopped ({cluster.mode})")
+        assert code != 0 and exit_s < HANG_TIMEOUT_MIN * 60 + HANG_SLACK_S, (code, exit_s)
+        log = cluster.output(0)
+        lines = [line for line in log.splitlines() if "error: lost host node1 (ranks 2-3)" in line]
+        assert len(lines) == 1, log[-6000:]
+        assert "within the collective timeout of 6 s (--distributed-timeout-minutes 0.1)" in lines[0]
+        assert "Traceback" not in log
+        assert [p for p in cluster.leftovers() if p.startswith("node0")] == []
+    assert cluster.leftovers() == []  # the stopped node too, once the test let it go
+
+
+def test_node_that_never_arrives_and_a_wrong_master_address(demo_data, tmp_path):
+    run_flags = layout_flags(demo_data, tmp_path, ["--distributed-timeout-minutes",
+                                                   str(HANG_TIMEOUT_MIN)])
+    with cluster_or_skip(tmp_path) as cluster:
+        wrong = "10.255.255.1" if cluster.mode == "netns" else "127.0.0.2"
+        started = time.time()
+        cluster.launch_node(0, "pretrain_gpt.py", run_flags)
+        cluster.launch_node(1, "pretrain_gpt.py", run_flags, master_addr=wrong)
+        codes = cluster.wait(timeout=300)
+        print(f"both nodes exited {codes} {time.time() - started:.1f} s after launch")
+        assert codes[0] != 0 and codes[1] != 0
+        node0, node1 = cluster.output(0), cluster.output(1)
+        assert [line for line in node0.splitlines() if "of the 4 ranks (WORLD_SIZE 4" in line
+                and "within 6 s (--distributed-timeout-minutes 0.1)" in line], node0[-4000:]
+        assert [line for line in node1.splitlines() if f"cannot reach the master at {wrong}:" in line
+                and "(--master_addr / MASTER_ADDR, --master_port)" in line], node1[-4000:]
+        assert "Traceback" not in node0 + node1
+        assert cluster.leftovers() == []
+
+
+def test_sigterm_to_one_node_saves_one_checkpoint_on_both_and_resumes_bitwise(
+        one_node, demo_data, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run_flags = flags(demo_data, tmp_path, ["--save", str(ckpt), "--save-interval", "100",
+                                            "--exit-signal-handler"])
+    with cluster_or_skip(tmp_path) as cluster:
+        cluster.launch("pretrain_gpt.py", run_flags)
+        wait_for_iteration(cluster, tmp_path / "metrics.jsonl", 3)
+        cluster.signal_node(1, signal.SIGTERM)  # node1's runner, launch.py and ranks
+        codes = cluster.wait(timeout=120)
+        log0, log1 = cluster.output(0), cluster.output(1)
+        # node0's ranks and launcher exit 0; node1's ranks exit 0 too, but DeepSpeed's launch.py
+        # exits 1 after a SIGTERM whatever its ranks did, and its runner dies of the signal
+        assert codes[0] == 0, log0[-6000:]
+        assert "exit signal received" in log0
+        assert "Traceback" not in log0 + log1
+        assert "exits with return code" not in log1
+        assert cluster.leftovers() == []
+    saved = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    records = train_records(tmp_path / "metrics.jsonl")
+    assert saved == records[-1]["iteration"] >= 3
+    assert (ckpt / f"iter_{saved:07d}").is_dir()
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    with cluster_or_skip(resumed) as cluster:
+        cluster.run("pretrain_gpt.py", flags(demo_data, resumed, ["--load", str(ckpt)]))
+    want = train_records(one_node / "metrics.jsonl")
+    assert_same_records(records, want[:saved])
+    assert_same_records(train_records(resumed / "metrics.jsonl"), want[saved:])

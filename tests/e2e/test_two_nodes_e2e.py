@@ -212,3 +212,25 @@ def test_sigterm_to_one_node_saves_one_checkpoint_on_both_and_resumes_bitwise(
     want = train_records(one_node / "metrics.jsonl")
     assert_same_records(records, want[:saved])
     assert_same_records(train_records(resumed / "metrics.jsonl"), want[saved:])
+
+
+def test_node_local_save_and_a_checkpoint_one_node_lacks_are_refused_at_start_up(demo_data, tmp_path):
+    """--save on each node's own disk, and a --load whose tracker only node 0 has (DeepSpeed's
+    use_node_local_storage case: node 1 would start from scratch): one line naming both, before
+    anything is built."""
+    with cluster_or_skip(tmp_path) as cluster:
+        local = cluster.local / "ckpt"
+        (cluster.node_dirs[0] / "ckpt").mkdir()
+        (cluster.node_dirs[0] / "ckpt" / "latest_checkpointed_iteration.txt").write_text("3\n")
+        codes = cluster.run("pretrain_gpt.py", flags(demo_data, tmp_path, [
+            "--save", str(local), "--load", str(local)]), check=False)
+        log = cluster.output(0) + cluster.output(1)
+        assert codes[0] != 0 and codes[1] != 0
+        lines = [line for line in log.splitlines() if "error: --save" in line]
+        assert len(lines) == 1, log[-6000:]
+        assert (f"--save {local}: ranks 2-3 (host node1) do not see the files rank 0 (host node0) "
+                "writes there") in lines[0]
+        assert (f"--load {local}: the ranks do not resume the same iteration (ranks 0-1 (host "
+                "node0) iteration 3; ranks 2-3 (host node1) none (no tracker)") in lines[0]
+        assert "Traceback" not in log and "iteration        1/" not in log
+        assert cluster.leftovers() == []

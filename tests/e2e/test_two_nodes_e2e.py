@@ -2,18 +2,19 @@
 and mount namespaces, launched as users do: ``deepspeed --hostfile H --no_ssh --node_rank K
 --master_addr ADDR --master_port P``, ``GLOO_SOCKET_IFNAME`` of its interface).
 
-* The same numbers as one node x 4 ranks: loss, gradient norm, per-dataset losses, consumed
-  samples and tokens, every validation group's loss, bitwise (a curriculum blend and a
-  sequence-length warmup, DP 4).
-* A node killed mid-run: the surviving node's ranks and launcher exit non-zero within 60 s with one
-  line naming the lost host and ranks, no traceback, no orphan, nothing in /dev/shm, the tracker on
-  a complete checkpoint; both nodes relaunched resume from it bitwise.
+* The same numbers as one node x 4 ranks, bitwise (DP 4 across the nodes, a curriculum blend, a
+  sequence-length warmup: loss, gradient norm, per-dataset losses, consumed samples and tokens,
+  every validation group), through a SIGTERM to one node (every rank saves one checkpoint, exit
+  0) and a killed node (one line naming the lost host and ranks within 60 s), each resumed
+  bitwise. Other layouts across two nodes are compared with one rank where they were compared
+  before: TP 2 x PP 2 (tests/e2e/test_pipeline_parallel.py ``tp2_pp2_run``), TP 2 x DP 2 x EP 2
+  (tests/e2e/test_moe_e2e.py), T0 under PP 2 x DP 2 x EP 2 (test_pipeline_parallel.py).
 * A hung node (SIGSTOP): the others exit within the timeout (``--distributed-timeout-minutes``,
   here 6 s) plus a small slack, naming the timeout and the host.
 * A node that never arrives, and a node given a wrong master address: one line each, naming the
   world size expected and the address, within the timeout.
-* SIGTERM to one node's launcher and ranks (as a scheduler does) with ``--exit-signal-handler``:
-  every rank on both nodes saves one consistent checkpoint; a relaunch resumes bitwise.
+* ``--save`` on node-local disks, and a ``--load`` only one node has: refused at start-up in one
+  line naming ranks, hosts and iterations.
 """
 import signal
 import time
@@ -26,7 +27,7 @@ from helpers.parallel import layout_flags
 
 pytestmark = pytest.mark.launch
 
-ITERS = 12
+ITERS = 20  # the layout comparison's: evaluations at 10 and 20
 COMPARED = ("consumed_samples", "consumed_tokens", "seq_length", "lr", "lm_loss", "grad_norm",
             "per_dataset_loss", "samples_drawn")
 KILL_EXIT_S = 60  # the issue's bound for the survivors of a killed node
@@ -82,6 +83,13 @@ def flags(demo_data, run_dir, extra=()):
                         iters=ITERS)
 
 
+def chain_flags(demo_data, run_dir, metrics: str, extra=()):
+    """:func:`flags` with the metrics in ``run_dir / metrics``."""
+    out = flags(demo_data, run_dir, extra)
+    out[out.index("--metrics-jsonl") + 1] = str(run_dir / metrics)
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_node(demo_data, tmp_path_factory):
     """1 node x 4 ranks, uninterrupted: the reference (run directory)."""
@@ -90,56 +98,6 @@ def one_node(demo_data, tmp_path_factory):
     assert [r["iteration"] for r in train_records(run_dir / "metrics.jsonl")] == \
         list(range(1, ITERS + 1))
     return run_dir
-
-
-def test_two_nodes_match_one_node_bitwise(one_node, demo_data, tmp_path):
-    with cluster_or_skip(tmp_path) as cluster:
-        started = time.time()
-        cluster.run("pretrain_gpt.py", flags(demo_data, tmp_path))
-        print(f"two-node launch ({cluster.mode}): {time.time() - started:.1f} s")
-        assert cluster.leftovers() == []
-    log = cluster.output(0)
-    assert "data-parallel 4" in log
-    if cluster.mode == "netns":  # gloo ran over the veth pair, between two addresses
-        assert cluster.addresses[0] != cluster.addresses[1]
-    want = train_records(one_node / "metrics.jsonl")
-    assert_same_records(train_records(tmp_path / "metrics.jsonl"), want)
-    assert valid_losses(tmp_path / "metrics.jsonl") == valid_losses(one_node / "metrics.jsonl")
-    assert {"web", "code"} == set(want[-1]["per_dataset_loss"])
-
-
-def test_killed_node_ends_the_run_in_one_line_and_a_relaunch_resumes_bitwise(
-        one_node, demo_data, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    run_flags = flags(demo_data, tmp_path, ["--save", str(ckpt), "--save-interval", "3"])
-    with cluster_or_skip(tmp_path) as cluster:
-        cluster.launch("pretrain_gpt.py", run_flags)
-        wait_for_iteration(cluster, tmp_path / "metrics.jsonl", 5)
-        cluster.signal_node(1, signal.SIGKILL)
-        killed = time.time()
-        code = cluster.procs[0].wait(timeout=KILL_EXIT_S + 30)
-        exit_s = time.time() - killed
-        print(f"node0 exited {code} {exit_s:.1f} s after node1 was killed ({cluster.mode})")
-        assert code != 0 and exit_s < KILL_EXIT_S, (code, exit_s)
-        log = cluster.output(0)
-        lines = [line for line in log.splitlines() if "error: lost host node1 (ranks 2-3)" in line]
-        assert len(lines) == 1, log[-6000:]
-        assert "connections closed" in lines[0]
-        assert "Traceback" not in log, log[-6000:]
-        time.sleep(1)
-        assert [p for p in cluster.leftovers() if p.startswith("node0") or "/dev/shm" in p] == []
-    tracker = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
-    assert tracker % 3 == 0 and (ckpt / f"iter_{tracker:07d}").is_dir()
-    assert tracker <= train_records(tmp_path / "metrics.jsonl")[-1]["iteration"]
-
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    resume_flags = flags(demo_data, resumed, ["--load", str(ckpt)])
-    with cluster_or_skip(resumed) as cluster:
-        cluster.run("pretrain_gpt.py", resume_flags)
-    assert f"at iteration {tracker}," in cluster.output(0)
-    want = train_records(one_node / "metrics.jsonl")
-    assert_same_records(train_records(resumed / "metrics.jsonl"), want[tracker:])
 
 
 def test_hung_node_ends_the_run_within_the_timeout(demo_data, tmp_path):
@@ -183,37 +141,6 @@ def test_node_that_never_arrives_and_a_wrong_master_address(demo_data, tmp_path)
         assert cluster.leftovers() == []
 
 
-def test_sigterm_to_one_node_saves_one_checkpoint_on_both_and_resumes_bitwise(
-        one_node, demo_data, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    run_flags = flags(demo_data, tmp_path, ["--save", str(ckpt), "--save-interval", "100",
-                                            "--exit-signal-handler"])
-    with cluster_or_skip(tmp_path) as cluster:
-        cluster.launch("pretrain_gpt.py", run_flags)
-        wait_for_iteration(cluster, tmp_path / "metrics.jsonl", 3)
-        cluster.signal_node(1, signal.SIGTERM)  # node1's runner, launch.py and ranks
-        codes = cluster.wait(timeout=120)
-        log0, log1 = cluster.output(0), cluster.output(1)
-        # node0's ranks and launcher exit 0; node1's ranks exit 0 too, but DeepSpeed's launch.py
-        # exits 1 after a SIGTERM whatever its ranks did, and its runner dies of the signal
-        assert codes[0] == 0, log0[-6000:]
-        assert "exit signal received" in log0
-        assert "Traceback" not in log0 + log1
-        assert "exits with return code" not in log1
-        assert cluster.leftovers() == []
-    saved = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
-    records = train_records(tmp_path / "metrics.jsonl")
-    assert saved == records[-1]["iteration"] >= 3
-    assert (ckpt / f"iter_{saved:07d}").is_dir()
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    with cluster_or_skip(resumed) as cluster:
-        cluster.run("pretrain_gpt.py", flags(demo_data, resumed, ["--load", str(ckpt)]))
-    want = train_records(one_node / "metrics.jsonl")
-    assert_same_records(records, want[:saved])
-    assert_same_records(train_records(resumed / "metrics.jsonl"), want[saved:])
-
-
 def test_node_local_save_and_a_checkpoint_one_node_lacks_are_refused_at_start_up(demo_data, tmp_path):
     """--save on each node's own disk, and a --load whose tracker only node 0 has (DeepSpeed's
     use_node_local_storage case: node 1 would start from scratch): one line naming both, before
@@ -234,3 +161,73 @@ def test_node_local_save_and_a_checkpoint_one_node_lacks_are_refused_at_start_up
                 "node0) iteration 3; ranks 2-3 (host node1) none (no tracker)") in lines[0]
         assert "Traceback" not in log and "iteration        1/" not in log
         assert cluster.leftovers() == []
+
+
+def test_two_nodes_equal_one_node_bitwise_through_a_sigterm_and_a_killed_node(
+        one_node, demo_data, tmp_path):
+    """Three launches of 2 nodes x 2 ranks, DP 4 across the nodes, a curriculum blend and a
+    sequence-length warmup, whose records together are the uninterrupted 1 node x 4 ranks run's,
+    bitwise (loss, gradient norm, per-dataset losses, consumed samples and tokens, validation
+    groups):
+
+    1. SIGTERM to node 1's launcher and ranks (as a scheduler does) with --exit-signal-handler:
+       the ranks of both nodes agree, save one checkpoint of the last iteration and exit 0; node 0's
+       launcher exits 0 (node 1's: DeepSpeed's launch.py exits 1 after a SIGTERM whatever its ranks
+       did, and the runner dies of the signal: a scheduler reads the ranks');
+    2. relaunched with --load, saving every 3 iterations: node 1 killed (SIGKILL) mid-run; node 0's
+       ranks and launcher exit non-zero within 60 s with one line naming node1 and ranks 2-3, no
+       traceback, no orphan, nothing in /dev/shm, the tracker on a complete checkpoint;
+    3. relaunched with --load: on to the end."""
+    ckpt = tmp_path / "ckpt"
+    with cluster_or_skip(tmp_path / "sigterm") as cluster:
+        cluster.launch("pretrain_gpt.py", chain_flags(demo_data, tmp_path, "run1.jsonl", [
+            "--save", str(ckpt), "--save-interval", "100", "--exit-signal-handler"]))
+        wait_for_iteration(cluster, tmp_path / "run1.jsonl", 3)
+        cluster.signal_node(1, signal.SIGTERM)  # node1's runner, launch.py and ranks
+        codes = cluster.wait(timeout=120)
+        log0, log1 = cluster.output(0), cluster.output(1)
+        assert codes[0] == 0, log0[-6000:]
+        assert "exit signal received" in log0
+        assert "Traceback" not in log0 + log1
+        assert "exits with return code" not in log1  # node1's ranks exited 0
+        assert cluster.leftovers() == []
+    run1 = train_records(tmp_path / "run1.jsonl")
+    saved = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    assert saved == run1[-1]["iteration"] >= 3
+    print(f"SIGTERM: both nodes saved iteration {saved}")
+
+    with cluster_or_skip(tmp_path / "killed") as cluster:
+        cluster.launch("pretrain_gpt.py", chain_flags(demo_data, tmp_path, "run2.jsonl", [
+            "--save", str(ckpt), "--save-interval", "3", "--load", str(ckpt)]))
+        wait_for_iteration(cluster, tmp_path / "run2.jsonl", saved + 4)
+        cluster.signal_node(1, signal.SIGKILL)
+        killed = time.time()
+        code = cluster.procs[0].wait(timeout=KILL_EXIT_S + 30)
+        exit_s = time.time() - killed
+        print(f"node0 exited {code} {exit_s:.1f} s after node1 was killed ({cluster.mode})")
+        assert code != 0 and exit_s < KILL_EXIT_S, (code, exit_s)
+        log = cluster.output(0)
+        lines = [line for line in log.splitlines() if "error: lost host node1 (ranks 2-3)" in line]
+        assert len(lines) == 1, log[-6000:]
+        assert "connections closed" in lines[0]
+        assert "Traceback" not in log, log[-6000:]
+        time.sleep(1)  # node0's launcher has exited; its ranks are gone with it
+        assert [p for p in cluster.leftovers() if p.startswith("node0") or "/dev/shm" in p] == []
+    run2 = train_records(tmp_path / "run2.jsonl")
+    tracker = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    assert tracker % 3 == 0 and saved < tracker <= run2[-1]["iteration"] < ITERS
+    assert any(p.name.endswith("model_states.pt") for p in (ckpt / f"iter_{tracker:07d}").iterdir())
+
+    with cluster_or_skip(tmp_path / "resumed") as cluster:
+        cluster.run("pretrain_gpt.py", chain_flags(demo_data, tmp_path, "run3.jsonl", [
+            "--load", str(ckpt)]))
+    assert f"resumed from --load {ckpt} at iteration {tracker}," in cluster.output(0)
+    run3 = train_records(tmp_path / "run3.jsonl")
+    want = train_records(one_node / "metrics.jsonl")
+    assert_same_records(run1, want[:saved])
+    assert_same_records(run2, want[saved:len(run2) + saved])
+    assert_same_records(run3, want[tracker:])
+    chain_valid = {(it, group): loss for name in ("run1", "run2", "run3")
+                   for it, group, loss in valid_losses(tmp_path / f"{name}.jsonl")}
+    want_valid = {(it, group): loss for it, group, loss in valid_losses(one_node / "metrics.jsonl")}
+    assert (ITERS, "web") in chain_valid and chain_valid.items() <= want_valid.items()

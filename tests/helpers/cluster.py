@@ -276,3 +276,30 @@ def cluster_or_skip(run_dir: Path) -> TwoNodeCluster:
     cluster = TwoNodeCluster(run_dir, "loopback")
     cluster.why_not_netns = why_not_net
     return cluster
+
+
+def cluster_or_none(run_dir: Path) -> Optional[TwoNodeCluster]:
+    """:func:`cluster_or_skip` that returns None (printing why) instead of skipping."""
+    try:
+        return cluster_or_skip(run_dir)
+    except pytest.skip.Exception as e:
+        print(f"{e}: one node x 4 ranks instead")
+        return None
+
+
+def run_on_two_nodes(script: str, flags: Sequence[str], run_dir: Path, timeout: float = 900
+                     ) -> subprocess.CompletedProcess:
+    """``script`` on two nodes x 2 ranks (raising with both logs unless both exit 0); where no
+    cluster can be made here, on one node x 4 ranks (:func:`helpers.launch.run_deepspeed`), so a
+    test that compares numbers still runs. The CompletedProcess' stdout is both nodes' logs."""
+    from helpers.launch import run_deepspeed
+
+    cluster = cluster_or_none(Path(run_dir) / "cluster")
+    if cluster is None:
+        return run_deepspeed(script, list(flags), num_ranks=NODES * RANKS_PER_NODE)
+    with cluster:
+        cluster.run(script, flags, timeout=timeout)
+        leftovers = cluster.leftovers()
+    assert leftovers == [], leftovers
+    return subprocess.CompletedProcess(cluster.procs[0].args, 0,
+                                       stdout=cluster.output(0) + cluster.output(1), stderr="")

@@ -1,6 +1,7 @@
 """Failures of a multi-node run in one line: --distributed-timeout-minutes, the lost host named by a
 roll call on the rendezvous store (megatron/runtime/lost_peers.py), and the rendezvous' errors
-(megatron/parallel/initialize.py). The two-node launches: tests/e2e/test_two_nodes_e2e.py."""
+(megatron/parallel/initialize.py), checkpoints across nodes (megatron/checkpoint/multinode.py).
+The two-node launches: tests/e2e/test_two_nodes_e2e.py."""
 from datetime import timedelta
 
 import pytest
@@ -122,3 +123,27 @@ def test_rendezvous_errors_in_one_line(monkeypatch):
     assert unreachable.startswith("rank 2 cannot reach the master at 10.0.0.1:12345 (--master_addr")
     assert "within 6 s (--distributed-timeout-minutes 0.1)" in unreachable
     assert rendezvous_problem("something else", 0.1) is None
+
+
+def test_checkpoint_iterations_that_differ_between_ranks_are_named():
+    from megatron.checkpoint.multinode import iteration_disagreement
+
+    load = "/node-local/ckpt"
+    views = [("node0", 6), ("node0", 6), ("node1", None), ("node1", None)]
+    assert iteration_disagreement(load, views).startswith(
+        "--load /node-local/ckpt: the ranks do not resume the same iteration (ranks 0-1 (host "
+        "node0) iteration 6; ranks 2-3 (host node1) none (no tracker)")
+    assert iteration_disagreement(load, [("node0", 6), ("node1", 6)]) is None
+    assert iteration_disagreement(load, [("node0", None), ("node1", None)]) is None
+
+
+def test_a_save_directory_some_node_cannot_see_is_named():
+    from megatron.checkpoint.multinode import unshared_save_error
+
+    error = unshared_save_error("/local/ckpt", [("node0", True), ("node0", True),
+                                                ("node1", False), ("node1", False)])
+    assert error.startswith("--save /local/ckpt: ranks 2-3 (host node1) do not see the files rank 0 "
+                            "(host node0) writes there")
+    assert "a filesystem all nodes share" in error
+    assert unshared_save_error("/shared", [("node0", True), ("node1", True)]) is None
+    assert unshared_save_error("/unwritable", [("node0", False), ("node1", False)]) is None

@@ -22,6 +22,8 @@ ROLL_CALL_S = 5.0  # how long the survivors of a failed collective wait for each
 _LOST_PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                       "Connection refused", "Timed out waiting", "timed out", "Timeout",
                       "NCCL communicator was aborted", "remote process exited")
+# ... and where they come from: a torch.distributed error, or a backend's message
+_BACKEND_MARKERS = ("gloo", "NCCL", "c10d", "ProcessGroup", "TCPStore")
 _ROLL_CALL_KEY = "megatron_roll_call_{}"
 
 _world: Dict[str, object] = {}  # "hosts": host of each rank, "timeout_minutes": the flag's value
@@ -58,8 +60,11 @@ def is_lost_peer_failure(exc: BaseException) -> bool:
     peer went away or did not answer (nothing else is: a bug keeps its traceback)."""
     if not _world or not isinstance(exc, RuntimeError):
         return False
+    import torch.distributed as dist
+
     text = str(exc)
-    return any(marker in text for marker in _LOST_PEER_MARKERS)
+    from_backend = isinstance(exc, dist.DistError) or any(m in text for m in _BACKEND_MARKERS)
+    return from_backend and any(marker in text for marker in _LOST_PEER_MARKERS)
 
 
 def _roll_call(rank: int, world: int) -> Tuple[Optional[List[int]], bool]:

@@ -85,7 +85,7 @@ def test_a_hung_node_is_named_with_the_timeout(four_ranks_on_two_hosts):
 
 def test_the_masters_node_is_named_when_the_store_is_gone(four_ranks_on_two_hosts):
     four_ranks_on_two_hosts(_Store(answering=[], dead=True))
-    message = lost_peers.failure_message(RuntimeError("Connection closed by peer"))
+    message = lost_peers.failure_message(RuntimeError("[gloo] Connection closed by peer"))
     assert message.startswith("lost host node0 (ranks 0-1), which holds rank 0 and the rendezvous "
                               "store at 10.0.0.1:12345"), message
 
@@ -99,6 +99,8 @@ def test_one_crashed_rank_is_named_without_its_host(four_ranks_on_two_hosts):
 def test_other_errors_keep_their_traceback(four_ranks_on_two_hosts):
     assert not lost_peers.is_lost_peer_failure(RuntimeError("shape mismatch"))
     assert not lost_peers.is_lost_peer_failure(ValueError("Connection closed by peer"))
+    assert not lost_peers.is_lost_peer_failure(RuntimeError("DataLoader timed out"))
+    assert lost_peers.is_lost_peer_failure(dist.DistBackendError("Connection reset by peer"))
 
 
 def test_roll_call_on_a_real_store_finds_who_did_not_answer(monkeypatch):

@@ -8,9 +8,10 @@ Each node is a process tree in its own namespaces:
   directory (``node_dirs[K]``) at one path, :attr:`TwoNodeCluster.local` (its node-local disk,
   readable from the test through ``node_dirs[K]``).
 
-Where network namespaces cannot be made, the nodes fall back to UTS + mount namespaces on the
-loopback interface (``mode == "loopback"``, master address 127.0.0.1); where not even those can be
-made, :func:`cluster_or_skip` skips the test with one line saying why.
+Where network namespaces cannot be made (or ``TEST_CLUSTER_MODE=loopback`` asks for it), the nodes
+fall back to UTS + mount namespaces on the loopback interface (``mode == "loopback"``, master
+address 127.0.0.1); where not even those can be made, :func:`cluster_or_skip` skips the test with
+one line saying why.
 
 Each node runs ``deepspeed --hostfile H --no_ssh --node_rank K --master_addr ADDR --master_port P
 SCRIPT FLAGS`` with ``GLOO_SOCKET_IFNAME`` set to its interface (``NCCL_SOCKET_IFNAME`` is the
@@ -268,6 +269,8 @@ def cluster_or_skip(run_dir: Path) -> TwoNodeCluster:
     if why_not_uts is not None:
         pytest.skip(f"two-node cluster: cannot make UTS + mount namespaces here ({why_not_uts})")
     why_not_net = _netns_problem()
+    if os.environ.get("TEST_CLUSTER_MODE") == "loopback":  # to run the fallback where both work
+        why_not_net = "TEST_CLUSTER_MODE=loopback"
     if why_not_net is None:
         try:
             return TwoNodeCluster(run_dir, "netns")

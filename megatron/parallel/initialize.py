@@ -67,7 +67,21 @@ def initialize_distributed(layout: ParallelLayout, distributed_backend: Optional
     hosts = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(hosts, socket.gethostname())
     lost_peers.record_world(hosts, timeout_minutes)
+    if len(set(hosts)) > 1:
+        notes.append(nodes_line(hosts, timeout_minutes))
     return notes
+
+
+def nodes_line(hosts: List[str], timeout_minutes: float) -> str:
+    """The start-up line of a run on several hosts: ``2 nodes: node0 (ranks 0-1), node1 (ranks
+    2-3); collective timeout 10 min (--distributed-timeout-minutes 10)``."""
+    by_host = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    listed = ", ".join(f"{host} (ranks {lost_peers.rank_ranges(ranks)})"
+                       for host, ranks in by_host.items())
+    return (f"{len(by_host)} nodes: {listed}; collective timeout "
+            f"{lost_peers.describe_timeout(timeout_minutes)}")
 
 
 def _apply_cuda_max_connections(tensor_model_parallel_size: int) -> List[str]:

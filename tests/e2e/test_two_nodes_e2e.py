@@ -155,6 +155,8 @@ def test_node_local_save_and_a_checkpoint_one_node_lacks_are_refused_at_start_up
             "--save", str(local), "--load", str(local)]), check=False)
         log = cluster.output(0) + cluster.output(1)
         assert codes[0] != 0 and codes[1] != 0
+        assert ("2 nodes: node0 (ranks 0-1), node1 (ranks 2-3); collective timeout 30 s "
+                "(--distributed-timeout-minutes 0.5)") in cluster.output(0)
         lines = [line for line in log.splitlines() if "error: --save" in line]
         assert len(lines) == 1, log[-6000:]
         assert (f"--save {local}: ranks 2-3 (host node1) do not see the files rank 0 (host node0) "

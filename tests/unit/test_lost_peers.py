@@ -149,3 +149,11 @@ def test_a_save_directory_some_node_cannot_see_is_named():
     assert "a filesystem all nodes share" in error
     assert unshared_save_error("/shared", [("node0", True), ("node1", True)]) is None
     assert unshared_save_error("/unwritable", [("node0", False), ("node1", False)]) is None
+
+
+def test_the_start_up_line_of_a_run_on_several_nodes():
+    from megatron.parallel.initialize import nodes_line
+
+    assert nodes_line(["a", "a", "b", "b"], 10) == (
+        "2 nodes: a (ranks 0-1), b (ranks 2-3); collective timeout 10 min "
+        "(--distributed-timeout-minutes 10)")

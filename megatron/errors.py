@@ -52,9 +52,10 @@ def exit_with_error(message: str, status: int = EXIT_CONFIG_ERROR) -> NoReturn:
     """Print ``error: MESSAGE`` as one line on stderr, once per launch, and exit with ``status``.
 
     Without a launcher (``$WORLD_SIZE`` unset or 1) the line is printed at once. Under a launcher,
-    before torch.distributed starts (flag errors, the same on every rank) rank 0 prints it and any
-    other rank waits ``NONZERO_RANK_REPORT_DELAY_S`` first (the launcher stops it when rank 0
-    exits); afterwards each distinct message is printed once, by the first rank that meets it, as
+    before torch.distributed starts (flag errors, the same on every rank) rank 0 and the first
+    rank of every other node (``$LOCAL_RANK`` 0: each node's launcher has a log of its own) print
+    it and any other rank waits ``NONZERO_RANK_REPORT_DELAY_S`` first (its launcher stops it when
+    its node's first rank exits); afterwards each distinct message is printed once, by the first rank that meets it, as
     ``[rank N] error: ...``.
     """
     rank = int(os.environ.get("RANK", "0") or 0)
@@ -66,7 +67,9 @@ def exit_with_error(message: str, status: int = EXIT_CONFIG_ERROR) -> NoReturn:
             if not _first_to_report(message):
                 sys.exit(status)
         elif rank != 0:
-            time.sleep(NONZERO_RANK_REPORT_DELAY_S)
+            # the first rank of another node reports at once (its launcher's log is its own)
+            if int(os.environ.get("LOCAL_RANK", rank) or 0) != 0:
+                time.sleep(NONZERO_RANK_REPORT_DELAY_S)
             prefix = f"[rank {rank}] "
     sys.stderr.write(f"{prefix}error: {message}\n")  # one write: lines of ranks never run together
     sys.stderr.flush()

@@ -12,6 +12,7 @@ from typing import NoReturn
 # Exit statuses of the entry points (docs/robustness.md lists them).
 EXIT_CONFIG_ERROR = 1  # bad file, blend config, checkpoint, busy port ... (ConfigError)
 EXIT_FLAG_ERROR = 2  # bad or unknown flag (argparse's status)
+EXIT_LOST_PEER = 3  # a node or rank stopped answering in a collective (megatron/runtime/lost_peers.py)
 # Under a launcher every rank meets the same flag error; rank 0 reports it and the launcher then
 # stops the others, which report theirs only after this many seconds (should rank 0 not exit).
 NONZERO_RANK_REPORT_DELAY_S = 10.0
@@ -51,9 +52,10 @@ def exit_with_error(message: str, status: int = EXIT_CONFIG_ERROR) -> NoReturn:
     """Print ``error: MESSAGE`` as one line on stderr, once per launch, and exit with ``status``.
 
     Without a launcher (``$WORLD_SIZE`` unset or 1) the line is printed at once. Under a launcher,
-    before torch.distributed starts (flag errors, the same on every rank) rank 0 prints it and any
-    other rank waits ``NONZERO_RANK_REPORT_DELAY_S`` first (the launcher stops it when rank 0
-    exits); afterwards each distinct message is printed once, by the first rank that meets it, as
+    before torch.distributed starts (flag errors, the same on every rank) rank 0 and the first
+    rank of every other node (``$LOCAL_RANK`` 0: each node's launcher has a log of its own) print
+    it and any other rank waits ``NONZERO_RANK_REPORT_DELAY_S`` first (its launcher stops it when
+    its node's first rank exits); afterwards each distinct message is printed once, by the first rank that meets it, as
     ``[rank N] error: ...``.
     """
     rank = int(os.environ.get("RANK", "0") or 0)
@@ -65,7 +67,9 @@ def exit_with_error(message: str, status: int = EXIT_CONFIG_ERROR) -> NoReturn:
             if not _first_to_report(message):
                 sys.exit(status)
         elif rank != 0:
-            time.sleep(NONZERO_RANK_REPORT_DELAY_S)
+            # the first rank of another node reports at once (its launcher's log is its own)
+            if int(os.environ.get("LOCAL_RANK", rank) or 0) != 0:
+                time.sleep(NONZERO_RANK_REPORT_DELAY_S)
             prefix = f"[rank {rank}] "
     sys.stderr.write(f"{prefix}error: {message}\n")  # one write: lines of ranks never run together
     sys.stderr.flush()

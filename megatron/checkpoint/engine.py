@@ -36,6 +36,7 @@ from megatron.checkpoint.format import (
     write_model_args,
     write_tracker,
 )
+from megatron.checkpoint.multinode import require_same_iteration
 from megatron.checkpoint.reader import CheckpointReader
 from megatron.checkpoint.reshard import load_resharded
 from megatron.errors import CheckpointError, ReshardError
@@ -153,6 +154,7 @@ def load_checkpoint(engine, load_dir: str, finetune: bool = False, load_optimize
     loads weights only), or None when ``load_dir`` holds no checkpoint yet.
     """
     iteration = read_tracker(load_dir)
+    require_same_iteration(load_dir, iteration)  # never a silent fresh start on one node
     if iteration is None:
         return None
     tag = checkpoint_tag(iteration)

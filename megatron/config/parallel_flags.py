@@ -54,6 +54,11 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                         "zero_optimization.stage when both are given).")
     g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo"],
                    help="Default: nccl with CUDA, gloo otherwise.")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
+                   help="Megatron-LM's: how long any collective (and the start-up rendezvous) "
+                        "waits for a peer before the run stops, naming the ranks that did not "
+                        "answer; for the world group, megatron-core's groups and DeepSpeed's. "
+                        "Minutes, fractions allowed (0.1 = 6 s; Megatron-LM takes whole minutes).")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="Set by the deepspeed launcher.")
 
@@ -95,6 +100,9 @@ def validate_layout(args) -> None:
                             f"--tensor-model-parallel-size {tp} (needed by --sequence-parallel)")
     if args.no_pipeline_parallel and pp > 1:
         raise ArgumentError(f"--no-pipeline-parallel contradicts --pipeline-model-parallel-size {pp}")
+    if not args.distributed_timeout_minutes > 0:
+        raise ArgumentError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes} must "
+                            f"be positive (minutes; fractions allowed, e.g. 0.5 for 30 s)")
     problem = ulysses_layout_problem(args)
     if problem:
         raise ArgumentError(problem)

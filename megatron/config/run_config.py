@@ -22,6 +22,8 @@ fails at start-up, by name.
 - ``model``: megatron/model/model_config.py ``ModelConfig`` (position encoding, layer
   implementation, core attention, pipe and parallel layout, MoE layout: the model's builders,
   megatron/config/model_config.py);
+- ``distributed``: megatron/parallel/initialize.py ``DistributedConfig`` (backend, collective
+  timeout);
 - ``notes``: the start-up notes validation returned (printed once the run starts).
 
 The configs the train package consumes are defined here, the layer below it; the lower layers'
@@ -45,6 +47,7 @@ from megatron.model.model_config import ModelConfig
 from megatron.optim.learning_rates import ScheduleConfig
 from megatron.optim.loss_normalization import LossNormalizationConfig
 from megatron.optim.skip_step import SkipStepConfig
+from megatron.parallel.initialize import DistributedConfig
 from megatron.schedules.units import BatchConfig
 from megatron.tokenizer.tokenizer import VocabConfig
 from megatron.tokenizer.types import TokenizerConfig
@@ -129,6 +132,7 @@ class RunConfig:
     optimizer: OptimizerConfig
     transformer: TransformerConfig
     model: ModelConfig
+    distributed: DistributedConfig
     notes: Tuple[str, ...]
 
 
@@ -175,4 +179,5 @@ def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
                      optimizer=optimizer_config_from_args(args),
                      transformer=args.transformer_config,
                      model=model_config_from_args(args),
+                     distributed=config_from_args(DistributedConfig, args),
                      notes=tuple(notes))

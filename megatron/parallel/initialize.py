@@ -1,6 +1,9 @@
 """Process setup: torch.distributed through DeepSpeed, megatron-core model parallel state, seeds."""
 import os
 import random
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import List, Optional
 
 import numpy as np
@@ -10,9 +13,20 @@ from megatron.errors import ConfigError
 from megatron.parallel.cpu_rng import model_parallel_manual_seed
 from megatron.parallel.cuda_connections import apply_max_connections
 from megatron.parallel.topology import ParallelLayout, initialize_model_parallel
-from megatron.runtime import cpu_comm
+from megatron.runtime import cpu_comm, lost_peers
 from megatron.runtime.jit_ops import build_done
 from megatron.runtime.ports import busy_port_message
+
+DEFAULT_TIMEOUT_MINUTES = 10.0  # --distributed-timeout-minutes' default (Megatron-LM's)
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How the processes connect: ``--distributed-backend`` (None: :func:`default_backend`) and
+    ``--distributed-timeout-minutes`` (``RunConfig.distributed``)."""
+
+    distributed_backend: Optional[str]
+    distributed_timeout_minutes: float
 
 
 def default_backend() -> str:
@@ -20,12 +34,18 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def initialize_distributed(layout: ParallelLayout, distributed_backend: Optional[str]) -> List[str]:
+def initialize_distributed(layout: ParallelLayout, distributed_backend: Optional[str],
+                           timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> List[str]:
     """Start torch.distributed (DeepSpeed's launcher sets RANK/WORLD_SIZE/MASTER_*; a plain
     ``python`` run becomes a 1-rank group) and megatron-core's tensor/pipeline/data-parallel
     groups of ``layout`` (megatron/parallel/topology.py), with ``distributed_backend``
-    (``--distributed-backend``; None: :func:`default_backend`). Returns the start-up notes it has (on a GPU: how
-    ``CUDA_DEVICE_MAX_CONNECTIONS`` was set)."""
+    (``--distributed-backend``; None: :func:`default_backend`). Every process group gets
+    ``timeout_minutes`` (``--distributed-timeout-minutes``): the world group and the rendezvous
+    (``deepspeed.init_distributed``), megatron-core's groups (``initialize_model_parallel``) and
+    the groups DeepSpeed makes later (torch's default for a ``new_group`` without a timeout, set
+    here). Every rank then records the host of every rank, so a collective whose peer dies or
+    hangs ends in one line naming it (megatron/runtime/lost_peers.py). Returns the start-up notes
+    it has (on a GPU: how ``CUDA_DEVICE_MAX_CONNECTIONS`` was set)."""
     import deepspeed  # noqa: F401  (unused, kept: deepspeed is loaded before start-up, as it always was)
 
     os.environ.setdefault("RANK", "0")
@@ -37,10 +57,31 @@ def initialize_distributed(layout: ParallelLayout, distributed_backend: Optional
     if torch.cuda.is_available():
         notes += _apply_cuda_max_connections(layout.tp)  # before this process touches the GPU
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    timeout = timedelta(minutes=timeout_minutes)
+    # DeepSpeed's groups (its pipe grid, ZeRO's, the sequence-data-parallel ones) are made with
+    # torch's new_group and no timeout, which takes this module global (30 min by default)
+    torch.distributed.distributed_c10d.default_pg_timeout = timeout
     if not torch.distributed.is_initialized():
-        _init_deepspeed_distributed(distributed_backend)
-    initialize_model_parallel(layout)
+        _init_deepspeed_distributed(distributed_backend, timeout, timeout_minutes)
+    initialize_model_parallel(layout, timeout_minutes)
+    hosts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(hosts, socket.gethostname())
+    lost_peers.record_world(hosts, timeout_minutes)
+    if len(set(hosts)) > 1:
+        notes.append(nodes_line(hosts, timeout_minutes))
     return notes
+
+
+def nodes_line(hosts: List[str], timeout_minutes: float) -> str:
+    """The start-up line of a run on several hosts: ``2 nodes: node0 (ranks 0-1), node1 (ranks
+    2-3); collective timeout 10 min (--distributed-timeout-minutes 10)``."""
+    by_host = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    listed = ", ".join(f"{host} (ranks {lost_peers.rank_ranges(ranks)})"
+                       for host, ranks in by_host.items())
+    return (f"{len(by_host)} nodes: {listed}; collective timeout "
+            f"{lost_peers.describe_timeout(timeout_minutes)}")
 
 
 def _apply_cuda_max_connections(tensor_model_parallel_size: int) -> List[str]:
@@ -52,10 +93,12 @@ def _apply_cuda_max_connections(tensor_model_parallel_size: int) -> List[str]:
     return [note] if note else []
 
 
-def _init_deepspeed_distributed(distributed_backend: Optional[str]) -> None:
-    """``deepspeed.init_distributed`` with a notice before DeepSpeed's one-time CPU op build, a
-    one-line error for a busy MASTER_PORT, and no shared-memory buffers left behind (see
-    megatron/runtime/cpu_comm.py)."""
+def _init_deepspeed_distributed(distributed_backend: Optional[str], timeout: timedelta,
+                                timeout_minutes: float) -> None:
+    """``deepspeed.init_distributed`` with ``timeout`` (the rendezvous waits that long too), a
+    notice before DeepSpeed's one-time CPU op build, a one-line error for a busy MASTER_PORT, for
+    ranks that never arrive and for a master that cannot be reached, and no shared-memory buffers
+    left behind (see megatron/runtime/cpu_comm.py)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -64,13 +107,16 @@ def _init_deepspeed_distributed(distributed_backend: Optional[str]) -> None:
     claim = cpu_comm.announce_shm_op_build() if on_cpu else None
     try:
         deepspeed.init_distributed(dist_backend=distributed_backend or default_backend(),
-                                   verbose=False)
-    except torch.distributed.DistNetworkError as e:
-        if "EADDRINUSE" not in str(e):
+                                   verbose=False, timeout=timeout)
+    except torch.distributed.DistError as e:
+        if isinstance(e, torch.distributed.DistNetworkError) and "EADDRINUSE" in str(e):
+            # one line, exit status 1: launchers retry on it once (megatron/runtime/ports.py)
+            raise ConfigError(busy_port_message(os.environ["MASTER_ADDR"],
+                                                os.environ["MASTER_PORT"])) from None
+        problem = rendezvous_problem(str(e), timeout_minutes)
+        if problem is None:
             raise
-        # one line, exit status 1: launchers retry on it once (megatron/runtime/ports.py)
-        raise ConfigError(busy_port_message(os.environ["MASTER_ADDR"],
-                                            os.environ["MASTER_PORT"])) from None
+        raise ConfigError(problem) from None
     finally:
         build_done(claim)
     if on_cpu:
@@ -78,6 +124,30 @@ def _init_deepspeed_distributed(distributed_backend: Optional[str]) -> None:
         cpu_comm.unlink_own_shm_buffer(torch.distributed.get_rank())
         if local_rank == 0:
             cpu_comm.remove_stale_shm_buffers()
+
+
+def rendezvous_problem(error: str, timeout_minutes: float) -> Optional[str]:
+    """The one line for a rendezvous that failed with ``error`` (torch's store error): ranks that
+    never arrived, or a master this rank cannot reach; None for anything else."""
+    import re
+
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+    waited = lost_peers.describe_timeout(timeout_minutes)
+    joined = re.search(r"(\d+)/(\d+) clients joined", error)
+    if joined or "wait timeout" in error:  # the master's count, or a rank waiting on the others
+        count = (f"only {joined.group(1)} of the {world} ranks" if joined
+                 else f"not all of the {world} ranks")
+        return (f"{count} (WORLD_SIZE {world}: every node's launcher with its --node_rank) "
+                f"reached the master at {addr}:{port} within {waited}: a node did not start, or "
+                f"reaches the master on another address or interface (--master_addr, the "
+                f"hostfile, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)")
+    if "timed out" in error.lower() or "connect" in error.lower():
+        return (f"rank {rank} cannot reach the master at {addr}:{port} (--master_addr / "
+                f"MASTER_ADDR, --master_port) within {waited}: no process listens there or the "
+                f"address is not reachable from this host ({socket.gethostname()}); check "
+                f"--master_addr, the hostfile and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME")
+    return None
 
 
 def stage_seed(seed: int, pipeline_rank: int) -> int:

@@ -58,10 +58,12 @@ class ParallelLayout:
                 "expert_model_parallel_size": self.ep, "world_size": self.world}
 
 
-def initialize_model_parallel(layout: ParallelLayout) -> None:
+def initialize_model_parallel(layout: ParallelLayout, timeout_minutes: float = 10.0) -> None:
     """Create megatron-core's tensor/pipeline/(context = Ulysses sequence)/data-parallel groups
-    of ``layout`` (the run's validated layout; once; ``torch.distributed`` must be initialised)
-    and check that DeepSpeed's topology puts every rank at the same coordinates."""
+    of ``layout`` (the run's validated layout; once; ``torch.distributed`` must be initialised),
+    each with the collective timeout ``timeout_minutes`` (``--distributed-timeout-minutes``;
+    megatron-core's own default would be 30), and check that DeepSpeed's topology puts every
+    rank at the same coordinates."""
     from megatron.core import parallel_state
 
     allocate_megatron_core_buffers_on_cpu()
@@ -71,7 +73,8 @@ def initialize_model_parallel(layout: ParallelLayout) -> None:
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-            context_parallel_size=layout.sp, expert_model_parallel_size=layout.ep)
+            context_parallel_size=layout.sp, expert_model_parallel_size=layout.ep,
+            distributed_timeout_minutes=timeout_minutes)
     check_topology_matches(layout)
 
 

@@ -12,7 +12,8 @@ and ``weakref.finalize`` callbacks still run; memory is returned to the OS as th
 import gc
 from typing import Callable
 
-from megatron.errors import EXIT_CONFIG_ERROR, ConfigError, exit_with_error
+from megatron.errors import EXIT_CONFIG_ERROR, EXIT_LOST_PEER, ConfigError, exit_with_error
+from megatron.runtime import lost_peers
 
 
 def skip_shutdown_collection() -> None:
@@ -24,12 +25,18 @@ def skip_shutdown_collection() -> None:
 
 def run_entry_point(main: Callable[[], object]) -> None:
     """Run ``main()``; a :class:`~megatron.errors.ConfigError` prints ``error: MESSAGE`` once per
-    launch (see :func:`megatron.errors.exit_with_error`) and exits with status 1. However it ends,
+    launch (see :func:`megatron.errors.exit_with_error`) and exits with status 1; a collective
+    whose peer died or hung (megatron/runtime/lost_peers.py) prints one line naming the lost host
+    and ranks and exits with status 3. However it ends,
     the interpreter then exits without its slow shutdown collection
     (:func:`skip_shutdown_collection`)."""
     try:
         main()
     except ConfigError as e:
         exit_with_error(str(e), EXIT_CONFIG_ERROR)
+    except RuntimeError as e:
+        if not lost_peers.is_lost_peer_failure(e):
+            raise
+        exit_with_error(lost_peers.failure_message(e), EXIT_LOST_PEER)
     finally:
         skip_shutdown_collection()

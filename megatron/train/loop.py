@@ -10,6 +10,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from megatron.checkpoint.engine import TrainingState
+from megatron.checkpoint.multinode import check_checkpoint_dirs
 from megatron.config.checkpoint_args import model_args_from_args
 from megatron.config.run_config import LoopConfig, RunConfig
 from megatron.data.train_data import TrainData
@@ -147,12 +148,15 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     run = args.run_config
     loop, checkpoint = run.loop, run.checkpoint
     check_backend_trains(run.model.attention)  # before start-up: FlexAttention has no backward on a CPU
-    start_notes = initialize_distributed(run.model.layout, args.distributed_backend)
+    start_notes = initialize_distributed(run.model.layout, run.distributed.distributed_backend,
+                                         run.distributed.distributed_timeout_minutes)
     # flag compatibility, --deepspeed_config, the tokenizer's, distributed start-up's
     for note in run.notes + tuple(notes) + tuple(start_notes):
         print_rank_0(note)
     if _kill_switch_at_start(loop):
         return TrainingState()
+    # a --save some node cannot see, ranks that would resume different iterations: one line now
+    check_checkpoint_dirs(checkpoint.save, checkpoint.load)
     set_seeds(loop.seed)
     resume = data_resume(checkpoint, loop.skip_train)  # the data ledger, before any dataset
     data = datasets_provider(args, resume)

@@ -151,8 +151,9 @@ def test_expert_parallel_checkpoint_resumes_at_another_layout(moe_pp2_ep2_run, d
 def test_tensor_and_expert_parallel_training_equals_one_rank(moe_one_rank, demo_data, tmp_path):
     """TP 2 x EP 2 (4 ranks, --sequence-parallel: each tensor-parallel rank routes its slice of
     the tokens) with full recompute (a recomputed layer's routing counted once) gives the
-    one-rank run's numbers."""
-    _, proc = run_layout(demo_data, tmp_path, num_ranks=4, iters=MOE_ITERS,
+    one-rank run's numbers. On two nodes x 2 ranks (tests/helpers/cluster.py): each TP group
+    inside a node, data (and expert) parallelism across the nodes."""
+    _, proc = run_layout(demo_data, tmp_path, num_ranks=4, iters=MOE_ITERS, two_nodes=True,
                          extra=LLAMA_MOE + EP2 + ["--tensor-model-parallel-size", "2",
                                                   "--sequence-parallel",
                                                   "--recompute-granularity", "full",

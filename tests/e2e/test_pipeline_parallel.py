@@ -15,6 +15,7 @@ import shutil
 import pytest
 import torch
 
+from helpers.cluster import run_on_two_nodes
 from helpers.launch import read_jsonl, run_deepspeed, run_ranks
 from helpers.parallel import (
     CLIP_GRAD,
@@ -69,10 +70,11 @@ def tp2_pp2_run(demo_data, tmp_path_factory):
     """TP 2 x PP 2 with --checkpoint-activations and --sequence-parallel, saving at iteration SAVE_AT
     and at the end. Under sequence parallelism the activations travel whole between stages (each
     tensor-parallel rank holds its own slice of the sequence) and the norms are sequence-parallel
-    ones, as in GPTModel."""
+    ones, as in GPTModel. Run on two nodes x 2 ranks (tests/helpers/cluster.py; one node x 4
+    where no cluster can be made): each TP group inside a node, the stages on different nodes."""
     run_dir = tmp_path_factory.mktemp("tp2_pp2")
     extra = TP2_PP2 + ["--save", str(run_dir / "ckpt"), "--save-interval", str(SAVE_AT)]
-    losses, proc = run_layout(demo_data, run_dir, 4, extra)
+    losses, proc = run_layout(demo_data, run_dir, 4, extra, two_nodes=True)
     return run_dir, losses, proc
 
 
@@ -243,7 +245,8 @@ def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, 
     the whole sequence for half the heads; ALiBi and RoPE there: tests/e2e/test_ulysses_e2e.py),
     and, for a model with a dense and an MoE layer, under PP 2 x DP 2 x EP 2 (ZeRO stage 1, 4 ranks: the
     pipe engine's micro-batch count changes between iterations; each stage a dense and an MoE
-    layer, each data-parallel rank half of the experts): with its load-balancing loss, gradient norm and tokens per
+    layer, each data-parallel rank half of the experts; on two nodes x 2 ranks, a stage per node):
+    with its load-balancing loss, gradient norm and tokens per
     expert too, the load-balancing loss kept out of the per-dataset losses.
 
     The loss is normalised per token (--calculate-per-token-loss) or per sample (segment:
@@ -255,7 +258,11 @@ def test_t0_prefix_lm_under_a_layout_equals_one_rank(name, ranks, model, extra, 
     reference = t0_one_rank(model + reference_extra)
     run_dir = tmp_path / name
     run_dir.mkdir()
-    proc = run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, model + extra), num_ranks=ranks)
+    if ranks == 4:  # on two nodes x 2 ranks: each stage on its own node
+        proc = run_on_two_nodes("finetune_t0.py", t0_flags(toy, run_dir, model + extra), run_dir)
+    else:
+        proc = run_deepspeed("finetune_t0.py", t0_flags(toy, run_dir, model + extra),
+                             num_ranks=ranks)
     assert layout in proc.stdout
     runs = {"layout": read_jsonl(run_dir / "metrics.jsonl"), "one": reference}
     train = {k: [r for r in v if "split" not in r] for k, v in runs.items()}

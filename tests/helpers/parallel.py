@@ -65,12 +65,21 @@ def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAY
 
 
 def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
-               iters: int = LAYOUT_ITERS, script: str = "pretrain_gpt.py", first_iteration: int = 1):
+               iters: int = LAYOUT_ITERS, script: str = "pretrain_gpt.py", first_iteration: int = 1,
+               two_nodes: bool = False):
     """Train to iteration ``iters`` with ``num_ranks`` CPU ranks (:func:`helpers.launch.run_ranks`:
-    the deepspeed launcher for two or more) and the layout flags ``extra`` (from
+    the deepspeed launcher for two or more; with ``two_nodes``, 4 ranks as two nodes x 2:
+    :func:`helpers.cluster.run_on_two_nodes`) and the layout flags ``extra`` (from
     ``first_iteration``: a resume); returns (per-iteration lm losses, the CompletedProcess)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    proc = run_ranks(script, layout_flags(demo_data, run_dir, extra, iters), num_ranks)
+    flags = layout_flags(demo_data, run_dir, extra, iters)
+    if two_nodes:
+        from helpers.cluster import run_on_two_nodes
+
+        assert num_ranks == 4
+        proc = run_on_two_nodes(script, flags, run_dir)
+    else:
+        proc = run_ranks(script, flags, num_ranks)
     records = train_records(run_dir)
     assert [r["iteration"] for r in records] == list(range(first_iteration, iters + 1)), records
     return [r["lm_loss"] for r in records], proc

@@ -64,6 +64,7 @@ def test_nonzero_rank_reports_a_startup_error_only_late(capsys, monkeypatch):
     monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     with pytest.raises(SystemExit):
         errors.exit_with_error("bad thing", 1)
     assert capsys.readouterr().err == "error: bad thing\n" and slept == []
@@ -71,6 +72,14 @@ def test_nonzero_rank_reports_a_startup_error_only_late(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         errors.exit_with_error("bad thing", 1)
     assert capsys.readouterr().err == "[rank 1] error: bad thing\n"
+    assert slept == [errors.NONZERO_RANK_REPORT_DELAY_S]
+    # the first rank of another node (its launcher's log is its own) reports at once
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SystemExit):
+        errors.exit_with_error("bad thing", 1)
+    assert capsys.readouterr().err == "[rank 2] error: bad thing\n"
     assert slept == [errors.NONZERO_RANK_REPORT_DELAY_S]
 
 

@@ -15,6 +15,8 @@ and mount namespaces, launched as users do: ``deepspeed --hostfile H --no_ssh --
   world size expected and the address, within the timeout.
 * ``--save`` on node-local disks, and a ``--load`` only one node has: refused at start-up in one
   line naming ranks, hosts and iterations.
+* The data cache on node-local disks (in the SIGTERM and kill chain): built once per node,
+  byte-identical on both, nothing built again by a relaunch.
 """
 import signal
 import time
@@ -85,10 +87,28 @@ def flags(demo_data, run_dir, extra=()):
                         iters=ITERS)
 
 
-def chain_flags(demo_data, run_dir, metrics: str, extra=()):
-    """:func:`flags` with the metrics in ``run_dir / metrics``."""
+def chain_flags(demo_data, run_dir, metrics: str, extra=(), cache=None):
+    """:func:`flags` with the metrics in ``run_dir / metrics`` (and the data cache in ``cache``)."""
     out = flags(demo_data, run_dir, extra)
     out[out.index("--metrics-jsonl") + 1] = str(run_dir / metrics)
+    if cache is not None:
+        out[out.index("--data-cache-path") + 1] = str(cache)
+    return out
+
+
+def node_cache_files(cluster):
+    """Each node's data cache on its own disk: ``[{relative path: (sha256, mtime_ns)}]``."""
+    import hashlib
+
+    out = []
+    for disk in cluster.node_dirs:
+        root = disk / "cache"
+        files = {}
+        for path in sorted(root.rglob("*")) if root.exists() else []:
+            if path.is_file():
+                files[str(path.relative_to(root))] = (
+                    hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns)
+        out.append(files)
     return out
 
 
@@ -183,11 +203,17 @@ def test_two_nodes_equal_one_node_bitwise_through_a_sigterm_and_a_killed_node(
     2. relaunched with --load, saving every 3 iterations: node 1 killed (SIGKILL) mid-run; node 0's
        ranks and launcher exit non-zero within 60 s with one line naming node1 and ranks 2-3, no
        traceback, no orphan, nothing in /dev/shm, the tracker on a complete checkpoint;
-    3. relaunched with --load: on to the end."""
+    3. relaunched with --load: on to the end.
+
+    The data cache is on each node's own disk (``--data-cache-path`` at one path, a private mount
+    per node): each node's first rank builds the indices for its node, the two nodes' files are
+    byte-identical, and the relaunches build nothing on either node."""
     ckpt = tmp_path / "ckpt"
-    with cluster_or_skip(tmp_path / "sigterm") as cluster:
+    nodes = tmp_path / "nodes"  # the same node-local disks for the three launches
+    with cluster_or_skip(nodes) as cluster:
+        cache = cluster.local / "cache"
         cluster.launch("pretrain_gpt.py", chain_flags(demo_data, tmp_path, "run1.jsonl", [
-            "--save", str(ckpt), "--save-interval", "100", "--exit-signal-handler"]))
+            "--save", str(ckpt), "--save-interval", "100", "--exit-signal-handler"], cache))
         wait_for_iteration(cluster, tmp_path / "run1.jsonl", 3)
         cluster.signal_node(1, signal.SIGTERM)  # node1's runner, launch.py and ranks
         codes = cluster.wait(timeout=120)
@@ -197,14 +223,20 @@ def test_two_nodes_equal_one_node_bitwise_through_a_sigterm_and_a_killed_node(
         assert "Traceback" not in log0 + log1
         assert "exits with return code" not in log1  # node1's ranks exited 0
         assert cluster.leftovers() == []
+        assert (f"the cache directory {cache} is not shared by every node (a node-local disk)"
+                in log0)
+    built = node_cache_files(cluster)
+    assert built[0] and {k: v[0] for k, v in built[0].items()} == \
+        {k: v[0] for k, v in built[1].items()}  # every node's files, byte for byte
+    assert any(name.startswith("index-pack-") for name in built[0])
     run1 = train_records(tmp_path / "run1.jsonl")
     saved = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
     assert saved == run1[-1]["iteration"] >= 3
     print(f"SIGTERM: both nodes saved iteration {saved}")
 
-    with cluster_or_skip(tmp_path / "killed") as cluster:
+    with cluster_or_skip(nodes) as cluster:
         cluster.launch("pretrain_gpt.py", chain_flags(demo_data, tmp_path, "run2.jsonl", [
-            "--save", str(ckpt), "--save-interval", "3", "--load", str(ckpt)]))
+            "--save", str(ckpt), "--save-interval", "3", "--load", str(ckpt)], cache))
         wait_for_iteration(cluster, tmp_path / "run2.jsonl", saved + 4)
         cluster.signal_node(1, signal.SIGKILL)
         killed = time.time()
@@ -224,10 +256,11 @@ def test_two_nodes_equal_one_node_bitwise_through_a_sigterm_and_a_killed_node(
     assert tracker % 3 == 0 and saved < tracker <= run2[-1]["iteration"] < ITERS
     assert any(p.name.endswith("model_states.pt") for p in (ckpt / f"iter_{tracker:07d}").iterdir())
 
-    with cluster_or_skip(tmp_path / "resumed") as cluster:
+    with cluster_or_skip(nodes) as cluster:
         cluster.run("pretrain_gpt.py", chain_flags(demo_data, tmp_path, "run3.jsonl", [
-            "--load", str(ckpt)]))
+            "--load", str(ckpt)], cache))
     assert f"resumed from --load {ckpt} at iteration {tracker}," in cluster.output(0)
+    assert node_cache_files(cluster) == built  # the relaunches built (and rewrote) nothing
     run3 = train_records(tmp_path / "run3.jsonl")
     want = train_records(one_node / "metrics.jsonl")
     assert_same_records(run1, want[:saved])

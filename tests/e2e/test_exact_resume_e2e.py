@@ -5,7 +5,8 @@ on 1 rank continues the same consumed-samples, lr and global-sample sequence (wh
 tests/unit/test_exact_resume.py).
 
 Scenarios are entries of ``SCENARIOS`` (pretraining with a curriculum blend file and a staged LR
-schedule; packed T0 finetuning); every test below picks each up.
+schedule; packed T0 finetuning). The SIGKILL test runs T0 here; pretraining's kill and bitwise
+resume run across two nodes (tests/e2e/test_two_nodes_e2e.py).
 """
 import json
 import os
@@ -157,7 +158,10 @@ def reference(tmp_path_factory):
 
 
 # ------------------------------------------------------------------ end to end
-@pytest.mark.parametrize("name", list(SCENARIOS))
+# The pretraining scenario's SIGKILL and bitwise resume (a curriculum blend) runs across two nodes
+# in tests/e2e/test_two_nodes_e2e.py (a killed node, the relaunch compared with an uninterrupted
+# run); its reference run here still serves the resume on fewer ranks below.
+@pytest.mark.parametrize("name", ["t0_packed_prefix_lm"])
 def test_sigkill_then_resume_is_bitwise_identical(name, reference, tmp_path):
     scenario = SCENARIOS[name]
     data, _, want, want_evals = reference(name)

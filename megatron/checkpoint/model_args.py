@@ -11,7 +11,12 @@ filled derived values (``--ffn-hidden-size``, ``--num-query-groups``, ``--kv-cha
 padded vocabulary size the embedding was built with. Shape of the file::
 
     {"format_version": 1, "model": {dest: value}, "tokenizer": {dest: value},
-     "defaults": {"seq_length": N}, "padded_vocab_size": V, "vocab_size": R}
+     "defaults": {"seq_length": N}, "run": {"global_batch_size": B},
+     "padded_vocab_size": V, "vocab_size": R}
+
+``run`` (since issue 45; absent before) is not a model flag: the resume check of
+``--extend-context`` (megatron/config/context_extension.py) reads the checkpoint's tokens per step
+from it, and ``--use-checkpoint-args`` never takes it.
 
 ``vocab_size`` is the number of rows that take probability (the tokenizer's vocabulary; the rest
 of the ``padded_vocab_size`` rows are padding, megatron/model/vocab_padding.py); checkpoints that

@@ -141,6 +141,12 @@ def test_use_checkpoint_args_never_takes_the_checkpoints_rope_over_the_command_l
     args = parse_args(base + ["--global-batch-size", "16", "--rotary-base", "500000",
                               "--extend-context"], world_size=1)
     assert args.rotary_base == 500000
+    # Microsoft's and the Llama scripts' spellings are the same flag
+    for alias in ("--rope-theta", "--rotary-position-embeddings-theta"):
+        err = one_error_line(base + ["--global-batch-size", "16", alias, "500000"], capsys)
+        assert "--rotary-base 20000 -> 500000" in err, err
+        assert parse_args(base + ["--global-batch-size", "16", alias, "500000", "--extend-context"],
+                          world_size=1).rotary_base == 500000
 
 
 def test_an_extension_stage_takes_the_schedules_run_shape_and_continues_its_decay(tmp_path):

@@ -149,21 +149,50 @@ def test_use_checkpoint_args_never_takes_the_checkpoints_rope_over_the_command_l
                           world_size=1).rotary_base == 500000
 
 
-def test_an_extension_stage_takes_the_schedules_run_shape_and_continues_its_decay(tmp_path):
-    """An iterations schedule saved at 16 x 16 tokens, resumed at 4 x 64: refused as today
-    without the directive; with it the LR continues where it stood (same iteration, same value)."""
-    from test_learning_rates import STAGED, _file_scheduler, _stepped_state
+STAGED = {"lr_schedule": [
+    {"start": 0, "schedule": {"type": "linear", "from": 0.0, "to": 3.0e-4}},
+    {"start": 10, "schedule": {"type": "constant", "value": 3.0e-4}},
+    {"start": 40, "schedule": {"type": "cosine", "from": 3.0e-4, "to": 3.0e-5}}],
+    "weight_decay_schedule": {"type": "linear", "from": 0.0, "to": 0.1}}
 
-    old = _file_scheduler(tmp_path, "a.json", STAGED, "--global-batch-size 16 --train-iters 100")
-    sd = _stepped_state(old, 16, 30)
+
+def _scheduler(tmp_path, flags, extend_context=None):
+    """The LR scheduler of the tiny schedule run with ``flags`` and STAGED's schedule file, with
+    ``--extend-context`` as validation would set it in its ScheduleConfig (the flag itself needs
+    a checkpoint to resume)."""
+    from dataclasses import replace
+
+    import torch
+
+    from helpers.flags import TINY_SCHEDULE
+    from megatron.config.parser import parse_args
+    from megatron.optim.learning_rates import build_opt_param_scheduler
+
+    path = tmp_path / "lr.json"
+    path.write_text(json.dumps(STAGED))
+    args = parse_args(TINY_SCHEDULE + flags.split() + ["--lr", "3e-4", "--lr-schedule-config",
+                                                       str(path)], world_size=1, require_data=False)
+    config = replace(args.run_config.schedule, extend_context=extend_context)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    return build_opt_param_scheduler(config, optimizer)
+
+
+def test_an_extension_stage_takes_the_schedules_run_shape_and_continues_its_decay(tmp_path):
+    """An iterations schedule saved after 30 iterations of 16 x 16 tokens, resumed at 4 x 64:
+    refused as today without the directive; with it the LR continues where it stood (the same
+    iteration, the same values to the end)."""
+    old = _scheduler(tmp_path, "--global-batch-size 16 --train-iters 100")
+    for _ in range(30):
+        old.step(16)
+    sd = old.state_dict()
     its = np.arange(0, 101)
     want = old.values_at(its, its * 16)[0]
-    new = _file_scheduler(tmp_path, "a.json", STAGED,
-                          "--global-batch-size 4 --seq-length 64 --train-iters 100")
+    flags = "--global-batch-size 4 --seq-length 64 --train-iters 100"
     with pytest.raises(ValueError, match="--seq-length \\(seq_length\\): checkpoint 16, now 64"):
-        new.load_state_dict(sd)
-    new.extend_context = True  # what --extend-context sets (ScheduleConfig.extend_context)
+        _scheduler(tmp_path, flags).load_state_dict(sd)
+    new = _scheduler(tmp_path, flags, "keep-tokens")
     new.load_state_dict(sd)
     assert new.num_iters == 30 and new.params["seq_length"] == 64
     np.testing.assert_array_equal(new.values_at(its, its * 4)[0], want)
-    assert new.get_lr() == want[30]
+    np.testing.assert_array_equal(new.values_at(its, its * 4)[1], old.values_at(its, its * 16)[1])
+    assert new.get_lr() == want[30] and new.optimizer.param_groups[0]["lr"] == want[30]

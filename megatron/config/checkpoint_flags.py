@@ -23,8 +23,9 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
                         "without the flag.")
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="Take the model and tokenizer flags from the model_args.json of the "
-                        "checkpoint in --load; flags given that disagree with it are an error "
-                        "(megatron/checkpoint/model_args.py).")
+                        "checkpoint in --load; flags given that disagree with it are an error, "
+                        "except the length and position-encoding flags, which are kept and need "
+                        "--extend-context at a resume (megatron/checkpoint/model_args.py).")
     g.add_argument("--extend-context", nargs="?", const="keep-tokens", default=None,
                    choices=["keep-tokens", "free-batch"],
                    help="This resume is a context-extension stage (docs/context_extension.md): "

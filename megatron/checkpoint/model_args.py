@@ -11,7 +11,12 @@ filled derived values (``--ffn-hidden-size``, ``--num-query-groups``, ``--kv-cha
 padded vocabulary size the embedding was built with. Shape of the file::
 
     {"format_version": 1, "model": {dest: value}, "tokenizer": {dest: value},
-     "defaults": {"seq_length": N}, "padded_vocab_size": V, "vocab_size": R}
+     "defaults": {"seq_length": N}, "run": {"global_batch_size": B},
+     "padded_vocab_size": V, "vocab_size": R}
+
+``run`` (since issue 45; absent before) is not a model flag: the resume check of
+``--extend-context`` (megatron/config/context_extension.py) reads the checkpoint's tokens per step
+from it, and ``--use-checkpoint-args`` never takes it.
 
 ``vocab_size`` is the number of rows that take probability (the tokenizer's vocabulary; the rest
 of the ``padded_vocab_size`` rows are padding, megatron/model/vocab_padding.py); checkpoints that
@@ -19,9 +24,11 @@ lack it softmaxed over every row.
 
 With ``--use-checkpoint-args`` (Megatron-LM's flag) the model and tokenizer flags come from the
 checkpoint in ``--load``: a flag not given on the command line takes the checkpoint's value; a flag
-given with another value is an error naming both (Megatron-LM silently keeps the command line's
-value for some flags and the checkpoint's for others; a silent mix of two models is worse than a
-clear error). Tokenizer flags are the exception, as in Megatron-LM: given on the command line,
+given with another value is an error naming both. The sequence-length and position-encoding
+flags are the exception: the command line's value is kept, and a training resume refuses the
+change without ``--extend-context`` (megatron/config/context_extension.py). (Megatron-LM silently
+keeps the command line's value for some flags and the checkpoint's for others; a silent mix of
+two models is worse than a clear error.) Tokenizer flags are another exception, as in Megatron-LM: given on the command line,
 they replace the checkpoint's (aliases of one tokenizer compare equal, so nothing is noted then),
 provided the tokenizer's vocabulary fits the checkpoint's embedding rows. ``defaults`` (``--seq-length``) fill only flags not given: finetuning at another
 sequence length is legitimate. Relative tokenizer paths are relative to the ``--load`` directory

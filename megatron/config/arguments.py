@@ -14,6 +14,7 @@ from typing import List
 
 from megatron.config.bloom_flags import validate_bloom_model
 from megatron.config.compat_flags import inert_flags
+from megatron.config.context_extension import validate_context_extension
 from megatron.config.data_flags import validate_data
 from megatron.config.deepspeed_config import validate_deepspeed_config, validate_deepspeed_json
 from megatron.config.logging_flags import validate_logging
@@ -74,7 +75,9 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("transformer config", ("model", "layout", "deepspeed", "moe"),
                lambda: build_transformer_config(args)),
               ("train iters", ("batch", "training", "run control", "lr"),
-               lambda: derive_train_iters(args)))
+               lambda: derive_train_iters(args)),
+              ("context extension", ("batch", "model", "run control"),
+               lambda: validate_context_extension(args, notes, require_data)))
     failed, errors = set(), []
     for name, needs, check in checks:
         if failed.intersection(needs):

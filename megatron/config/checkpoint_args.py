@@ -19,6 +19,7 @@ from megatron.checkpoint.model_args import (
     resolve_tokenizer_paths,
     same_tokenizer,
 )
+from megatron.config.context_extension import CONTEXT_FLAGS
 from megatron.errors import ArgumentError
 
 
@@ -34,6 +35,7 @@ def model_args_from_args(args: argparse.Namespace) -> dict:
             tokenizer[name] = os.path.abspath(tokenizer[name])
     return {"format_version": FORMAT_VERSION, "model": pick(MODEL_ARG_NAMES),
             "tokenizer": tokenizer, "defaults": pick(DEFAULT_ARG_NAMES),
+            "run": {"global_batch_size": getattr(args, "global_batch_size", None)},
             "padded_vocab_size": getattr(args, "padded_vocab_size", None),
             "vocab_size": getattr(args, "vocab_size", None)}
 
@@ -70,7 +72,10 @@ def apply_checkpoint_args(args: argparse.Namespace, parser: argparse.ArgumentPar
     """``--use-checkpoint-args``: set the model and tokenizer flags of ``args`` from the
     ``model_args.json`` of the latest checkpoint in ``--load`` (megatron/checkpoint/model_args.py); returns
     the record, or None without ``--use-checkpoint-args``. Raises ``ArgumentError`` naming the flag,
-    the command line's value and the checkpoint's when they disagree, and when ``--load`` holds no
+    the command line's value and the checkpoint's when they disagree (except the context flags,
+    megatron/config/context_extension.py ``CONTEXT_FLAGS``: the command line's value is kept, never
+    the checkpoint's, and ``validate_args``' resume check refuses a change without
+    ``--extend-context``), and when ``--load`` holds no
     checkpoint or one without recorded model flags. Call before ``validate_args``."""
     if not args.use_checkpoint_args:
         return None
@@ -111,6 +116,8 @@ def apply_checkpoint_args(args: argparse.Namespace, parser: argparse.ArgumentPar
                 continue  # a flag this parser lacks, at its neutral value
             raise ArgumentError(f"--use-checkpoint-args: checkpoint {directory} sets "
                                 f"{_show(parser, dest, value)}, a flag this program does not have")
+        if dest in given and getattr(args, dest) != value and dest in CONTEXT_FLAGS:
+            continue  # the command line's context stays; the resume check refuses it without --extend-context
         if dest in given and getattr(args, dest) != value:
             conflicts.append(f"{_show(parser, dest, getattr(args, dest))} (command line) vs "
                              f"{_show(parser, dest, value)} (checkpoint)")

@@ -1,6 +1,7 @@
 """The "checkpointing" flag group (``--save``, ``--load``, ``--finetune``, ``--no-load-*``,
-``--universal-checkpoint``, ``--use-checkpoint-args``). ``--use-checkpoint-args`` is applied by
-megatron/config/checkpoint_args.py; ``--save-interval`` is checked with the training flags
+``--universal-checkpoint``, ``--use-checkpoint-args``, ``--extend-context``). ``--use-checkpoint-args``
+is applied by megatron/config/checkpoint_args.py, ``--extend-context`` checked by
+megatron/config/context_extension.py; ``--save-interval`` is checked with the training flags
 (megatron/config/train_flags.py)."""
 import argparse
 
@@ -22,8 +23,16 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
                         "without the flag.")
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="Take the model and tokenizer flags from the model_args.json of the "
-                        "checkpoint in --load; flags given that disagree with it are an error "
-                        "(megatron/checkpoint/model_args.py).")
+                        "checkpoint in --load; flags given that disagree with it are an error, "
+                        "except the length and position-encoding flags, which are kept and need "
+                        "--extend-context at a resume (megatron/checkpoint/model_args.py).")
+    g.add_argument("--extend-context", nargs="?", const="keep-tokens", default=None,
+                   choices=["keep-tokens", "free-batch"],
+                   help="This resume is a context-extension stage (docs/context_extension.md): "
+                        "it may change --seq-length, the position encoding (rope/yarn flags), "
+                        "the LR schedule's run shape and the global batch, by the factor that "
+                        "keeps tokens per step (keep-tokens, the default) or freely "
+                        "(free-batch). Without it such changes at a resume are refused.")
     # what --use-checkpoint-args sets (megatron/config/checkpoint_args.py apply_checkpoint_args):
     # the checkpoint's model_args.json record and the note when the command line's tokenizer wins
     parser.set_defaults(checkpoint_model_args=None, checkpoint_tokenizer_note=None)

@@ -44,7 +44,7 @@ from megatron.schedules.seqlen_plan import SeqLengthPlan
 from megatron.schedules.units import BatchSchedule
 
 __all__ = ["DataResume", "MixSources", "MixHistory", "TrainMix", "continue_training_mix",
-           "mix_changes", "eval_group_counters", "KIND_FLAGS"]
+           "resumed_num_samples", "mix_changes", "eval_group_counters", "KIND_FLAGS"]
 
 KIND_FLAGS = {"blend_config": "--data-blend-config", "data_path": "--data-path",
               "weighted_split": "--train-weighted-split-paths",
@@ -362,6 +362,20 @@ def _index_prefix_equal(a: CurriculumDataset, b: CurriculumDataset, stop: int) -
             and np.array_equal(a.dataset_sample_index[:n], b.dataset_sample_index[:n]))
 
 
+def resumed_num_samples(num_samples: int, batch_schedule: BatchSchedule,
+                        record: MixRecord) -> int:
+    """Global samples the training index must hold when the run resumes from ``record``: the
+    checkpoint's consumed samples plus what ``batch_schedule`` draws in the iterations left (from
+    the checkpoint's iteration to the ``num_samples`` run's last), and at least ``num_samples``.
+    Equal to ``num_samples`` when the batch schedule is the checkpoint's; larger when the global
+    batch shrank at the resume (16 -> 4 sequences after 96 samples, 12 iterations in all: 120,
+    not 12 x 4 = 48)."""
+    iterations = batch_schedule.iterations_for_samples(int(num_samples))
+    left = batch_schedule.samples_at_iteration(iterations) - batch_schedule.samples_at_iteration(
+        min(int(record.iteration), iterations))
+    return max(int(num_samples), int(record.consumed_samples) + int(left))
+
+
 def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: int,
                           batch_schedule: BatchSchedule, seed: int,
                           resume: Optional[DataResume]) -> TrainMix:
@@ -383,6 +397,7 @@ def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: i
         return TrainMix(sources.kind, [fresh], dataset, sources, notes)
     record = resume.record
     consumed = record.consumed_samples
+    num_samples = resumed_num_samples(num_samples, batch_schedule, record)
     current = record.phases[-1]
     changes = mix_changes(record, sources.kind, blend_json, seed, constituents, sources.order)
     history = MixHistory(record.phases, sources, None if changes else constituents,

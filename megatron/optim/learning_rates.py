@@ -62,6 +62,8 @@ PARAM_FLAGS = {
 }
 RUN_SHAPE_KEYS = ("train_iters", "train_samples", "global_batch_size", "rampup_batch_size",
                   "seq_length")
+# what a context-extension stage (--extend-context) may change of the checkpoint's schedule
+EXTENSION_KEYS = RUN_SHAPE_KEYS + ("batch_size_steps", "seq_length_schedule")
 LEGACY_KEYS = ("max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style",
                "start_wd", "end_wd", "wd_incr_style", "wd_incr_steps")
 
@@ -74,7 +76,8 @@ class ScheduleConfig:
     ``--train-samples``), the LR (``--lr``, ``--min-lr``, ``--lr-warmup-init``), its style and
     spans (iterations, samples or tokens, as each flag says), the Power Scheduler's flags, the
     weight-decay increment, ``--lr-schedule-config`` (and the file validation read,
-    ``lr_schedule_config_dict``) and how a checkpoint's schedule is taken."""
+    ``lr_schedule_config_dict``) and how a checkpoint's schedule is taken (``--extend-context``:
+    the run's shape may differ from the checkpoint's)."""
 
     train_iters: Optional[int]
     train_samples: Optional[int]
@@ -105,6 +108,7 @@ class ScheduleConfig:
     lr_schedule_config_dict: Optional[Dict[str, Any]]
     override_opt_param_scheduler: bool
     use_checkpoint_opt_param_scheduler: bool
+    extend_context: Optional[str]
     batch: BatchConfig
 
 
@@ -447,11 +451,14 @@ class OptimizerParamScheduler:
     ``num_steps`` counts consumed samples (megatron-core's meaning) and ``num_iters`` completed
     iterations. ``override`` uses this run's values over a checkpoint's; ``use_checkpoint`` takes
     the checkpoint's; with neither, differing values raise ``ValueError`` naming each one.
+    ``extend_context`` (``--extend-context``) takes this run's shape (``EXTENSION_KEYS``: length,
+    batch, sequence length) without either.
     """
 
     def __init__(self, optimizer, params: Dict[str, Any], context: ScheduleContext,
                  override_opt_param_scheduler: bool = False,
-                 use_checkpoint_opt_param_scheduler: bool = False):
+                 use_checkpoint_opt_param_scheduler: bool = False,
+                 extend_context: bool = False):
         if override_opt_param_scheduler and use_checkpoint_opt_param_scheduler:
             raise ConfigError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
                              "are mutually exclusive")
@@ -460,6 +467,7 @@ class OptimizerParamScheduler:
         self.context = context
         self.override_opt_param_scheduler = override_opt_param_scheduler
         self.use_checkpoint_opt_param_scheduler = use_checkpoint_opt_param_scheduler
+        self.extend_context = extend_context
         self.num_steps = 0
         self.num_iters = 0
         self._build()
@@ -528,6 +536,13 @@ class OptimizerParamScheduler:
             num_iters = None
         diffs = [(k, self.params.get(k), v) for k, v in checkpoint.items()
                  if _differs(self.params.get(k), v)]
+        if self.extend_context:
+            # a context-extension stage: this run's length, batch and sequence length are taken;
+            # the schedule's own values (LR, spans) keep the rules below
+            for k, ours, theirs in diffs:
+                if k in EXTENSION_KEYS:
+                    logger.info("--extend-context: the schedule's %s is %r (checkpoint %r)", k, ours, theirs)
+            diffs = [d for d in diffs if d[0] not in EXTENSION_KEYS]
         if diffs and self.override_opt_param_scheduler:
             for k, ours, theirs in diffs:
                 logger.info("overriding checkpoint's %s=%r with %r", k, theirs, ours)
@@ -568,4 +583,5 @@ def build_opt_param_scheduler(config: ScheduleConfig, optimizer) -> OptimizerPar
     return OptimizerParamScheduler(
         optimizer, params, context,
         override_opt_param_scheduler=config.override_opt_param_scheduler,
-        use_checkpoint_opt_param_scheduler=config.use_checkpoint_opt_param_scheduler)
+        use_checkpoint_opt_param_scheduler=config.use_checkpoint_opt_param_scheduler,
+        extend_context=config.extend_context is not None)

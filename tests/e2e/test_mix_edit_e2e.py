@@ -8,7 +8,8 @@ training batches really held; without the flag the edit is one error naming ever
 * a blend file (weights changed, one dataset added, one removed, a stage appended, a validation
   group added), trained on 2 ranks at data-parallel 2 and resumed at tensor-parallel 2, every
   group evaluated on its own and an offline W&B run holding the records (ledger included);
-* a ``--data-path`` blend (two phase transitions, then its weights edited), one rank;
+* a ``--data-path`` blend (two phase transitions, then its weights edited, then the global batch
+  halved at one more resume: issue 45's "begin outside [0, num_samples]"), one rank;
 * T0 weighted split paths (finetune_t0.py: an item replaced, a weight changed), one rank;
 * the seed files users bring (energon's metadataset, Levanter's staged LR), verbatim apart from
   the data paths: previewed and trained.
@@ -279,6 +280,21 @@ def test_data_path_weights_edited_after_two_phase_transitions(data, tmp_path):
     train = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
     assert [r["iteration"] for r in train] == list(range(1, iters + 1))
     assert train[-1]["samples_drawn"] == drawn(pairs)
+    # issue 45: the global batch halves at a resume (8 -> 4 sequences) for 4 more iterations.
+    # The index must hold 64 + 4 x 4 = 80 samples, not 12 x 4 = 48 (which stopped with
+    # "begin 64 outside [0, num_samples 48]"); every dataset continues where it stood.
+    smaller = list(flags)
+    smaller[smaller.index("--global-batch-size") + 1] = "4"
+    smaller[smaller.index("--train-iters") + 1] = "12"
+    run_single_process("pretrain_gpt.py", smaller + y + ["--override-opt_param-scheduler"],
+                       check=True)
+    train = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
+    assert [r["iteration"] for r in train] == list(range(1, 13))
+    after = train[-1]["samples_drawn"]
+    assert sum(after.values()) == 64 + 4 * 4 and after["math"] == drawn(pairs)["math"]
+    assert all(after[n] >= k for n, k in drawn(pairs).items())
+    with open(tmp_path / "ckpt" / "iter_0000012" / "data_mix.json") as f:
+        assert {e["name"]: e["drawn"] for e in json.load(f)["ledger"]} == after
 
 
 # ------------------------------------------------------------------ T0 weighted split paths

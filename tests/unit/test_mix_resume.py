@@ -344,3 +344,27 @@ def test_phase_transition_and_provenance_flags_are_checked(tmp_path):
     with pytest.raises(ArgumentError, match=r"--iterations 1:99: the run has 8 iterations"):
         data_provenance.main(base + ["--data-path", "x", "--load", str(tmp_path),
                                      "--iterations", "1:99", "--output", str(tmp_path / "p")])
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_a_smaller_global_batch_at_a_resume_covers_the_remaining_iterations(override):
+    """Issue 45: 6 iterations at 16 sequences (96 samples), resumed for 12 iterations at 4
+    sequences. The run draws 96 + 6 x 4 = 120 samples, not the 12 x 4 = 48 of a run at 4
+    sequences from the start (which raised "begin 96 outside [0, num_samples 48]")."""
+    sources = fake_sources()
+    big = BatchSchedule(16, None, SEQ)
+    mix = continue_training_mix(sources, blend(X), 12 * 16, big, 7, None)
+    record = MixRecord.from_json(json.loads(json.dumps(mix.record(6, 96).to_json())))
+    small = BatchSchedule(4, None, SEQ)
+    resumed = continue_training_mix(sources, blend(X if not override else Y), 12 * 4, small, 7,
+                                    DataResume("ckpt", 6, record, override=override))
+    assert resumed.dataset.begin == (96 if override else resumed.dataset.begin)
+    assert len(resumed.dataset) >= 120
+    # the datasets continue at their ledger positions: samples 96.. draw no sample twice
+    before = ledger(draws(mix.dataset.index)[:96])
+    after = draws(resumed.dataset.index)[96 - resumed.dataset.begin:120 - resumed.dataset.begin]
+    first = {}
+    for path, k in after:
+        first.setdefault(path, k)
+    for path, k in first.items():
+        assert k == before.get(path, 0), (path, k, before)

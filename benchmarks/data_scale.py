@@ -297,6 +297,28 @@ def lookups(D: int, N: int, rounds: int = 3):
     print(f"- the timer alone (two readings back to back): p50 {np.percentile(empty, 50) / 1e3:.2f} µs")
 
 
+def peer_gpt_config(prefixes, weights, split: str, cache: str, seed: int):
+    """megatron-core's ``GPTDatasetConfig`` of a ``--data-path`` blend (``prefixes``, ``weights``)
+    cut by ``split``, cached in ``cache``: the peer builder's configuration."""
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
+    from megatron.tokenizer import ByteLevelTokenizer
+
+    return GPTDatasetConfig(random_seed=seed, sequence_length=SEQ, blend=(prefixes, weights),
+                            split=split, path_to_cache=cache, tokenizer=ByteLevelTokenizer(),
+                            reset_position_ids=False, reset_attention_mask=False,
+                            eod_mask_loss=False)
+
+
+def one_process_group(work: str) -> None:
+    """A 1-process gloo group (megatron-core's builder asks for the rank), once per process."""
+    import torch
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", init_method=f"file://{work}/pg-store",
+                                             rank=0, world_size=1)
+
+
 def sparse_corpus(prefix: str, documents: int, doc_tokens: int) -> None:
     """A real ``.idx`` of ``documents`` documents of ``doc_tokens`` tokens and a sparse ``.bin``
     of the matching size (uint16 tokens; reads give zeros)."""
@@ -354,16 +376,8 @@ def setup_over_sparse_corpora(D: int, N: int, work: str, documents: int = 64, pe
         return
     peer_cache = os.path.join(work, "peer-cache")
     shutil.rmtree(peer_cache, ignore_errors=True)
-    peer_config = GPTDatasetConfig(random_seed=1, sequence_length=SEQ,
-                                   blend=(prefixes, w.tolist()), split="100,0,0",
-                                   path_to_cache=peer_cache, tokenizer=ByteLevelTokenizer(),
-                                   reset_position_ids=False, reset_attention_mask=False,
-                                   eod_mask_loss=False)
-    import torch
-
-    if not torch.distributed.is_initialized():  # megatron-core's builder asks for the rank
-        torch.distributed.init_process_group("gloo", init_method=f"file://{work}/pg-store",
-                                             rank=0, world_size=1)
+    peer_config = peer_gpt_config(prefixes, w.tolist(), "100,0,0", peer_cache, seed=1)
+    one_process_group(work)
     t0 = time.perf_counter()
     try:
         peer = BlendedMegatronDatasetBuilder(GPTDataset, [N, 0, 0], lambda: True,
@@ -419,22 +433,13 @@ def sparse_t0_corpus(prefix: str, examples: int, seed: int) -> None:
 def _peer_data_path_seconds(prefixes, weights, N: int, split: str, work: str) -> float:
     """megatron-core's ``BlendedMegatronDatasetBuilder`` over the same ``--data-path`` blend and
     ``--split`` (cold cache, to the first sample): seconds."""
-    import torch
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-
-    from megatron.tokenizer import ByteLevelTokenizer
+    from megatron.core.datasets.gpt_dataset import GPTDataset
 
     cache = os.path.join(work, "peer-data-path-cache")
     shutil.rmtree(cache, ignore_errors=True)
-    config = GPTDatasetConfig(random_seed=1234, sequence_length=SEQ,
-                              blend=(list(prefixes), list(weights)), split=split,
-                              path_to_cache=cache, tokenizer=ByteLevelTokenizer(),
-                              reset_position_ids=False, reset_attention_mask=False,
-                              eod_mask_loss=False)
-    if not torch.distributed.is_initialized():  # megatron-core's builder asks for the rank
-        torch.distributed.init_process_group("gloo", init_method=f"file://{work}/pg-store-2",
-                                             rank=0, world_size=1)
+    config = peer_gpt_config(list(prefixes), list(weights), split, cache, seed=1234)
+    one_process_group(work)
     t0 = time.perf_counter()
     built = BlendedMegatronDatasetBuilder(GPTDataset, [N, 0, 0], lambda: True, config).build()
     built[0][0]

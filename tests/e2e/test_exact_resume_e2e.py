@@ -8,7 +8,6 @@ Scenarios are entries of ``SCENARIOS`` (pretraining with a curriculum blend file
 schedule; packed T0 finetuning). The SIGKILL test runs T0 here; pretraining's kill and bitwise
 resume run across two nodes (tests/e2e/test_two_nodes_e2e.py).
 """
-import json
 import os
 import random
 import shutil
@@ -21,7 +20,7 @@ from typing import Callable, Dict, List
 import psutil
 import pytest
 
-from helpers.launch import deepspeed_launcher, read_jsonl, run_deepspeed, run_ranks
+from helpers.launch import deepspeed_launcher, read_jsonl, run_deepspeed, run_ranks, written_train_records
 from helpers.paths import ROOT
 from helpers.ports import free_port
 from helpers.resume import TRAIN_ITERS, make_pretrain_data, pretrain_flags
@@ -74,20 +73,7 @@ SCENARIOS = {
 
 
 # ------------------------------------------------------------------ helpers
-def train_records(path) -> List[dict]:
-    """Training records of a metrics file that may still be written (a partial last line is
-    skipped)."""
-    if not os.path.exists(path):
-        return []
-    records = []
-    with open(path) as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            record = json.loads(line)
-            if "split" not in record:
-                records.append(record)
-    return records
+train_records = written_train_records  # a metrics file a run may still be writing
 
 
 def eval_records(path) -> List[dict]:

@@ -24,7 +24,7 @@ import time
 import pytest
 
 from helpers.cluster import cluster_or_skip
-from helpers.launch import read_jsonl, run_deepspeed
+from helpers.launch import read_jsonl, run_deepspeed, written_train_records
 from helpers.parallel import layout_flags
 
 pytestmark = pytest.mark.launch
@@ -57,27 +57,11 @@ def assert_same_records(got, want):
 
 def wait_for_iteration(cluster, metrics, iteration, timeout=300):
     deadline = time.time() + timeout
-    while not any(r["iteration"] >= iteration for r in _complete_records(metrics)):
+    while not any(r["iteration"] >= iteration for r in written_train_records(metrics)):
         for k, proc in enumerate(cluster.procs):
             assert proc.poll() is None, f"node{k} exited {proc.returncode}\n{cluster.output()}"
         assert time.time() < deadline, cluster.output()
         time.sleep(0.1)
-
-
-def _complete_records(path):
-    import json
-
-    if not path.exists():
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            record = json.loads(line)
-            if "split" not in record:
-                out.append(record)
-    return out
 
 
 def flags(demo_data, run_dir, extra=()):

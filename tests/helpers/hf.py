@@ -44,6 +44,16 @@ def our_model(args, seed=0):
     return model.eval()
 
 
+def saved_perturbed(model, directory):
+    """``model`` (a transformers model) with every weight moved by 0.05 x noise (norms and biases
+    away from their ones and zeros), saved to ``directory``; returned in eval mode."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(str(directory))
+    return model.eval()
+
+
 def our_logits(model, tokens):
     positions = torch.arange(tokens.shape[1]).expand_as(tokens)
     with torch.no_grad():

@@ -88,6 +88,22 @@ def read_jsonl(path) -> List[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def written_train_records(path) -> List[dict]:
+    """The training records (no ``split`` key) of a ``--metrics-jsonl`` file a run may still be
+    writing: a partial last line is left out; none when the file does not exist yet."""
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            record = json.loads(line)
+            if "split" not in record:
+                records.append(record)
+    return records
+
+
 def own_shm_buffers(port: int) -> List[str]:
     """DeepSpeed's CPU all-reduce buffers (of this user) of the launch on ``port`` that are in
     /dev/shm (megatron/runtime/cpu_comm.py)."""

@@ -25,6 +25,7 @@ from helpers.hf import (
     our_model,
     read_safetensors,
     save_model,
+    saved_perturbed,
     tokens,
 )
 from megatron.config.parser import get_parser, parse_args
@@ -139,11 +140,7 @@ def random_hf_model(family, directory):
     else:
         config = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=4)
         model = transformers.BloomForCausalLM(config)
-    with torch.no_grad():  # norms and biases away from their ones/zeros
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    model.save_pretrained(str(directory))
-    return model.eval()
+    return saved_perturbed(model, directory)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -23,6 +23,7 @@ from helpers.hf import (
     our_model,
     read_safetensors,
     save_model,
+    saved_perturbed,
     tokens,
 )
 from megatron.errors import ConfigError
@@ -97,11 +98,7 @@ def random_mixtral(directory, seed=5):
         max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
         rms_norm_eps=1e-5, tie_word_embeddings=False)
     model = transformers.MixtralForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    model.save_pretrained(str(directory))
-    return model.eval()
+    return saved_perturbed(model, directory)
 
 
 def imported_model(load):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers.flags import one_error_line
-from helpers.hf import FAMILIES, VOCAB, export, our_args, our_logits, our_model, save_model, tokens
+from helpers.hf import FAMILIES, VOCAB, export, our_args, our_logits, our_model, save_model, saved_perturbed, tokens
 from megatron.config.parser import parse_args
 from megatron.errors import ConfigError
 
@@ -85,11 +85,7 @@ def random_llama(directory, rope_parameters, max_positions=256):
                                       rope_parameters={"rope_theta": 20000.0, **rope_parameters},
                                       rms_norm_eps=1e-5, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    model.save_pretrained(str(directory))
-    return model.eval()
+    return saved_perturbed(model, directory)
 
 
 IMPORTED = {

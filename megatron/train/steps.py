@@ -69,8 +69,8 @@ def _bucket_sums(buckets: PositionBuckets, per_token: torch.Tensor, raw: Dict) -
 
     mask = torch.as_tensor(raw["loss_mask"])
     ids = buckets.bucket_ids(tuple(mask.shape), raw.get(SEGMENT_IDS_KEY))
-    if per_token.shape[1] != mask.shape[1]:  # a sequence-parallel rank's slice
-        rank, size = sequence_rank_and_size()
+    rank, size = sequence_rank_and_size()
+    if size > 1:  # this Ulysses rank's slice, as gpt_token_losses cut it
         shard = sequence_shard(mask.shape[1], size, rank)
         mask, ids = mask[:, shard], ids[:, shard]
     return buckets.sums(per_token, mask, ids)

@@ -17,6 +17,7 @@ from megatron.config.compat_flags import inert_flags
 from megatron.config.context_extension import validate_context_extension
 from megatron.config.data_flags import validate_data
 from megatron.config.deepspeed_config import validate_deepspeed_config, validate_deepspeed_json
+from megatron.config.eval_flags import validate_eval
 from megatron.config.logging_flags import validate_logging
 from megatron.config.lr_flags import read_schedule_file, validate_lr_units
 from megatron.config.model_flags import build_transformer_config, resolve_attention_backend, validate_model
@@ -69,6 +70,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
               ("pipe accumulation", ("batch", "layout"),
                lambda: validate_pipe_accumulation(args)),
               ("logging", (), lambda: validate_logging(args, notes)),
+              ("evaluation by position", (), lambda: validate_eval(args, notes)),
               # after the flags they read (bf16/fp16 may come from --deepspeed_config)
               ("attention", ("model", "deepspeed"), lambda: resolve_attention_backend(args)),
               ("moe", ("batch", "model", "layout"), lambda: validate_moe_args(args, notes)),

@@ -11,6 +11,7 @@ from megatron.config.bloom_flags import add_bloom_model_args
 from megatron.config.checkpoint_flags import add_checkpoint_args
 from megatron.config.compat_flags import add_compat_args, refused_flags
 from megatron.config.data_flags import add_data_args
+from megatron.config.eval_flags import add_eval_args
 from megatron.config.logging_flags import add_logging_args
 from megatron.config.lr_flags import add_lr_args
 from megatron.config.model_flags import add_model_args
@@ -99,7 +100,7 @@ def get_parser(extra_args_provider: Optional[Callable] = None,
     for add in (add_model_args, add_training_args, add_lr_args, add_data_args,
                 add_tokenizer_args, add_checkpoint_args, add_logging_args, add_parallel_args,
                 add_run_control_args, add_bloom_model_args, add_skip_step_args, add_moe_args,
-                add_seqlen_args):
+                add_seqlen_args, add_eval_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser) or parser

@@ -42,6 +42,7 @@ from megatron.config.model_config import model_config_from_args
 from megatron.config.moe_flags import describe_layer_freq
 from megatron.config.tokenizer_flags import tokenizer_config_from_args
 from megatron.data.data_config import DataConfig
+from megatron.metrics.position_buckets import PositionBuckets
 from megatron.metrics.writers import MetricsConfig
 from megatron.model.model_config import ModelConfig
 from megatron.optim.learning_rates import ScheduleConfig
@@ -59,7 +60,8 @@ class LoopConfig:
     """What the training loop reads (megatron/train/): the run's length in iterations
     (``train_iters``, derived by validation), the micro batch (samples) and data-parallel size,
     the intervals (iterations) of logging, evaluation, saving and exiting, the evaluation
-    iterations, the run-control exits and the loader's seed and workers."""
+    iterations and position buckets (``--eval-position-buckets``: None without), the run-control
+    exits and the loader's seed and workers."""
 
     train_iters: int
     micro_batch_size: int
@@ -69,6 +71,7 @@ class LoopConfig:
     log_interval: int
     eval_interval: int
     eval_iters: int
+    position_buckets: Optional[PositionBuckets]
     save_interval: Optional[int]
     exit_interval: Optional[int]
     phase_transition_iterations: Optional[Sequence[int]]
@@ -157,13 +160,23 @@ def data_config_from_args(args, batch: Optional[BatchConfig] = None) -> DataConf
                                 "prefix_lm", "loss_on_targets_only", "norm_target_loss")})
 
 
+def position_buckets_from_args(args) -> Optional[PositionBuckets]:
+    """The evaluation's position buckets of the validated flags (``args.eval_position_bounds``,
+    megatron/config/eval_flags.py; ``--eval-position-bucket-basis``), or None without."""
+    bounds = args.eval_position_bounds
+    if bounds is None:
+        return None
+    return PositionBuckets(tuple(bounds), args.eval_position_bucket_basis)
+
+
 def run_config_from_args(args, notes: Sequence[str]) -> RunConfig:
     """The :class:`RunConfig` of validated ``args`` (every field read, none defaulted) with the
     start-up ``notes`` validation returned."""
     batch = config_from_args(BatchConfig, args)
     return RunConfig(batch=batch,
                      data=data_config_from_args(args, batch),
-                     loop=config_from_args(LoopConfig, args),
+                     loop=config_from_args(LoopConfig, args,
+                                           position_buckets=position_buckets_from_args(args)),
                      checkpoint=config_from_args(CheckpointConfig, args),
                      metrics=config_from_args(MetricsConfig, args),
                      tokenizer=tokenizer_config_from_args(args),

@@ -4,6 +4,8 @@ A leaf: the writers import it, it imports none of them."""
 from numbers import Number
 from typing import Any, Dict, Optional, Sequence
 
+POSITION_LOSS_PREFIX = "lm_loss_pos_"  # megatron/metrics/position_buckets.py bucket_tag
+
 
 def train_scalars(record: Dict[str, Any], keys: Optional[Sequence[str]] = None) -> Dict[str, float]:
     """The scalars of a training record as ``{tag: value}``: ``train/KEY`` for each of ``keys``
@@ -26,6 +28,11 @@ def train_scalars(record: Dict[str, Any], keys: Optional[Sequence[str]] = None) 
 
 def eval_scalars(record: Dict[str, Any]) -> Dict[str, float]:
     """The scalars of an evaluation record, under its split and validation group's name:
-    ``{split}/{group}/lm_loss`` (nats per token) and ``{split}/{group}/ppl``."""
+    ``{split}/{group}/lm_loss`` (nats per token), ``{split}/{group}/ppl`` and, under
+    ``--eval-position-buckets``, each position bucket's ``{split}/{group}/lm_loss_pos_LO_HI`` (nats
+    per loss token of positions LO to HI - 1; megatron/metrics/position_buckets.py)."""
     tag = f"{record['split']}/{record['group']}"
-    return {f"{tag}/lm_loss": record["lm_loss"], f"{tag}/ppl": record["ppl"]}
+    out = {f"{tag}/lm_loss": record["lm_loss"], f"{tag}/ppl": record["ppl"]}
+    out.update({f"{tag}/{key}": value for key, value in record.items()
+                if key.startswith(POSITION_LOSS_PREFIX)})
+    return out

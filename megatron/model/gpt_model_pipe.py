@@ -289,7 +289,9 @@ class PipeLMLoss:
     loop gets per-dataset losses out of the pipe. Per iteration the loop may give each micro
     batch's factor to the back-propagated loss (:meth:`set_factors`: the per-token and per-sample
     normalisations, megatron/optim/loss_normalization.py); observers (:meth:`observe`) see each micro
-    batch's mean loss and loss mask."""
+    batch's mean loss and loss mask. While ``keep_token_losses`` is set (an evaluation with
+    position buckets, megatron/train/steps.py) it also keeps each micro batch's per-token losses
+    (``[b, s]``, nats, detached) until :meth:`pop_token_losses`."""
 
     __name__ = "masked_lm_loss"  # DeepSpeed prints the loss function's name
 
@@ -297,6 +299,8 @@ class PipeLMLoss:
         self._records: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = []
         self._factors: Deque[torch.Tensor] = collections.deque()
         self._observers: List[Callable[[torch.Tensor, torch.Tensor], None]] = []
+        self._token_losses: List[torch.Tensor] = []
+        self.keep_token_losses = False
 
     def set_factors(self, factors: Sequence[torch.Tensor]) -> None:
         """The coming micro batches' factors, in order: each is returned ``loss x factor``."""
@@ -309,8 +313,11 @@ class PipeLMLoss:
     def __call__(self, logits: torch.Tensor, labels) -> torch.Tensor:
         targets, loss_mask = labels[0], labels[1]
         dataset_id = labels[2] if len(labels) > 2 else None
-        loss, per_sample = masked_lm_loss(vocab_parallel_token_loss(logits, targets), loss_mask)
+        per_token = vocab_parallel_token_loss(logits, targets)
+        loss, per_sample = masked_lm_loss(per_token, loss_mask)
         self._records.append((loss.detach(), per_sample, dataset_id))
+        if self.keep_token_losses:
+            self._token_losses.append(per_token.detach())
         for observer in self._observers:
             observer(loss, loss_mask)
         if self._factors:
@@ -321,6 +328,12 @@ class PipeLMLoss:
         """The records of the micro batches since the last call (empty off the last stage)."""
         records, self._records = self._records, []
         return records
+
+    def pop_token_losses(self) -> List[torch.Tensor]:
+        """The per-token losses kept since the last call (``keep_token_losses``), one ``[b, s]``
+        tensor per micro batch; empty off the last stage or when none were kept."""
+        kept, self._token_losses = self._token_losses, []
+        return kept
 
 
 class GPTModelPipe(PipelineModule):

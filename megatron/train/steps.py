@@ -15,15 +15,24 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 import torch
 
 from megatron.data.device_transfer import batch_to_device
+from megatron.metrics.position_buckets import PositionBuckets
 from megatron.model.lm_loss import masked_lm_loss
 from megatron.model.pipe_io import pipe_batch
 from megatron.optim.loss_normalization import LossNormalizer
 from megatron.parallel.pipe import is_pipe_engine, model_grad_norm
-from megatron.parallel.ulysses import sequence_parallel_group, sequence_rank_and_size, slice_batch_for_sequence_rank
+from megatron.parallel.ulysses import (
+    sequence_parallel_group,
+    sequence_rank_and_size,
+    sequence_shard,
+    slice_batch_for_sequence_rank,
+)
+from megatron.utils.rank_utils import all_reduce_small
 
 
-def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Forward one micro batch; returns (mean loss over unmasked tokens, per-sample mean loss).
+def gpt_token_losses(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict]:
+    """Forward one micro batch; returns (the per-token loss ``[b, s]`` in nats of this rank's
+    tokens, unmasked, on the device; the batch as the model got it: this rank's slice, on the
+    device).
 
     Batch keys: ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` and optionally the
     compact attention structure ``segment_ids`` / ``is_prefix`` (absent: plain causal attention)
@@ -31,7 +40,7 @@ def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tens
     ``with_segment_layout``), which the model's core attention turns into its own mask form. The
     batch goes to the device in one non-blocking copy (megatron/data/device_transfer.py). Under
     DeepSpeed-Ulysses each rank keeps its slice of the per-token fields (the attention structure
-    stays whole) and the losses are those of the whole sequences (megatron/parallel/ulysses.py).
+    stays whole: megatron/parallel/ulysses.py).
     """
     from megatron.model.masks import attention_structure_from_batch, with_segment_layout  # lazy: megatron-core
 
@@ -40,7 +49,38 @@ def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tens
     batch = batch_to_device(batch, engine.device)
     per_token = engine(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                        packed_seq_params=attention_structure_from_batch(batch))
+    return per_token, batch
+
+
+def gpt_forward_step(engine, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward one micro batch (:func:`gpt_token_losses`); returns (mean loss over unmasked
+    tokens, per-sample mean loss), under DeepSpeed-Ulysses those of the whole sequences
+    (megatron/model/lm_loss.py)."""
+    per_token, batch = gpt_token_losses(engine, batch)
     return masked_lm_loss(per_token, batch["loss_mask"], sequence_parallel_group())
+
+
+def _bucket_sums(buckets: PositionBuckets, per_token: torch.Tensor, raw: Dict) -> torch.Tensor:
+    """``[2, buckets.count]``: the loss sums (nats) and loss tokens per position bucket of one
+    micro batch (``raw``: the host batch as read, whose loss mask counts each loss token; its
+    ``segment_ids`` give document positions) whose per-token losses of this rank's tokens are
+    ``per_token`` (under DeepSpeed-Ulysses this rank's slice of the sequence)."""
+    from megatron.model.masks import SEGMENT_IDS_KEY  # lazy: megatron-core
+
+    mask = torch.as_tensor(raw["loss_mask"])
+    ids = buckets.bucket_ids(tuple(mask.shape), raw.get(SEGMENT_IDS_KEY))
+    rank, size = sequence_rank_and_size()
+    if size > 1:  # this Ulysses rank's slice, as gpt_token_losses cut it
+        shard = sequence_shard(mask.shape[1], size, rank)
+        mask, ids = mask[:, shard], ids[:, shard]
+    return buckets.sums(per_token, mask, ids)
+
+
+def _sequence_summed(sums: torch.Tensor) -> torch.Tensor:
+    """``sums`` of this rank's slice of the sequences summed over its DeepSpeed-Ulysses group
+    (those of the whole sequences, on the CPU); as they are without one."""
+    group = sequence_parallel_group()
+    return all_reduce_small(sums.cpu(), group=group) if group is not None else sums.cpu()
 
 
 @dataclass(frozen=True)
@@ -51,9 +91,11 @@ class StepFunctions:
     ``train_step(engine, iterator, num_micro_batches, stats, logging_now)`` runs the forward,
     backward and optimizer step of one global batch, adds the micro batches' losses to ``stats``
     and returns the unclipped gradient norm when it has one (else None: the engine's is used).
-    ``eval_step(engine, iterator, num_micro_batches)`` returns (sum of the micro-batch losses,
-    each weighted as the run's loss normalisation averages them, and the sum of those weights)
-    of this rank."""
+    ``eval_step(engine, iterator, num_micro_batches, buckets=None)`` returns (sum of the
+    micro-batch losses, each weighted as the run's loss normalisation averages them, the sum of
+    those weights, and with ``buckets`` (megatron/metrics/position_buckets.py) the ``[2, count]``
+    loss sums and loss tokens per position bucket, else None) of this rank (of its
+    data-parallel replica: summed over a Ulysses group, zero off a pipe's last stage)."""
 
     train_step: Callable
     eval_step: Callable
@@ -83,20 +125,33 @@ def micro_batch_train_step(engine, iterator: Iterator[Dict], num_micro_batches: 
 
 
 def micro_batch_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
-                          forward_step: Callable,
-                          normalizer: Optional[LossNormalizer] = None) -> Tuple[torch.Tensor, float]:
+                          forward_step: Callable, normalizer: Optional[LossNormalizer] = None,
+                          buckets: Optional[PositionBuckets] = None
+                          ) -> Tuple[torch.Tensor, float, Optional[torch.Tensor]]:
     """Forward ``num_micro_batches`` micro batches; (sum of their losses, each weighted as the
-    normalisation averages them, and the sum of the weights)."""
+    normalisation averages them, the sum of the weights, and the loss sums and loss tokens per
+    position bucket of ``buckets`` or None). With ``buckets`` the micro batches run through
+    :func:`gpt_token_losses` (the per-token losses), not ``forward_step``, and their loss is
+    that of :func:`gpt_forward_step`."""
     normalizer = normalizer or LossNormalizer("micro-batch")
-    loss_sum, weight_sum = None, 0.0
+    loss_sum, weight_sum, sums = None, 0.0, None
     for _ in range(num_micro_batches):
-        batch = normalizer.prepare(next(iterator), train=False)
-        loss, _ = forward_step(engine, batch)
+        raw = next(iterator)
+        batch = normalizer.prepare(raw, train=False)
+        if buckets is None:
+            loss, _ = forward_step(engine, batch)
+        else:
+            per_token, on_device = gpt_token_losses(engine, batch)
+            loss, _ = masked_lm_loss(per_token, on_device["loss_mask"], sequence_parallel_group())
+            local = _bucket_sums(buckets, per_token, raw)
+            sums = local if sums is None else sums + local
         weight = normalizer.eval_weight(batch)
         value = loss.detach().double() * weight
         loss_sum = value if loss_sum is None else loss_sum + value
         weight_sum += weight
-    return loss_sum.cpu(), weight_sum
+    if sums is not None:
+        sums = _sequence_summed(sums)
+    return loss_sum.cpu(), weight_sum, sums
 
 
 def _stage_batches(engine, iterator: Iterator[Dict], num_micro_batches: int, prepare):
@@ -136,10 +191,13 @@ def pipe_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, st
 
 
 def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
-                   normalizer=None) -> Tuple[torch.Tensor, float]:
+                   normalizer=None, buckets: Optional[PositionBuckets] = None
+                   ) -> Tuple[torch.Tensor, float, Optional[torch.Tensor]]:
     """Forward ``num_micro_batches`` micro batches with ``engine.eval_batch``; returns (sum of the
-    micro-batch losses, each weighted as the normalisation averages them, and the sum of those
-    weights) on the last stage and (0, 0) on the others.
+    micro-batch losses, each weighted as the normalisation averages them, the sum of those
+    weights, and with ``buckets`` the loss sums and loss tokens per position bucket, else None)
+    on the last stage and zeros on the others (the last stage's loss function keeps the
+    per-token losses for the buckets).
 
     The pipe engine describes the tensors it sends between stages once and reuses that description;
     it is renewed around the evaluation, so an evaluation set whose batches carry another attention
@@ -147,18 +205,29 @@ def pipe_eval_step(engine, iterator: Iterator[Dict], num_micro_batches: int,
     normalizer = normalizer or LossNormalizer("micro-batch")
     batches, raw = _stage_batches(engine, iterator, num_micro_batches,
                                   functools.partial(normalizer.prepare, train=False))
+    loss_function = engine.module.loss_function
+    loss_function.keep_token_losses = buckets is not None
     engine.reset_activation_shape()
-    engine.eval_batch(map(functools.partial(pipe_batch, device=engine.device), iter(batches)),
-                      num_micro_batches=num_micro_batches,
-                      reduce_output=None, bcast_loss=False)
+    try:
+        engine.eval_batch(map(functools.partial(pipe_batch, device=engine.device), iter(batches)),
+                          num_micro_batches=num_micro_batches,
+                          reduce_output=None, bcast_loss=False)
+    finally:
+        loss_function.keep_token_losses = False
     engine.reset_activation_shape()
-    records = engine.module.loss_function.pop_records()
+    records = loss_function.pop_records()
+    token_losses = loss_function.pop_token_losses()
     total, weight_sum = torch.zeros((), dtype=torch.float64), 0.0
     for m, (loss, _, _) in enumerate(records):
         weight = normalizer.eval_weight(batches[m])
         total = total + loss.detach().double().cpu() * weight
         weight_sum += weight
-    return total, weight_sum
+    sums = None
+    if buckets is not None:
+        sums = torch.zeros(2, buckets.count, dtype=torch.float64)
+        for m, per_token in enumerate(token_losses):
+            sums += _bucket_sums(buckets, per_token, raw[m]).cpu()
+    return total, weight_sum, sums
 
 
 def step_functions(engine, forward_step: Callable,

@@ -196,11 +196,13 @@ def test_blend_file_edit_continues_the_ledger_across_a_layout_change(data, tmp_p
         assert phrase in errors[0], (phrase, errors[0])
     assert [p for p in os.listdir(tmp_path / "ckpt") if p.startswith("iter_")] == ["iter_0000004"]
 
-    # mix Y with it, at tensor-parallel 2, logging to an offline W&B run as well
+    # mix Y with it, at tensor-parallel 2, logging to an offline W&B run as well (with the
+    # validation loss per half sequence: --eval-position-buckets)
     second = run_deepspeed("tests/scripts/record_batches.py", [str(tmp_path / "rec2")] + flags + [
         "--data-blend-config", y, "--load", str(tmp_path / "ckpt"), "--override-data-mix",
         "--tensor-model-parallel-size", "2", "--wandb-project", "mix", "--wandb-exp-name", "edit",
-        "--wandb-save-dir", str(tmp_path / "wandb_runs")], env=wandb_env(tmp_path))
+        "--wandb-save-dir", str(tmp_path / "wandb_runs"),
+        "--eval-position-buckets", str(SEQ // 2)], env=wandb_env(tmp_path))
     assert "tensor-parallel 2, pipeline-parallel 1, data-parallel 1" in second.stdout
     assert "--override-data-mix: the training data mix changes at iteration 4" in second.stdout
     assert "valid group 'code' is new at this resume" in second.stdout
@@ -251,6 +253,8 @@ def test_blend_file_edit_continues_the_ledger_across_a_layout_change(data, tmp_p
     records = read_jsonl(tmp_path / "metrics.jsonl")
     evals = [(r["iteration"], r["group"]) for r in records if r.get("split") == "valid"]
     assert evals == [(4, "web"), (8, "web"), (8, "code"), (12, "web"), (12, "code")]
+    halves = [f"lm_loss_pos_0_{SEQ // 2}", f"lm_loss_pos_{SEQ // 2}_{SEQ}"]
+    assert all(set(halves) <= set(r) for r in records if r.get("split") == "valid" and r["iteration"] > 4)
     assert_wandb_run_holds_the_records(tmp_path / "wandb_runs", records, "mix", "edit",
                                        range(5, iters + 1), {"data_blend_config": y,
                                                              "tensor_model_parallel_size": 2})

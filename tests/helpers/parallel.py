@@ -4,8 +4,8 @@ per-iteration losses, so layouts can be compared with the single-rank run.
 
 All layouts use the same data (a curriculum over the session's ``demo_data``: ``web`` at weight 1,
 ``code`` from weight 1 falling to 0.2 by iteration 10, with two named validation groups evaluated at
-iterations 10 and 20, so per-dataset losses and validation groups are compared under every layout
-too), seed, model and global batch, dropout 0, a sequence-length warmup (:data:`SEQ_WARMUP`: 16
+iterations 10 and 20, their losses also per 8 positions (:data:`POSITION_BUCKETS`), so per-dataset
+losses and validation groups are compared under every layout too), seed, model and global batch, dropout 0, a sequence-length warmup (:data:`SEQ_WARMUP`: 16
 tokens per sample, then 24, the full 32 from iteration 13, so every layout trains k changing and a
 resume at iteration 10 is in the middle of it) and default vocabulary flags: the byte-level
 vocabulary (258 tokens) pads to 384 rows under TP 1 and 512 under TP 2 (a multiple of
@@ -44,6 +44,10 @@ EVAL_INTERVAL = 10
 # Multiples of 8 suit every layout here (TP 2 with --sequence-parallel, Ulysses SP 2, both).
 SEQ_WARMUP = ["--seq-length-schedule", "{type: linear, from: 16, span: 12, multiple_of: 8}"]
 SEQ_WARMUP_LENGTHS = [16] * 6 + [24] * 6 + [32] * 8
+# Every layout's evaluation also logs each group's loss per 8 positions (--eval-position-buckets,
+# docs/logging.md): [0, 8), [8, 16), [16, 24), [24, 32) of the full --seq-length 32
+POSITION_BUCKETS = ["--eval-position-buckets", "8"]
+POSITION_RANGES = [(0, 8), (8, 16), (16, 24), (24, 32)]
 
 
 def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAYOUT_ITERS) -> List[str]:
@@ -61,7 +65,7 @@ def layout_flags(demo_data, run_dir, extra: Sequence[str] = (), iters: int = LAY
         "--data-blend-config", str(blend), "--data-cache-path", str(run_dir / "cache"),
         "--eval-interval", str(EVAL_INTERVAL), "--eval-iters", "1",
         "--log-interval", "1", "--metrics-jsonl", str(run_dir / "metrics.jsonl"), "--seed", "11",
-        *SEQ_WARMUP, *extra]
+        *SEQ_WARMUP, *POSITION_BUCKETS, *extra]
 
 
 def run_layout(demo_data, run_dir, num_ranks: int, extra: Sequence[str] = (),
@@ -96,8 +100,9 @@ def valid_records(run_dir) -> List[dict]:
 
 
 def assert_curriculum_records_match(run_dir, reference_dir, rel: float = 1e-4) -> None:
-    """Per-dataset training losses and every validation group's loss of the run in ``run_dir``
-    equal the reference run's (in ``reference_dir``) within ``rel``; both trained the
+    """Per-dataset training losses and every validation group's loss, also per position bucket
+    (:func:`_position_losses`), of the run in ``run_dir`` equal the reference run's (in
+    ``reference_dir``) within ``rel``; both trained the
     :data:`SEQ_WARMUP` lengths, and their consumed tokens are global batch x length summed."""
     got, ref = train_records(run_dir), train_records(reference_dir)
     assert len(got) == len(ref)
@@ -117,6 +122,22 @@ def assert_curriculum_records_match(run_dir, reference_dir, rel: float = 1e-4) -
         for group in ("web", "code")]
     assert [(it, group) for it, group, _ in got_valid] == [(it, group) for it, group, _ in ref_valid]
     assert_losses_match([loss for *_, loss in got_valid], [loss for *_, loss in ref_valid], rel)
+    got_buckets = [_position_losses(v) for v in valid_records(run_dir)]
+    ref_buckets = [_position_losses(v) for v in valid_records(reference_dir)]
+    assert_losses_match([x for row in got_buckets for x in row], [x for row in ref_buckets for x in row], rel)
+
+
+def _position_losses(record: dict) -> List[float]:
+    """The losses per position bucket (:data:`POSITION_RANGES`) of a validation record, after
+    checking that each bucket counted every token of the evaluation's global batch (the sums of
+    every data-parallel replica, not one rank's: each sample's tokens all have loss) and that
+    their token-weighted mean is the group's loss (equal loss tokens per micro batch)."""
+    losses = [record[f"lm_loss_pos_{lo}_{hi}"] for lo, hi in POSITION_RANGES]
+    tokens = [record[f"tokens_pos_{lo}_{hi}"] for lo, hi in POSITION_RANGES]
+    assert tokens == [GLOBAL_BATCH * (hi - lo) for lo, hi in POSITION_RANGES], record
+    mean = sum(loss * n for loss, n in zip(losses, tokens, strict=True)) / sum(tokens)
+    assert abs(mean - record["lm_loss"]) <= 1e-5 * abs(record["lm_loss"]), record
+    return losses
 
 
 def assert_losses_match(got: Sequence[float], reference: Sequence[float], rel: float = 1e-4) -> None:

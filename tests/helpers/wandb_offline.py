@@ -89,7 +89,8 @@ def assert_wandb_run_holds_the_records(save_dir, records, project: str, name: st
     """One offline run under ``save_dir`` (rank 0's) named ``project``/``name``, whose config
     holds ``config``'s items, and at each of ``iterations`` as the step exactly the values the
     ``--metrics-jsonl`` ``records`` hold: every training scalar, per-dataset loss and samples
-    drawn (the data ledger), and each validation group's loss and perplexity under its name."""
+    drawn (the data ledger), and each validation group's loss and perplexity (and its losses per
+    position bucket, ``lm_loss_pos_LO_HI``) under its name."""
     runs = offline_runs(save_dir)
     assert len(runs) == 1, runs
     run = read_run(runs[0])
@@ -113,3 +114,5 @@ def assert_wandb_run_holds_the_records(save_dir, records, project: str, name: st
         row = history[r["iteration"]]
         assert row[f"valid/{r['group']}/lm_loss"] == r["lm_loss"]
         assert row[f"valid/{r['group']}/ppl"] == r["ppl"]
+        for key in (k for k in r if k.startswith("lm_loss_pos_")):  # --eval-position-buckets
+            assert row[f"valid/{r['group']}/{key}"] == r[key], key

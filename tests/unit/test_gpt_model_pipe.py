@@ -109,12 +109,17 @@ def test_one_stage_pipe_equals_gpt_model(one_stage, with_mask, untie):
     per_token = reference(data["tokens"], data["position_ids"], None, labels=data["labels"],
                           packed_seq_params=attention_structure_from_batch(data))
     expected, expected_per_sample = masked_lm_loss(per_token, data["loss_mask"])
+    pipe.loss_function.keep_token_losses = True  # as an evaluation with position buckets does
     got = pipe_forward(pipe, data)
+    pipe.loss_function.keep_token_losses = False
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
     (loss, per_sample, dataset_id), = pipe.loss_function.pop_records()
     torch.testing.assert_close(per_sample, expected_per_sample, rtol=1e-6, atol=1e-6)
     assert dataset_id.tolist() == [0, 1]
     assert pipe.loss_function.pop_records() == []
+    (token_losses,) = pipe.loss_function.pop_token_losses()  # the per-token losses, unmasked
+    torch.testing.assert_close(token_losses, per_token.detach(), rtol=1e-6, atol=1e-6)
+    assert pipe.loss_function.pop_token_losses() == []
 
 
 def test_stage_layers_share_one_attention_structure_per_micro_batch(one_stage, monkeypatch):

@@ -100,7 +100,7 @@ def _one_iteration(toy, cache, micro_batch_size, extra=()):
     normalizer = loss_normalizer(args.run_config.loss, data, args.data_parallel_size)
     steps = step_functions(engine, gpt_forward_step, normalizer)
     before = [p.detach().clone() for p in engine.module.parameters()]
-    evaluation = evaluate(engine, args.run_config.loop, EvalGroup("train", data.train), steps, 0)
+    evaluation = evaluate(engine, args.run_config.loop, EvalGroup("train", data.train), steps, 0).loss
     stats = _IntervalStats(len(data.dataset_names))
     steps.train_step(engine, _loader(data.train, 0, args.run_config.loop), 8 // micro_batch_size, stats, False)
     loss, dataset_loss, dataset_count, dataset_tokens = stats.reduced()

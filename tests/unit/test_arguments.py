@@ -116,10 +116,12 @@ def test_parse_args_exits_with_message(capsys):
 
 def test_missing_dataset_files_name_the_flag(tmp_path):
     from megatron.data.builder import check_prefixes_exist
-    with pytest.raises(ValueError, match=r"--data-path: dataset prefix .*nothing.* has no \.bin or \.idx"):
+    with pytest.raises(ValueError, match=r"--data-path: dataset file '.*nothing\.bin' does not "
+                                         r"exist, nor '.*nothing\.idx'"):
         check_prefixes_exist("--data-path", ["0.5", str(tmp_path / "nothing")])
     (tmp_path / "half.bin").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"--train-data-path: .* has no \.idx"):
+    with pytest.raises(ValueError, match=r"--train-data-path: dataset file '.*half\.idx' does not "
+                                         r"exist \(the prefix"):
         check_prefixes_exist("--train-data-path", [str(tmp_path / "half")])
 
 

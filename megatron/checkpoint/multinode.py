@@ -6,24 +6,22 @@ is written by global rank 0 alone (megatron/checkpoint/engine.py, as DeepSpeed a
 so on disks of their own the other nodes would hold shards without a tracker and, on a restart,
 start from scratch while node 0 resumes (DeepSpeed's ``use_node_local_storage`` does exactly that).
 Both are checked at start-up, in one collective, before anything is built
-(:func:`check_checkpoint_dirs`): rank 0 writes a marker into ``--save`` and every rank looks for it;
+(:func:`check_checkpoint_dirs`): rank 0 writes a probe into ``--save`` and every rank looks for it
+(megatron/runtime/shared_dirs.py);
 every rank reads the tracker of ``--load``. A ``--save`` some rank cannot see, or a ``--load`` whose
 iteration differs between ranks (minimum != maximum), stops the run with one line naming the ranks,
 their hosts and what they see. ``load_checkpoint`` checks the iteration once more as it loads
 (:func:`require_same_iteration`). Copies of one checkpoint on every node's own disk are fine for
 ``--load``.
 """
-import os
 import socket
-import time
-import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron.checkpoint.format import TRACKER_FILENAME, read_tracker
 from megatron.errors import CheckpointError
 from megatron.runtime.lost_peers import rank_ranges
+from megatron.runtime.shared_dirs import rank0_file_seen
 
-MARKER_PREFIX = ".shared-save-check-"
 VISIBILITY_WAIT_S = 3.0  # network filesystems may show a new file a moment late
 
 
@@ -92,46 +90,24 @@ def check_checkpoint_dirs(save_dir: Optional[str], load_dir: Optional[str]) -> N
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1 \
             or not (save_dir or load_dir):
         return
-    rank, host = torch.distributed.get_rank(), socket.gethostname()
+    host = socket.gethostname()
     hosts = _gather(host)
-    marker = None
+    seen = None
     if save_dir and len(set(hosts)) > 1:
-        token = [uuid.uuid4().hex if rank == 0 else None]
-        torch.distributed.broadcast_object_list(token, src=0)
-        marker = os.path.join(save_dir, MARKER_PREFIX + token[0])
-        if rank == 0:
-            try:
-                os.makedirs(save_dir, exist_ok=True)
-                with open(marker, "w"):
-                    pass
-            except OSError:
-                pass  # rank 0's own view says so; the save reports it
-        torch.distributed.barrier()
-    seen = _seen(marker, VISIBILITY_WAIT_S if rank else 0.0) if marker else True
+        seen = rank0_file_seen(save_dir, VISIBILITY_WAIT_S)
     unreadable = None
     try:
         iteration = read_tracker(load_dir) if load_dir else None
     except CheckpointError as e:  # raised after the gather, so no rank waits for this one
         iteration, unreadable = "unreadable", e
-    views = _gather((host, seen, iteration))
-    if marker and rank == 0:
-        try:
-            os.remove(marker)
-        except OSError:
-            pass
-    problems = [unshared_save_error(save_dir, [(h, s) for h, s, _ in views]) if marker else None,
-                iteration_disagreement(load_dir, [(h, i) for h, _, i in views]) if load_dir else None]
+    iterations = _gather(iteration)
+    problems = [unshared_save_error(save_dir, list(zip(hosts, seen, strict=True)))
+                if seen is not None else None,
+                iteration_disagreement(load_dir, list(zip(hosts, iterations, strict=True)))
+                if load_dir else None]
     problems = [p for p in problems if p]
     if unreadable is not None and not problems:
         raise unreadable
     if problems:
         raise CheckpointError("; and ".join(problems))
 
-
-def _seen(path: str, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while not os.path.exists(path):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True

@@ -3,7 +3,7 @@ directory, not at a collective, so a build longer than the process group's timeo
 minutes: a blend of thousands of prefixes, a billion samples) fails no rank (bigcode Megatron-LM
 #15). On a cache directory that is each node's own disk (the same path, not shared), the first
 rank of every node builds for its node instead (Megatron-LM #907, Megatron-DeepSpeed #356: no
-indices on the other nodes). Imports nothing of the project."""
+indices on the other nodes)."""
 import os
 import socket
 import time
@@ -11,10 +11,11 @@ import uuid
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-__all__ = ["READY_PREFIX", "PROBE_PREFIX", "WAIT_REPORT_S", "rank0_builds_first"]
+from megatron.runtime.shared_dirs import rank0_file_seen
+
+__all__ = ["READY_PREFIX", "WAIT_REPORT_S", "rank0_builds_first"]
 
 READY_PREFIX = ".built-by-rank-0-"
-PROBE_PREFIX = ".is-this-shared-"
 WAIT_REPORT_S = 30.0  # a waiting rank says so this often (seconds)
 
 
@@ -37,32 +38,22 @@ def _wait_for_rank0(ready: str, what: str, rank: int, report_s: float, builder: 
         time.sleep(0.2)
 
 
-def _node_builders(cache_dir: str, token: str, host: str) -> "tuple[int, bool]":
+def _node_builders(cache_dir: str, host: str) -> "tuple[int, bool]":
     """Collective: (the global rank that builds for this rank, whether any node builds for
     itself). Rank 0 builds for every rank that sees the files it writes into ``cache_dir`` (a
     shared filesystem); the first rank of a node that does not see them (``--data-cache-path`` on
-    the node's own disk) builds for its node. One gather of the host names, one probe file."""
+    the node's own disk) builds for its node. One gather of the host names; across hosts, one
+    probe (megatron/runtime/shared_dirs.py) that each node's first rank looks for."""
     import torch
 
-    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
-    hosts = [None] * world
+    hosts = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(hosts, host)
     if len(set(hosts)) == 1:
         return 0, False
-    probe = os.path.join(cache_dir, PROBE_PREFIX + token)
-    if rank == 0:
-        os.makedirs(cache_dir, exist_ok=True)
-        with open(probe, "w"):
-            pass
-    torch.distributed.barrier()
     leaders = {}
     for r, h in enumerate(hosts):
         leaders.setdefault(h, r)
-    seen = [None] * world
-    torch.distributed.all_gather_object(seen, rank != leaders[host] or os.path.exists(probe))
-    torch.distributed.barrier()  # every node looked: the probe can go
-    if rank == 0:
-        os.remove(probe)
+    seen = rank0_file_seen(cache_dir, looks=torch.distributed.get_rank() == leaders[host])
     own = {h: not seen[r] for h, r in leaders.items()}
     return (leaders[host] if own[host] else 0), any(own.values())
 
@@ -98,7 +89,7 @@ def rank0_builds_first(cache_dir: Optional[str], what: str, report_s: float = WA
         return
     token = [uuid.uuid4().hex if rank == 0 else None]
     torch.distributed.broadcast_object_list(token, src=0)  # quick: before the long build
-    builder, per_node = _node_builders(cache_dir, token[0], host or socket.gethostname())
+    builder, per_node = _node_builders(cache_dir, host or socket.gethostname())
     if per_node and rank == 0:
         print(f"data: {what}: the cache directory {cache_dir} is not shared by every node (a "
               "node-local disk): the first rank of each node that does not see rank 0's files "

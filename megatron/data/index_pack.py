@@ -120,11 +120,11 @@ class IndexPack:
 
     def __init__(self):
         self._segments: Dict[str, List[_Segment]] = {}   # directory -> its published segments
-        self._seen: Dict[str, Tuple[int, int]] = {}       # directory -> (mtime, entries) read
+        self._scanned: Dict[str, int] = {}                # directory -> its mtime when last read
         self._writers: Optional[Dict[str, _SegmentWriter]] = None
 
     def __getstate__(self):  # a DataLoader worker maps the segments again itself
-        return {"_segments": {}, "_seen": {}, "_writers": None}
+        return {"_segments": {}, "_scanned": {}, "_writers": None}
 
     def _scan(self, directory: str) -> None:
         """Read the catalogs of ``directory``'s segments not read yet (when it changed)."""
@@ -132,7 +132,7 @@ class IndexPack:
             mtime = os.stat(directory).st_mtime_ns
         except OSError:
             return
-        if self._seen.get(directory, (None, 0))[0] == mtime:
+        if self._scanned.get(directory) == mtime:
             return
         segments = self._segments.setdefault(directory, [])
         known = {s.bin_path for s in segments}
@@ -147,7 +147,7 @@ class IndexPack:
                 continue
             segments.append(_Segment(bin_path, catalog["entries"]))
             known.add(bin_path)
-        self._seen[directory] = (mtime, len(segments))
+        self._scanned[directory] = mtime
 
     def lookup(self, directory: str, key: str) -> Optional[Tuple[np.ndarray, ...]]:
         """The (document, sample, shuffle) index arrays of the dataset keyed ``key`` packed in

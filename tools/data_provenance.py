@@ -3,10 +3,10 @@
 A to B (inclusive, numbered as in the training log), from the same index the loader uses.
 
     python tools/data_provenance.py [the training flags] --load CKPT --iterations A:B \
-        --output FILE.jsonl [--world-size N]
+        --output FILE.jsonl [--coverage FILE.json] [--world-size N]
 
-Each line is ``{"iteration", "global_sample", "dataset", "sample", "epoch", "documents":
-[[doc_id, first_token, last_token], ...]}`` (megatron/data/provenance.py says what each field
+Each line is ``{"iteration", "global_sample", "dataset", "sample", "epoch", ["seq_length",
+"tokens",] "documents": [[doc_id, first_token, last_token], ...]}`` (megatron/data/provenance.py says what each field
 holds). Iterations up to the checkpoint's come from its data ledger (``data_mix.json``: every mix
 the run was trained on, with the samples each dataset had given when it began), across edits and
 resumes; iterations after it are those a resume with these flags would train (an edited mix
@@ -44,6 +44,12 @@ def add_provenance_args(parser):
     g.add_argument("--iterations", required=True, metavar="A:B",
                    help="Training iterations A to B, inclusive (1-based, as in the log).")
     g.add_argument("--output", required=True, metavar="FILE.jsonl", help="Where to write the lines.")
+    g.add_argument("--coverage", default=None, metavar="FILE.json",
+                   help="Also write what the iterations drew of each dataset's token stream, per "
+                        "epoch (the ranges of input tokens, the samples per sequence length, any "
+                        "range drawn twice), and print one line per dataset and epoch: with "
+                        "--iterations 1:N, a finished epoch drawn once over a change of "
+                        "--seq-length shows one contiguous range from 0.")
     g.add_argument("--world-size", type=int, default=1,
                    help="Ranks of the run (for the batch-size checks of its flags).")
     g.add_argument("--deepspeed", action="store_true", help="Accepted and ignored.")
@@ -105,7 +111,11 @@ def training_mix_of(args):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from megatron.data.provenance import provenance_records  # lazy: numpy (megatron.data), only in main
+    from megatron.data.provenance import (  # lazy: numpy (megatron.data), only in main
+        coverage_lines,
+        provenance_records,
+        token_coverage,
+    )
 
     start = time.perf_counter()
     args = parse_provenance_args(argv)
@@ -116,15 +126,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     mix = training_mix_of(args)
     history = mix.history()
     written, every, current = 0, max(1, (last - first + 1) // 10), None
+    kept = [] if args.coverage else None
     with atomic_path(args.output) as tmp, open(tmp, "w") as out:
         for record in provenance_records(history, first, last):
             out.write(json.dumps(record) + "\n")
+            if kept is not None:
+                kept.append({k: record[k] for k in ("dataset", "epoch", "seq_length", "tokens")
+                             if k in record})
             written += 1
             if record["iteration"] != current:  # progress: about ten lines per call
                 current = record["iteration"]
                 if (current - first) % every == 0:
                     print(f"provenance: iteration {current} ({current - first}/{last - first + 1} "
                           "done)", file=sys.stderr)
+    if kept is not None:
+        coverage = token_coverage(kept)
+        with atomic_path(args.coverage) as tmp, open(tmp, "w") as out:
+            json.dump({name: {str(e): c for e, c in epochs.items()}
+                       for name, epochs in coverage.items()}, out, indent=1)
+        for line in coverage_lines(coverage):
+            print(f"coverage: {line}", file=sys.stderr)
     print(f"provenance: {written} samples of iterations {first}..{last} written to {args.output} "
           f"in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return written

@@ -14,10 +14,8 @@ flags among ``model``, ``--global-batch-size`` under ``run``), with this run's v
   ``yarn`` (the checkpoint's weights are of its type);
 * with the directive, a changed ``--global-batch-size`` keeps the tokens per step
   (``seq_length x global_batch_size``), unless ``--extend-context free-batch``;
-* the training data cannot yet continue across a change of ``--seq-length``: the data ledger
-  counts samples of the old length (issue 45 item 3), so such a resume that continues the
-  checkpoint's data is refused; ``--reset-progress`` (data and LR from sample 0) or an
-  evaluation-only run (``--skip-train``) may change it.
+* the training data continues across a change of ``--seq-length`` token by token
+  (megatron/data/length_change.py); packed T0 data cannot, which its data builder refuses.
 
 :func:`check_context_extension` is the pure rule over the two records;
 :func:`validate_context_extension` reads the checkpoint for ``validate_args``.
@@ -95,12 +93,11 @@ def _change_text(dest: str, a, b) -> str:
 
 
 def check_context_extension(old: Dict[str, Any], new: Dict[str, Any], directive: Optional[str],
-                            where: str, continues_data: bool) -> List[str]:
+                            where: str) -> List[str]:
     """The resume check of ``where`` (the checkpoint directory) from the checkpoint's context
     ``old`` (:func:`recorded_context`) and this run's flags ``new`` (``{dest: value}``, with
-    ``global_batch_size``); ``directive`` is ``--extend-context``'s value (None without it) and
-    ``continues_data`` whether the run continues the checkpoint's training data. Returns the
-    start-up notes; raises one-line :class:`ArgumentError` (see the module docstring)."""
+    ``global_batch_size``); ``directive`` is ``--extend-context``'s value (None without it).
+    Returns the start-up notes; raises one-line :class:`ArgumentError` (see the module docstring)."""
     changes = context_changes(old, new)
     old_type = old.get("position_embedding_type", new.get("position_embedding_type"))
     new_type = new.get("position_embedding_type")
@@ -140,13 +137,6 @@ def check_context_extension(old: Dict[str, Any], new: Dict[str, Any], directive:
             f"{new_gbs} at --seq-length {old_seq} -> {new_seq} makes {old_seq * old_gbs} -> "
             f"{new_seq * new_gbs} tokens per step; give {hint}or --extend-context free-batch to "
             "change the batch freely")
-    if continues_data and old_seq is not None and old_seq != new_seq:
-        raise ArgumentError(
-            f"--extend-context: --seq-length {old_seq} -> {new_seq}: continuing the training data "
-            f"across a sequence-length change is not yet supported (the checkpoint's data ledger "
-            f"counts samples of {old_seq} tokens, and a sample position would point at other "
-            "documents); give --reset-progress to start the data and the LR schedule at sample 0, "
-            f"or keep --seq-length {old_seq}")
     shown = [_change_text(d, a, b) for d, a, b in changes]
     if old_gbs is not None and new_gbs is not None and old_gbs != new_gbs:
         shown.append(f"--global-batch-size {old_gbs} -> {new_gbs}")
@@ -188,8 +178,7 @@ def validate_context_extension(args: argparse.Namespace, notes: List[str],
         old.pop("global_batch_size", None)
     new = {d: getattr(args, d, None) for d in CONTEXT_DESTS}
     new["global_batch_size"] = args.global_batch_size
-    continues_data = not (args.reset_progress or args.skip_train)
-    notes.extend(check_context_extension(old, new, directive, directory, continues_data))
+    notes.extend(check_context_extension(old, new, directive, directory))
 
 
 __all__ = ["KEEP_TOKENS", "FREE_BATCH", "CONTEXT_FLAGS", "CONTEXT_DESTS", "recorded_context",

@@ -146,25 +146,30 @@ def _eval_groups(valid, test) -> List[EvalGroup]:
             + [EvalGroup(name, ds, "test") for name, ds in test])
 
 
-def gpt_mix_sources(config: DataConfig, kind: str, gpt_config):
+def gpt_mix_sources(config: DataConfig, kind: str, gpt_config, pack: Optional[IndexPack] = None):
     """How GPT training datasets are built for the data ledger (megatron/data/mix_resume.py):
     their constituents from the ``.idx`` files, and each one's samples from a one-epoch
-    megatron-core ``GPTDataset`` reshuffled per epoch, with a phase's seed."""
-    from dataclasses import replace
-
+    megatron-core ``GPTDataset`` reshuffled per epoch, with a phase's seed (after a change of
+    the sequence length, its samples since then: megatron/data/length_change.py). ``at_length``
+    gives the same sources at another ``seq_length`` (a phase of the run before such a change),
+    sharing ``pack``."""
     def resolve(blend):
         return resolve_constituents(blend, gpt_config.sequence_length,
                                     gpt_config.add_extra_token_to_sequence)
 
-    pack = IndexPack()
+    pack = pack if pack is not None else IndexPack()
 
-    def make_source(constituent, num_samples, seed):
-        config = gpt_config if seed == gpt_config.random_seed else replace(gpt_config,
-                                                                           random_seed=seed)
-        return gpt_epoch_source(constituent, num_samples, config, "train", pack)
+    def make_source(constituent, num_samples, seed, prior=()):
+        config_ = gpt_config if seed == gpt_config.random_seed else replace(gpt_config,
+                                                                            random_seed=seed)
+        return gpt_epoch_source(constituent, num_samples, config_, "train", pack, prior)
+
+    def at_length(seq_length: int):
+        return gpt_mix_sources(config, kind, replace(gpt_config, sequence_length=int(seq_length)),
+                               pack)
 
     return MixSources(kind, resolve, make_source, config.data_cache_path, config.data_index_order,
-                      pack)
+                      pack, int(gpt_config.sequence_length), at_length)
 
 
 def training_mix(config: DataConfig, sources, blend, resume=None,

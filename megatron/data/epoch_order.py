@@ -109,6 +109,16 @@ class EpochShuffledSamples(torch.utils.data.Dataset):
         one-epoch dataset must be a megatron-core ``GPTDataset``)."""
         return gpt_sample_documents(self.epoch_dataset, self.epoch_position(k))
 
+    def token_ranges(self, k: int) -> Tuple[int, List[List[int]]]:
+        """(epoch, ``[[start, end)]``): the offsets of sample ``k``'s input tokens in the
+        dataset's token stream (its documents in the one-epoch dataset's document order; the
+        one-epoch dataset must be a megatron-core ``GPTDataset``): window ``j`` of ``L`` tokens
+        reads ``[j L, j L + L)``, and the next token as its last label."""
+        epoch = int(k) // self.samples_per_epoch
+        j = int(self.epoch_dataset.shuffle_index[self.epoch_position(k)])
+        L = int(self.epoch_dataset.config.sequence_length)
+        return epoch, [[j * L, (j + 1) * L]]
+
     def __getstate__(self):  # DataLoader workers: no permutation cache to copy
         state = dict(self.__dict__)
         state["_orders"] = OrderedDict()

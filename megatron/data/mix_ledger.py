@@ -23,22 +23,25 @@ megatron/checkpoint/format.py)::
      "phases": [{"begin", "begin_iteration", "num_samples", "seed", "batch_schedule": {...},
                  "blend": {...}, "base": [ledger entries at begin]}, ...],
      "ledger": [{"name", "path", "split", "fingerprint", "samples_per_epoch", "drawn", "epoch",
-                 "position"}, ...],
+                 "position", "prior": [{"seq_length", "drawn", "seed"}, ...]}, ...],
      "eval_groups": [{"split", "name", "first_evaluation"}, ...]}
 
-``drawn`` counts samples (of that dataset); ``begin``/``num_samples``/``consumed_samples`` count
+``drawn`` counts samples (of that dataset) at the run's current sequence length; after a change of
+``--seq-length`` (a context-extension stage) it restarts at 0 and ``prior`` keeps the samples
+drawn at each earlier length (megatron/data/length_change.py; absent before any change);
+``begin``/``num_samples``/``consumed_samples`` count
 global samples; ``first_evaluation`` is the evaluation number at which a validation group joined
 the run (its windows are counted from there).
 """
 import os
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend
 from megatron.errors import ConfigError
 
-__all__ = ["RECORD_VERSION", "LedgerKey", "LedgerEntry", "MixPhase", "EvalGroupCounter",
+__all__ = ["RECORD_VERSION", "LedgerKey", "LengthSegment", "LedgerEntry", "MixPhase", "EvalGroupCounter",
            "MixRecord", "gpt_files_fingerprint", "ledger_key"]
 
 RECORD_VERSION = 1
@@ -71,6 +74,24 @@ def ledger_key(path: str, split: Tuple[float, float], fingerprint: str) -> Ledge
     return (os.path.abspath(path), float(split[0]), float(split[1]), fingerprint)
 
 
+@dataclass(frozen=True)
+class LengthSegment:
+    """``drawn`` samples of a dataset drawn at ``seq_length`` (their order seeded ``seed``),
+    numbered from the dataset's previous sequence-length change (or its first sample): one step
+    of its length history (megatron/data/length_change.py)."""
+
+    seq_length: int
+    drawn: int
+    seed: int
+
+    def to_json(self) -> Dict[str, int]:
+        return {"seq_length": self.seq_length, "drawn": self.drawn, "seed": self.seed}
+
+    @classmethod
+    def from_json(cls, obj: Dict[str, Any]) -> "LengthSegment":
+        return cls(int(obj["seq_length"]), int(obj["drawn"]), int(obj["seed"]))
+
+
 @dataclass
 class LedgerEntry:
     """One dataset of the ledger: identity, ``drawn`` samples so far, and where that leaves it:
@@ -84,6 +105,7 @@ class LedgerEntry:
     drawn: int = 0
     epoch: int = 0
     position: int = 0
+    prior: Tuple[LengthSegment, ...] = ()  # samples drawn at earlier sequence lengths
 
     @property
     def key(self) -> LedgerKey:
@@ -92,6 +114,9 @@ class LedgerEntry:
     def to_json(self) -> Dict[str, Any]:
         out = asdict(self)
         out["split"] = list(self.split)
+        del out["prior"]
+        if self.prior:  # only after a length change: earlier records stay as they were
+            out["prior"] = [s.to_json() for s in self.prior]
         return out
 
     @classmethod
@@ -99,7 +124,16 @@ class LedgerEntry:
         return cls(name=obj["name"], path=obj["path"], split=tuple(obj["split"]),
                    fingerprint=obj["fingerprint"], samples_per_epoch=obj.get("samples_per_epoch"),
                    drawn=int(obj["drawn"]), epoch=int(obj.get("epoch", 0)),
-                   position=int(obj.get("position", 0)))
+                   position=int(obj.get("position", 0)),
+                   prior=tuple(LengthSegment.from_json(s) for s in obj.get("prior", ())))
+
+    def after_length_change(self, seq_length: int, seed: int) -> "LedgerEntry":
+        """This entry once the run's sequence length changes from ``seq_length`` (the length its
+        ``drawn`` samples have; drawn in the order seeded ``seed``): its samples so far join
+        ``prior`` and its count restarts at 0 (megatron/data/length_change.py)."""
+        prior = self.prior + ((LengthSegment(int(seq_length), self.drawn, int(seed)),)
+                              if self.drawn else ())
+        return replace(self, drawn=0, epoch=self.epoch, position=0, prior=prior)
 
 
 @dataclass

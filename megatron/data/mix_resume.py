@@ -70,14 +70,27 @@ class MixSources:
     """How one kind of training data is built: ``resolve(blend)`` gives the blend's datasets
     (:class:`~megatron.data.curriculum.constituents.Constituent`, with fingerprints), ``make_source(c, n,
     seed)`` serves dataset ``c``'s samples ``0..n - 1`` shuffled with ``seed`` (reading its
-    indices from ``index_pack``, megatron/data/index_pack.py, when the sources use one)."""
+    indices from ``index_pack``, megatron/data/index_pack.py, when the sources use one);
+    ``make_source(c, n, seed, prior)`` its samples since its last sequence-length change, given
+    its length history ``prior`` (megatron/data/length_change.py)."""
 
     kind: str
     resolve: Callable[[SplitBlend], List[Constituent]]
-    make_source: Callable[[Constituent, int, int], Any]
+    make_source: Callable[..., Any]
     cache_dir: Optional[str] = None
     order: str = "auto"  # --data-index-order: the order a new phase's index is built in
     index_pack: Any = None  # IndexPack the sources' indices are packed in (or None)
+    seq_length: Optional[int] = None  # the sequence length of the samples they serve
+    # the same sources at another sequence length (a phase before a --seq-length change); None
+    # where the data cannot continue across such a change (packed T0 data)
+    at_length: Optional[Callable[[int], "MixSources"]] = None
+
+    def for_phase(self, phase: "MixPhase") -> "MixSources":
+        """These sources at the sequence length of ``phase`` (its batch schedule's)."""
+        length = int(phase.batch_schedule["seq_length"])
+        if self.seq_length is None or length == self.seq_length or self.at_length is None:
+            return self
+        return self.at_length(length)
 
 
 def _normalised(obj):
@@ -141,7 +154,7 @@ class MixHistory:
         if p not in self._constituents:
             phase = self.phases[p]
             try:
-                self._constituents[p] = self.sources.resolve(self.blend(p))
+                self._constituents[p] = self.sources.for_phase(phase).resolve(self.blend(p))
             except (ConfigError, OSError) as e:
                 raise ConfigError(f"data ledger phase {p} (global samples from {phase.begin}): its "
                                   f"datasets cannot be read again: {e}") from None
@@ -153,8 +166,11 @@ class MixHistory:
         for key in ((p, True),) if with_sources else ((p, True), (p, False)):
             if key in self._datasets:
                 return self._datasets[key]
-        dataset = build_phase(self.phases[p], self.constituents(p), self.sources,
-                              self.drawn_before if p > 0 else None, with_sources, self.blend(p))
+        drawn_before = self.drawn_before if p > 0 else None
+        if p > 0 and _seq_length(self.phases[p - 1]) != _seq_length(self.phases[p]):
+            drawn_before = _across_length_change(self.phases[p - 1], self.phases[p])
+        dataset = build_phase(self.phases[p], self.constituents(p), self.sources, drawn_before,
+                              with_sources, self.blend(p))
         self._datasets[(p, with_sources)] = dataset
         return dataset
 
@@ -175,18 +191,45 @@ def build_phase(phase: MixPhase, constituents: Sequence[Constituent], sources: M
                 with_sources: bool = True, blend: Optional[SplitBlend] = None) -> CurriculumDataset:
     """The :class:`CurriculumDataset` of one phase: its blend (``blend``, which ``constituents``
     were resolved from, else the phase's recorded one) over ``[phase.begin, num_samples)``, each
-    dataset starting at the phase's ledger."""
+    dataset starting at the phase's ledger (after a sequence-length change, at its samples since
+    then, its length history in the ledger entry's ``prior``)."""
     if blend is None:
         blend = blend_from_json(phase.blend, f"data mix phase from sample {phase.begin}")
     continuation = None
     if phase.begin > 0:
         continuation = Continuation(phase.begin, phase.base_counts(), drawn_before)
-    make = (lambda c, n: sources.make_source(c, n, phase.seed)) if with_sources else \
-        (lambda c, n: None)
+    sources = sources.for_phase(phase)
+    priors = {e.key: e.prior for e in phase.base if e.prior}
+
+    def make(c, n):
+        prior = priors.get(c.ledger_key)
+        if prior:
+            return sources.make_source(c, n, phase.seed, prior)
+        return sources.make_source(c, n, phase.seed)
+
     return build_mix_dataset(blend, constituents, phase.num_samples,
-                             _batch_schedule(phase.batch_schedule), phase.seed, make,
+                             _batch_schedule(phase.batch_schedule), phase.seed,
+                             make if with_sources else (lambda c, n: None),
                              sources.cache_dir, continuation, phase.index_order,
                              sources.index_pack if with_sources else None)
+
+
+def _seq_length(phase: MixPhase) -> int:
+    return int(phase.batch_schedule["seq_length"])
+
+
+def _across_length_change(before: MixPhase, after: MixPhase) -> Callable[[int], Dict[LedgerKey, int]]:
+    """The ``drawn_before`` of a phase that begins with a change of the sequence length: an
+    epochized stage running at its start would count its repetitions in samples of two lengths,
+    which is refused in one line."""
+    def refuse(stage_begin: int):
+        raise ConfigError(
+            f"--extend-context: --seq-length {_seq_length(before)} -> {_seq_length(after)} at global "
+            f"sample {after.begin}: an epochized_blend stage (repetitions) that began at sample "
+            f"{stage_begin} runs across the change, and its repetitions count samples of one "
+            "length; end the stage before the extension (its 'until', or fewer repetitions) or "
+            "start the extension's mix with a new stage")
+    return refuse
 
 
 # ------------------------------------------------------------------------------------ changes
@@ -311,8 +354,10 @@ class TrainMix:
             drawn = int(counts[i])
             if drawn == 0 and c.ledger_key not in entries:
                 continue
+            prior = entries[c.ledger_key].prior if c.ledger_key in entries else ()
             entries[c.ledger_key] = LedgerEntry(c.name, c.ledger_key[0], tuple(c.split),
-                                                c.fingerprint, c.samples_per_epoch, drawn)
+                                                c.fingerprint, c.samples_per_epoch, drawn,
+                                                prior=prior)
         names = set()
         for e in entries.values():
             e.epoch, e.position = _epoch_and_position(e, self.dataset)
@@ -334,9 +379,10 @@ class TrainMix:
 
 def _epoch_and_position(entry: LedgerEntry, dataset: CurriculumDataset) -> Tuple[int, int]:
     """(epochs completed, position in the epoch in progress) of ``entry.drawn``: from the samples
-    per epoch, else (packed T0 data, whose epochs differ in length) from its source's epochs,
-    else as recorded."""
-    if entry.samples_per_epoch:
+    per epoch, else (packed T0 data, whose epochs differ in length; a dataset whose sequence
+    length changed, whose first samples since then finish the epoch it was in) from its source's
+    epochs, else as recorded."""
+    if entry.samples_per_epoch and not entry.prior:
         return divmod(entry.drawn, entry.samples_per_epoch)
     for c, source in zip(dataset.constituents, dataset.datasets, strict=True):
         if c.ledger_key == entry.key and source is not None and hasattr(source, "epoch_and_position"):
@@ -349,11 +395,19 @@ def _phase_at_resume(record: MixRecord, history: MixHistory, sources: MixSources
                      seed: int) -> Tuple[MixPhase, CurriculumDataset]:
     """A new phase of ``blend`` from the checkpoint's resume point, every dataset at its ledger
     position, and its dataset."""
+    current = record.phases[-1]
+    base = [replace(e) for e in record.ledger]
+    drawn_before = history.drawn_before
+    if _seq_length(current) != int(bs_json["seq_length"]):
+        # a context-extension stage: every dataset's samples so far join its length history
+        base = [e.after_length_change(_seq_length(current), current.seed) for e in base]
     phase = MixPhase(record.consumed_samples, blend_json, int(num_samples), bs_json, int(seed),
-                     [replace(e) for e in record.ledger], record.iteration,
+                     base, record.iteration,
                      resolve_index_order(sources.order, int(num_samples) - record.consumed_samples,
                                          len(constituents)))
-    return phase, build_phase(phase, constituents, sources, history.drawn_before, blend=blend)
+    if _seq_length(current) != _seq_length(phase):
+        drawn_before = _across_length_change(current, phase)
+    return phase, build_phase(phase, constituents, sources, drawn_before, blend=blend)
 
 
 def _index_prefix_equal(a: CurriculumDataset, b: CurriculumDataset, stop: int) -> bool:
@@ -400,10 +454,37 @@ def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: i
     num_samples = resumed_num_samples(num_samples, batch_schedule, record)
     current = record.phases[-1]
     changes = mix_changes(record, sources.kind, blend_json, seed, constituents, sources.order)
-    history = MixHistory(record.phases, sources, None if changes else constituents,
-                         None if changes else blend)
+    length_change = _seq_length(current) != int(batch_schedule.seq_length)
+    if length_change and sources.at_length is None:
+        raise ConfigError(
+            f"--load {resume.load_dir}: --seq-length {_seq_length(current)} -> "
+            f"{batch_schedule.seq_length}: the {KIND_FLAGS[sources.kind]} training data cannot "
+            "continue across a change of the sequence length (its packs are built for one "
+            "length); give --reset-progress to start it at sample 0, or keep --seq-length "
+            f"{_seq_length(current)}")
+    epochized = [s.where for s in blend.stages if s.kind == "epochized_blend"]
+    if length_change and epochized:
+        raise ConfigError(
+            f"--extend-context: --seq-length {_seq_length(current)} -> {batch_schedule.seq_length} "
+            f"at global sample {consumed}: {epochized[0]} is an epochized_blend stage, whose "
+            "repetitions count samples of one length and place the stages after it by them; give "
+            "the extension a mix without epochized_blend stages (with --override-data-mix), or "
+            f"keep --seq-length {_seq_length(current)}")
+    history = MixHistory(record.phases, sources, None if changes or length_change else constituents,
+                         None if changes or length_change else blend)
     new_phase = (lambda: _phase_at_resume(record, history, sources, blend, constituents,
                                           blend_json, bs_json, num_samples, seed))
+    if length_change and (not changes or resume.override):
+        phase, dataset = new_phase()
+        notes = [f"--extend-context: the training data continues at --seq-length "
+                 f"{batch_schedule.seq_length} from global sample {consumed} (iteration "
+                 f"{resume.iteration}): each dataset finishes the epoch it was in with the tokens "
+                 f"of it not drawn at --seq-length {_seq_length(current)}, then continues"]
+        if changes:
+            notes += [f"--override-data-mix: the training data mix changes at iteration "
+                      f"{resume.iteration} (global sample {consumed}): " + "; ".join(changes),
+                      *mix_table(record, history, dataset, consumed)]
+        return TrainMix(sources.kind, list(record.phases) + [phase], dataset, sources, notes)
     if not changes:
         if current.num_samples == num_samples and current.batch_schedule == bs_json:
             dataset = history.dataset(len(record.phases) - 1)

@@ -4,24 +4,29 @@ the index the loader uses, across the phases of a run's data ledger (megatron/da
 One record per global sample (``tools/data_provenance.py`` writes them as JSON lines)::
 
     {"iteration": t, "global_sample": i, "dataset": NAME, "sample": k, "epoch": e,
+     "seq_length": L, "tokens": [[start, end), ...],
      "documents": [[doc_id, first_token, last_token], ...]}
 
 ``iteration`` is numbered as in the training log (iteration ``t`` is the ``t``-th optimizer step,
 1-based); ``sample`` is the dataset's own sample number (its ledger position when it was drawn);
-``epoch`` the epoch of the dataset that sample belongs to. For GPT data ``documents`` are the
+``epoch`` the epoch of the dataset that sample belongs to. For GPT data ``seq_length`` is the
+sequence length it was drawn at and ``tokens`` the offsets of its input tokens in the dataset's
+token stream (its documents in their one-epoch order, megatron/data/length_change.py): one range
+for a sample of an epoch, several for a sample finishing an epoch after a change of the sequence
+length. :func:`token_coverage` gathers them per dataset and epoch. For GPT data ``documents`` are the
 ``.idx`` sequences (documents, for data preprocessed one document per sequence) the sample's
 ``seq_length + 1`` tokens are read from, with the first and last (inclusive) token offsets in
 each; for packed T0 data they are the (input, target) pairs packed, one per segment, with the
 token range over the input followed by the target.
 """
-from typing import Iterator, List, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
 from megatron.data.mix_ledger import MixPhase
 from megatron.errors import ConfigError
 
-__all__ = ["iteration_samples", "provenance_records"]
+__all__ = ["iteration_samples", "provenance_records", "token_coverage", "coverage_lines"]
 
 
 def _phase_of_iteration(phases: Sequence[MixPhase], iteration: int) -> int:
@@ -73,9 +78,62 @@ def provenance_records(history, first: int, last: int) -> Iterator[dict]:
             d, k = dataset.locate(i)
             source = dataset.datasets[d]
             constituent = dataset.constituents[d]
-            if constituent.samples_per_epoch:
-                epoch = k // constituent.samples_per_epoch
+            record = {"iteration": iteration, "global_sample": i, "dataset": constituent.name,
+                      "sample": k}
+            if hasattr(source, "token_ranges"):  # GPT data: where in its token stream
+                epoch, ranges = source.token_ranges(k)
+                record.update(epoch=int(epoch),
+                              seq_length=int(phases[p].batch_schedule["seq_length"]),
+                              tokens=ranges)
             else:
-                epoch = source.epoch_and_position(k)[0]
-            yield {"iteration": iteration, "global_sample": i, "dataset": constituent.name,
-                   "sample": k, "epoch": int(epoch), "documents": source.sample_documents(k)}
+                record["epoch"] = int(source.epoch_and_position(k)[0])
+            record["documents"] = source.sample_documents(k)
+            yield record
+
+
+def token_coverage(records: Iterable[dict]) -> Dict[str, Dict[int, dict]]:
+    """What the GPT ``records`` (of :func:`provenance_records`) drew of each dataset's token
+    stream, per dataset and epoch: ``{"samples": {seq_length: samples}, "tokens": input tokens
+    drawn, "ranges": [[start, end), ...] (their union, merged), "repeated": [[start, end), ...]
+    (ranges drawn more than once)}``. A finished epoch drawn without repeat or gap shows one
+    range from 0."""
+    drawn: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
+    samples: Dict[Tuple[str, int], Dict[int, int]] = {}
+    for r in records:
+        if "tokens" not in r:
+            continue
+        key = (r["dataset"], int(r["epoch"]))
+        drawn.setdefault(key, []).extend((int(a), int(b)) for a, b in r["tokens"])
+        counts = samples.setdefault(key, {})
+        counts[int(r["seq_length"])] = counts.get(int(r["seq_length"]), 0) + 1
+    out: Dict[str, Dict[int, dict]] = {}
+    for (name, epoch), ranges in sorted(drawn.items()):
+        merged: List[List[int]] = []
+        repeated: List[List[int]] = []
+        for a, b in sorted(ranges):
+            if merged and a < merged[-1][1]:
+                repeated.append([a, min(b, merged[-1][1])])
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        out.setdefault(name, {})[epoch] = {
+            "samples": samples[(name, epoch)], "tokens": int(sum(b - a for a, b in ranges)),
+            "ranges": merged, "repeated": repeated}
+    return out
+
+
+def coverage_lines(coverage: Dict[str, Dict[int, dict]]) -> List[str]:
+    """One line per dataset and epoch of :func:`token_coverage`: the ranges (or how many), the
+    samples per sequence length and the repeats."""
+    lines = []
+    for name, epochs in coverage.items():
+        for epoch, c in epochs.items():
+            lengths = ", ".join(f"{n} at {L}" for L, n in sorted(c["samples"].items()))
+            ranges = c["ranges"]
+            where = (f"tokens [{ranges[0][0]}, {ranges[0][1]}) contiguous" if len(ranges) == 1
+                     else f"{c['tokens']} tokens in {len(ranges)} ranges")
+            repeats = (f"{len(c['repeated'])} ranges drawn twice" if c["repeated"]
+                       else "none drawn twice")
+            lines.append(f"{name} epoch {epoch}: {where} ({lengths} tokens per sample); {repeats}")
+    return lines

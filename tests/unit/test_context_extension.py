@@ -15,9 +15,8 @@ ROPE = {"seq_length": 64, "max_position_embeddings": 64, "position_embedding_typ
         "use_rope_scaling": False, "rope_scaling_factor": 8.0, "global_batch_size": 16}
 
 
-def check(old, directive=None, continues_data=False, **new):
-    return check_context_extension(old, {**old, **new}, directive, "ckpt/iter_0000006",
-                                   continues_data)
+def check(old, directive=None, **new):
+    return check_context_extension(old, {**old, **new}, directive, "ckpt/iter_0000006")
 
 
 def test_without_the_directive_any_change_of_length_or_encoding_is_one_line():
@@ -74,17 +73,6 @@ def test_the_directive_allows_the_stage_and_keeps_tokens_per_step():
         check(ROPE, "keep-tokens", position_embedding_type="alibi")
 
 
-def test_the_data_cannot_yet_continue_across_a_length_change():
-    with pytest.raises(Exception) as info:
-        check(ROPE, "keep-tokens", continues_data=True, seq_length=256, max_position_embeddings=256,
-              global_batch_size=4)
-    msg = str(info.value)
-    assert "--seq-length 64 -> 256: continuing the training data across a sequence-length change " \
-           "is not yet supported" in msg and "--reset-progress" in msg
-    # the encoding alone (same length) continues the data
-    assert check(ROPE, "keep-tokens", continues_data=True, rotary_base=500000)
-
-
 # ---- through parse_args, from a checkpoint directory's model_args.json ----
 
 def _checkpoint(tmp_path, flags):
@@ -116,12 +104,11 @@ def test_parse_args_refuses_a_silent_extension_and_takes_the_directive(tmp_path,
     err = one_error_line(base + STAGE2, capsys)
     assert "--seq-length 64 -> 256" in err and "--rotary-base 10000 -> 500000" in err
     assert "--extend-context" in err
-    # with the directive and the data restarted (the data cannot continue across the length)
-    args = parse_args(base + STAGE2 + ["--extend-context", "--reset-progress"], world_size=1)
-    assert args.extend_context == "keep-tokens" and args.rotary_base == 500000
-    assert any("context-extension stage" in n for n in args.run_config.notes)
-    err = one_error_line(base + STAGE2 + ["--extend-context"], capsys)
-    assert "continuing the training data across a sequence-length change" in err
+    # with the directive, the data continuing (megatron/data/length_change.py) or restarted
+    for extra in ([], ["--reset-progress"]):
+        args = parse_args(base + STAGE2 + ["--extend-context"] + extra, world_size=1)
+        assert args.extend_context == "keep-tokens" and args.rotary_base == 500000
+        assert any("context-extension stage" in n for n in args.run_config.notes)
     # the directive needs a resume
     err = one_error_line(tiny_run_flags() + STAGE2 + ["--extend-context"], capsys)
     assert "--extend-context keep-tokens: needs a resume" in err

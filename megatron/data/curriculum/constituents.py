@@ -7,7 +7,7 @@ one sample (a one-document test split of Megatron-LM's ``--split 949,50,1`` on a
 there an epoch is the fewest passes whose tokens hold a sample (:func:`passes_per_epoch`), and its
 samples run from one pass into the next, as megatron-core's ``GPTDataset`` builds samples over its
 document index repeated for as many epochs as the samples need."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -15,7 +15,7 @@ import numpy as np
 from megatron.data.blend_config import BlendConfigError, SplitBlend, check_dataset_prefix
 from megatron.data.mix_ledger import gpt_files_fingerprint, ledger_key
 
-__all__ = ["Constituent", "passes_per_epoch", "resolve_constituents", "short_dataset_note"]
+__all__ = ["Constituent", "at_seq_length", "passes_per_epoch", "resolve_constituents", "short_dataset_note"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,16 @@ def passes_per_epoch(tokens: int, seq_length: int, add_extra_token: bool = True)
     ``tokens`` must be positive."""
     need = int(seq_length) + int(add_extra_token)
     return max(1, -(-need // int(tokens)))
+
+
+def at_seq_length(constituent: Constituent, seq_length: int,
+                  add_extra_token: bool = True) -> Constituent:
+    """``constituent`` with its passes and samples per epoch at ``seq_length`` (a dataset of an
+    earlier sequence length, megatron/data/length_change.py)."""
+    passes = passes_per_epoch(constituent.tokens, seq_length, add_extra_token)
+    return replace(constituent, passes=passes,
+                   samples_per_epoch=_samples_per_epoch(passes * constituent.tokens, seq_length,
+                                                        add_extra_token))
 
 
 def short_dataset_note(constituent: "Constituent", split: str, seq_length: int,

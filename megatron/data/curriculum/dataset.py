@@ -5,7 +5,7 @@ following a :class:`~megatron.data.curriculum.index.CurriculumIndex`), :class:`C
 :func:`build_curriculum_dataset`, :func:`build_blend_config_datasets`)."""
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -14,16 +14,24 @@ import torch
 
 from megatron.data.blend_config import SplitBlend
 from megatron.data.cache_key import array_digest
-from megatron.data.curriculum.constituents import Constituent, resolve_constituents, short_dataset_note
+from megatron.data.curriculum.constituents import (
+    Constituent,
+    at_seq_length,
+    resolve_constituents,
+    short_dataset_note,
+)
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.epoch_order import EpochShuffledSamples
 from megatron.data.index_pack import IndexPack, PackedGPTDataset
+from megatron.data.length_change import LengthChangedSamples, epoch_in_progress
+from megatron.data.mix_ledger import LengthSegment
 from megatron.data.rank0_first import rank0_builds_first
 from megatron.data.source_pool import LazySource, SourcePool, check_file_limit, pool_capacity
 from megatron.schedules.units import BatchSchedule
 from megatron.utils.rank_utils import print_rank_0
 
-__all__ = ["Continuation", "CurriculumDataset", "gpt_source_label", "gpt_epoch_source", "build_mix_dataset",
+__all__ = ["Continuation", "CurriculumDataset", "gpt_source_label", "one_epoch_gpt_dataset",
+           "gpt_epoch_source", "build_mix_dataset",
            "build_curriculum_dataset", "build_blend_config_datasets"]
 
 
@@ -133,15 +141,12 @@ def gpt_source_label(constituent: Constituent, lengths: np.ndarray) -> str:
     return f"{label} (lengths {array_digest(lengths)['sha256'][:16]})"
 
 
-def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
-                     pack: Optional[IndexPack] = None):
-    """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
-    :class:`~megatron.data.epoch_order.EpochShuffledSamples` over a megatron-core ``GPTDataset``
-    of its documents built for exactly one epoch (``constituent.passes`` passes over them for a
-    dataset shorter than one sample: megatron-core sizes them from the samples asked; its
-    ``start_up_note`` says so, printed once by :func:`build_mix_dataset`). With ``pack`` its
-    indices are read from (or added to) that :class:`~megatron.data.index_pack.IndexPack`
-    rather than megatron-core's four cache files per dataset."""
+def one_epoch_gpt_dataset(constituent: Constituent, gpt_config, split: str,
+                          pack: Optional[IndexPack] = None):
+    """Dataset ``constituent``'s megatron-core ``GPTDataset`` built for exactly one epoch
+    (``constituent.samples_per_epoch`` samples of ``gpt_config.sequence_length`` tokens, seeded
+    ``gpt_config.random_seed``), its indices read from (or added to) ``pack`` when given rather
+    than megatron-core's four cache files per dataset."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -150,8 +155,45 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
     label = gpt_source_label(c, low_level.sequence_lengths[c.doc_begin:c.doc_end])
     args = (low_level, label, indices, int(c.samples_per_epoch), _split_enum(split), gpt_config)
-    one_epoch = GPTDataset(*args) if pack is None else PackedGPTDataset(pack, *args)
+    return GPTDataset(*args) if pack is None else PackedGPTDataset(pack, *args)
+
+
+def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
+                     pack: Optional[IndexPack] = None,
+                     prior: Sequence[LengthSegment] = ()):
+    """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
+    :class:`~megatron.data.epoch_order.EpochShuffledSamples` over its one-epoch megatron-core
+    ``GPTDataset`` (:func:`one_epoch_gpt_dataset`; ``constituent.passes`` passes over its
+    documents for a dataset shorter than one sample: megatron-core sizes them from the samples
+    asked; its ``start_up_note`` says so, printed once by :func:`build_mix_dataset`). With a
+    length history ``prior`` (the samples it gave at earlier sequence lengths, from the data
+    ledger), the samples since its last length change:
+    :class:`~megatron.data.length_change.LengthChangedSamples`, which first finish the epoch in
+    progress from the tokens it has not drawn."""
+    one_epoch = one_epoch_gpt_dataset(constituent, gpt_config, split, pack)
+    if prior:
+        extra = gpt_config.add_extra_token_to_sequence
+        opened: Dict[Tuple[int, int], Any] = {}
+
+        def open_epoch(seq_length: int, seed: int):
+            if (seq_length, seed) == (gpt_config.sequence_length, gpt_config.random_seed):
+                return one_epoch
+            if (seq_length, seed) not in opened:
+                config = replace(gpt_config, sequence_length=int(seq_length), random_seed=int(seed))
+                opened[(seq_length, seed)] = one_epoch_gpt_dataset(
+                    at_seq_length(constituent, seq_length, extra), config, split, pack)
+            return opened[(seq_length, seed)]
+
+        state = epoch_in_progress(prior, open_epoch)
+        stream = one_epoch
+        if state.remainder is not None:
+            stream = open_epoch(state.stream_length, state.stream_seed)
+            if np.array_equal(np.asarray(stream.document_index), np.asarray(one_epoch.document_index)):
+                stream = one_epoch  # the same stream: one dataset held, not two
+        opened.clear()
+        return LengthChangedSamples(state, one_epoch, stream, gpt_config.random_seed, num_samples)
     source = EpochShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
+    c = constituent
     if c.passes > 1:
         source.start_up_note = short_dataset_note(c, split, gpt_config.sequence_length,
                                                   gpt_config.add_extra_token_to_sequence)

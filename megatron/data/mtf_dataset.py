@@ -203,7 +203,11 @@ def pack_lengths(lengths: Sequence[int], seq_length: int) -> Tuple[np.ndarray, n
     if lengths.size and (lengths.min() < 1 or lengths.max() > seq_length):
         raise ValueError(f"item lengths must be in [1, {seq_length}], got "
                          f"[{lengths.min()}, {lengths.max()}]")
-    order = np.argsort(-lengths, kind="stable").astype(np.int64, copy=False)
+    # longest first, stable: the room left by each length sorted ascending (a radix sort where
+    # it fits 16 bits, several times faster than sorting -lengths as int64; the same order)
+    room = seq_length - lengths
+    order = np.argsort(room.astype(np.uint16 if seq_length < 2 ** 16 else np.int64, copy=False),
+                       kind="stable").astype(np.int64, copy=False)
     kernel = _load_pack_kernel() if len(lengths) >= PACK_KERNEL_MIN_ITEMS else None
     if kernel is None:
         return _pack_in_python(lengths, order, int(seq_length))

@@ -17,6 +17,7 @@ quiet_known_warnings()
 
 from megatron.config.parser import parse_args
 from megatron.config.tokenizer_flags import apply_tokenizer_setup
+from megatron.data.document_packing import CONCAT
 from megatron.data.mtf_builder import build_mtf_data
 from megatron.data.train_data import TrainData
 from megatron.errors import ArgumentError
@@ -68,6 +69,10 @@ def parse_t0_args(argv=None):
     if args.prefix_lm and not args.loss_on_targets_only:
         raise ArgumentError("--prefix-lm needs --loss-on-targets-only (inputs attend "
                             "bidirectionally, so a loss on them would see the answer)")
+    if args.pack_documents != CONCAT:
+        raise ArgumentError(f"--pack-documents {args.pack_documents}: finetune_t0.py packs its "
+                            "(input, target) pairs itself (best-fit decreasing, "
+                            "megatron/data/mtf_dataset.py); the flag is pretrain_gpt.py's")
     if not args.weighted_split_groups["train"]:
         raise ArgumentError("finetune_t0.py needs --train-weighted-split-paths (or "
                             "--train-weighted-split-paths-path)")

@@ -134,7 +134,8 @@ def mixture_arrays(args, train_iters: int) -> Optional[dict]:
     from megatron.data.curriculum.constituents import resolve_constituents  # lazy: PyYAML, only for a mixture
     from megatron.data.curriculum.index import CurriculumIndex  # lazy: hashlib & co, only for a mixture
 
-    index = CurriculumIndex(blend, resolve_constituents(blend, args.seq_length),
+    index = CurriculumIndex(blend, resolve_constituents(blend, args.seq_length,
+                                                       packing=args.run_config.data.pack_documents),
                             train_valid_test_num_samples(args.run_config.data)[0],
                             batch_schedule_from_args(args),
                             seed=args.seed, cache_dir=args.data_cache_path,

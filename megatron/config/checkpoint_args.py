@@ -20,6 +20,7 @@ from megatron.checkpoint.model_args import (
     same_tokenizer,
 )
 from megatron.config.context_extension import CONTEXT_FLAGS
+from megatron.data.document_packing import CONCAT
 from megatron.errors import ArgumentError
 
 
@@ -35,7 +36,8 @@ def model_args_from_args(args: argparse.Namespace) -> dict:
             tokenizer[name] = os.path.abspath(tokenizer[name])
     return {"format_version": FORMAT_VERSION, "model": pick(MODEL_ARG_NAMES),
             "tokenizer": tokenizer, "defaults": pick(DEFAULT_ARG_NAMES),
-            "run": {"global_batch_size": getattr(args, "global_batch_size", None)},
+            "run": {"global_batch_size": getattr(args, "global_batch_size", None),
+                    "pack_documents": getattr(args, "pack_documents", CONCAT)},
             "padded_vocab_size": getattr(args, "padded_vocab_size", None),
             "vocab_size": getattr(args, "vocab_size", None)}
 

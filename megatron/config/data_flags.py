@@ -9,6 +9,7 @@ import math
 import os
 from typing import List, Optional
 
+from megatron.data.document_packing import BEST_FIT, CONCAT, PACKING_MODES
 from megatron.data.loss_weights import parse_dataset_loss_weights
 from megatron.errors import ArgumentError, ConfigError
 
@@ -68,6 +69,16 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
                         "multiplied before the loss is normalised (a blend file may give "
                         "loss_weight per entry instead). docs/objective.md.")
     g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes.")
+    g.add_argument("--pack-documents", default=CONCAT, choices=PACKING_MODES,
+                   help="How a GPT dataset's documents become samples (training, validation and "
+                        "test): 'concat' (default) is megatron-core's GPTDataset, the documents "
+                        "concatenated and cut into --seq-length windows (most documents straddle "
+                        "two samples); 'best-fit' packs whole documents best-fit decreasing into "
+                        "samples of --seq-length + 1 tokens padded with loss-masked pads, cutting "
+                        "only documents longer than that into chunks (docs/packing.md). "
+                        "--reset-attention-mask and --reset-position-ids keep each document of a "
+                        "sample its own under both. A resume continuing the checkpoint's data keeps "
+                        "its checkpoint's value (and, with best-fit, its --seq-length).")
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")
     g.add_argument("--eod-mask-loss", action="store_true")
@@ -152,6 +163,41 @@ def validate_data(args, require_data: bool) -> None:
         raise ArgumentError(str(e)) from None
     if args.num_workers < 0:
         raise ArgumentError(f"--num-workers {args.num_workers} must be non-negative")
+    if require_data:
+        check_packing_resume(args)
+
+
+def check_packing_resume(args) -> None:
+    """``--pack-documents`` at a resume that continues the checkpoint's training data (``--load``
+    without ``--finetune``, ``--reset-progress`` or ``--skip-train``, from a trained checkpoint):
+    the checkpoint's data ledger counts samples of its packing (its ``model_args.json`` records
+    it under ``run``; absent: ``concat``), so another ``--pack-documents`` is refused, and under
+    ``best-fit`` so is another ``--seq-length`` (the ledger counts bins of ``seq_length + 1``
+    tokens: a position would point at other documents). A ``concat`` run across a length change is
+    the sequence-length resume's (megatron/config/context_extension.py)."""
+    if not args.load or args.finetune or args.reset_progress or args.skip_train:
+        return
+    from megatron.checkpoint.format import checkpoint_tag, read_model_args, read_tracker  # lazy: torch (~1 s)
+
+    iteration = read_tracker(args.load)
+    directory = os.path.join(args.load, checkpoint_tag(iteration)) if iteration else None
+    record = read_model_args(directory) if directory and os.path.isdir(directory) else None
+    if record is None:
+        return
+    old = (record.get("run") or {}).get("pack_documents", CONCAT)
+    new = args.pack_documents
+    if old != new:
+        raise ArgumentError(
+            f"--pack-documents {old} -> {new}: checkpoint {directory} drew its training data "
+            f"packed {old}, and its data ledger counts those samples; give --reset-progress to start "
+            f"the data and the LR schedule at sample 0, or keep --pack-documents {old}")
+    old_seq = (record.get("defaults") or {}).get("seq_length")
+    if new == BEST_FIT and old_seq is not None and old_seq != args.seq_length:
+        raise ArgumentError(
+            f"--pack-documents best-fit: --seq-length {old_seq} -> {args.seq_length}: the data "
+            f"ledger of checkpoint {directory} counts bins of {old_seq} + 1 tokens, and a bin "
+            "position at another length would point at other documents; give --reset-progress "
+            f"to start the data at sample 0, or keep --seq-length {old_seq}")
 
 
 def weighted_split_groups_from_args(args, check_files: bool = True):

@@ -4,9 +4,9 @@ static blends, the training set with its data ledger (megatron/data/mix_resume.p
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 from megatron.core.datasets.utils import get_blend_from_list
 
+from megatron.data.best_fit_dataset import PackingGPTDatasetConfig, packing_of
 from megatron.data.blend_config import (
     BlendEntry,
     BlendStage,
@@ -41,13 +41,14 @@ def train_valid_test_num_samples(config: DataConfig) -> Tuple[int, int, int]:
     return train_samples, eval_samples, test_samples
 
 
-def gpt_dataset_config(config: DataConfig, tokenizer) -> GPTDatasetConfig:
-    """megatron-core ``GPTDatasetConfig`` for the static blend given by the data flags."""
+def gpt_dataset_config(config: DataConfig, tokenizer) -> PackingGPTDatasetConfig:
+    """megatron-core ``GPTDatasetConfig`` for the static blend given by the data flags, with
+    ``--pack-documents`` (megatron/data/document_packing.py)."""
     split_paths = [config.train_data_path, config.valid_data_path, config.test_data_path]
     blend_per_split = None
     if any(split_paths):
         blend_per_split = [get_blend_from_list(p) if p else None for p in split_paths]
-    return GPTDatasetConfig(
+    return PackingGPTDatasetConfig(
         random_seed=config.seed,
         sequence_length=config.seq_length,
         blend=get_blend_from_list(config.data_path) if config.data_path else None,
@@ -60,6 +61,7 @@ def gpt_dataset_config(config: DataConfig, tokenizer) -> GPTDatasetConfig:
         eod_mask_loss=config.eod_mask_loss,
         create_attention_mask=False,  # --reset-attention-mask: segment_ids (document_segments.py)
         mid_level_dataset_surplus=0.005,
+        pack_documents=config.pack_documents,
     )
 
 
@@ -149,13 +151,13 @@ def _eval_groups(valid, test) -> List[EvalGroup]:
 def gpt_mix_sources(config: DataConfig, kind: str, gpt_config, pack: Optional[IndexPack] = None):
     """How GPT training datasets are built for the data ledger (megatron/data/mix_resume.py):
     their constituents from the ``.idx`` files, and each one's samples from a one-epoch
-    megatron-core ``GPTDataset`` reshuffled per epoch, with a phase's seed (after a change of
-    the sequence length, its samples since then: megatron/data/length_change.py). ``at_length``
-    gives the same sources at another ``seq_length`` (a phase of the run before such a change),
-    sharing ``pack``."""
+    megatron-core ``GPTDataset`` reshuffled per epoch (or its best-fit bins, ``--pack-documents``),
+    with a phase's seed (after a change of the sequence length, its samples since then:
+    megatron/data/length_change.py). ``at_length`` gives the same sources at another
+    ``seq_length`` (a phase of the run before such a change), sharing ``pack``."""
     def resolve(blend):
         return resolve_constituents(blend, gpt_config.sequence_length,
-                                    gpt_config.add_extra_token_to_sequence)
+                                    gpt_config.add_extra_token_to_sequence, packing_of(gpt_config))
 
     pack = pack if pack is not None else IndexPack()
 
@@ -271,7 +273,8 @@ def data_path_blends(config: DataConfig) -> Dict[str, Optional[SplitBlend]]:
     """``{"train"|"valid"|"test": SplitBlend or None}`` of ``--data-path``/``--split`` (each
     split's document range of every prefix, as megatron-core's builder cuts it) or of
     ``--{train,valid,test}-data-path`` (whole files). Without weights a blend of several prefixes
-    weighs each by its samples per epoch (megatron-core: "weights inferred from the lengths")."""
+    weighs each by its samples per epoch (megatron-core: "weights inferred from the lengths"; its
+    best-fit bins under ``--pack-documents best-fit``)."""
     from megatron.core.datasets.blended_megatron_dataset_config import (
         convert_split_vector_to_split_matrix,
         parse_and_normalize_split,
@@ -305,7 +308,8 @@ def data_path_blends(config: DataConfig) -> Dict[str, Optional[SplitBlend]]:
             weights = [1.0] * len(prefixes)
             if len(prefixes) > 1:
                 weights = [c.samples_per_epoch for c in
-                           resolve_constituents(blend_of(weights), config.seq_length)]
+                           resolve_constituents(blend_of(weights), config.seq_length,
+                                                packing=config.pack_documents)]
         out[split] = blend_of(weights)
     return out
 

@@ -21,7 +21,9 @@ class DataConfig:
       the ``--*-weighted-split-paths`` flags, parsed by validation);
     - the index: ``--data-cache-path`` (or None: megatron-core's default beside each prefix),
       ``--data-index-order`` and ``--seed``;
-    - the samples: ``--reset-position-ids``, ``--reset-attention-mask``, ``--eod-mask-loss``,
+    - the samples: ``--pack-documents`` (``"concat"``: megatron-core's windows, or
+      ``"best-fit"``: whole documents packed into bins, megatron/data/document_packing.py),
+      ``--reset-position-ids``, ``--reset-attention-mask``, ``--eod-mask-loss``,
       ``--dataset-loss-weights`` (the ``NAME=WEIGHT`` words, or None) and the T0 flags
       ``--prefix-lm``, ``--loss-on-targets-only``, ``--norm-target-loss`` (False where the entry
       point has none: pretrain_gpt.py);
@@ -43,6 +45,7 @@ class DataConfig:
     data_cache_path: Optional[str]
     data_index_order: str
     seed: int
+    pack_documents: str
     reset_position_ids: bool
     reset_attention_mask: bool
     eod_mask_loss: bool

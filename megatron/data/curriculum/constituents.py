@@ -6,13 +6,16 @@ An epoch of a dataset is one pass over its documents, except for a dataset of fe
 one sample (a one-document test split of Megatron-LM's ``--split 949,50,1`` on a small corpus):
 there an epoch is the fewest passes whose tokens hold a sample (:func:`passes_per_epoch`), and its
 samples run from one pass into the next, as megatron-core's ``GPTDataset`` builds samples over its
-document index repeated for as many epochs as the samples need."""
+document index repeated for as many epochs as the samples need. Under ``--pack-documents
+best-fit`` an epoch is always one pass: its samples are the best-fit bins of the documents
+(megatron/data/document_packing.py), at least one however few the tokens."""
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from megatron.data.blend_config import BlendConfigError, SplitBlend, check_dataset_prefix
+from megatron.data.document_packing import CONCAT, best_fit_bin_count, bin_capacity
 from megatron.data.mix_ledger import gpt_files_fingerprint, ledger_key
 
 __all__ = ["Constituent", "at_seq_length", "passes_per_epoch", "resolve_constituents", "short_dataset_note"]
@@ -24,7 +27,10 @@ class Constituent:
     ``samples_per_epoch`` is None for datasets whose epochs differ in length (packed T0 data);
     ``fingerprint`` tells its files apart from others at the same path (the data ledger,
     megatron/data/mix_ledger.py); ``passes`` is the passes over its documents one epoch makes
-    (:func:`passes_per_epoch`: 1 unless the range holds fewer tokens than one sample)."""
+    (:func:`passes_per_epoch`: 1 unless the range holds fewer tokens than one sample);
+    ``packing`` how its samples are made (``--pack-documents``: ``"concat"``, megatron-core's
+    windows, or ``"best-fit"`` bins, megatron/data/document_packing.py), which
+    ``samples_per_epoch`` counts."""
 
     path: str
     split: Tuple[float, float]
@@ -36,6 +42,7 @@ class Constituent:
     samples_per_epoch: Optional[int]
     fingerprint: str = ""
     passes: int = 1
+    packing: str = CONCAT
 
     @property
     def ledger_key(self) -> Tuple[str, float, float, str]:
@@ -59,7 +66,11 @@ def passes_per_epoch(tokens: int, seq_length: int, add_extra_token: bool = True)
 def at_seq_length(constituent: Constituent, seq_length: int,
                   add_extra_token: bool = True) -> Constituent:
     """``constituent`` with its passes and samples per epoch at ``seq_length`` (a dataset of an
-    earlier sequence length, megatron/data/length_change.py)."""
+    earlier sequence length, megatron/data/length_change.py). Windows only: a best-fit dataset
+    never changes its length (megatron/config/data_flags.py ``check_packing_resume``)."""
+    if constituent.packing != CONCAT:
+        raise ValueError(f"{constituent.name}: packed {constituent.packing}: its samples at another "
+                         f"--seq-length than the run's are not defined (--pack-documents)")
     passes = passes_per_epoch(constituent.tokens, seq_length, add_extra_token)
     return replace(constituent, passes=passes,
                    samples_per_epoch=_samples_per_epoch(passes * constituent.tokens, seq_length,
@@ -79,11 +90,14 @@ def short_dataset_note(constituent: "Constituent", split: str, seq_length: int,
             "next, as megatron-core's GPTDataset builds them")
 
 
-def resolve_constituents(blend: SplitBlend, seq_length: int,
-                         add_extra_token: bool = True) -> List[Constituent]:
+def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bool = True,
+                         packing: str = CONCAT) -> List[Constituent]:
     """The distinct (path, split range) datasets of ``blend`` in order of first appearance, with
-    their document range (megatron-core's rounding) and samples per epoch. Each prefix's ``.idx``
-    is opened in turn and closed again: a blend of thousands holds no file open."""
+    their document range (megatron-core's rounding) and samples per epoch: ``seq_length``-token
+    windows for ``packing`` ``"concat"`` (megatron-core's), best-fit bins of ``seq_length +
+    add_extra_token`` tokens for ``"best-fit"`` (megatron/data/document_packing.py; one pass per
+    epoch, however few the tokens). Each prefix's ``.idx`` is opened in turn and closed again: a
+    blend of thousands holds no file open."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     out: Dict[Tuple[str, float, float], Constituent] = {}
@@ -104,19 +118,26 @@ def resolve_constituents(blend: SplitBlend, seq_length: int,
                                        "selects no document: a stage with nothing to draw; give "
                                        "it a wider range (--split) or more documents")
             tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
+            bins = None
+            if packing != CONCAT and tokens > 0:
+                bins = best_fit_bin_count(lengths[beg:end], bin_capacity(seq_length, add_extra_token))
             header_counts = (n, len(indexed.document_indices))  # the fingerprint's, read once
             del lengths, indexed  # the view first, then its map closes
             if tokens <= 0:
                 raise BlendConfigError(f"{entry.where}: {entry.path!r} (documents {beg}:{end}) has "
                                        "no token: a stage with nothing to draw; give it a wider "
                                        "range (--split) or more data")
-            passes = passes_per_epoch(tokens, seq_length, add_extra_token)
-            spe = _samples_per_epoch(passes * tokens, seq_length, add_extra_token)
+            if bins is None:
+                passes = passes_per_epoch(tokens, seq_length, add_extra_token)
+                spe = _samples_per_epoch(passes * tokens, seq_length, add_extra_token)
+            else:
+                passes, spe = 1, bins
             name = entry.name if entry.name not in names else entry.qualified_name
             base, k = name, 2
             while name in names:
                 name, k = f"{base}#{k}", k + 1
             names.add(name)
             out[entry.key] = Constituent(entry.path, entry.split, name, beg, end, n, tokens, spe,
-                                         gpt_files_fingerprint(entry.path, header_counts), passes)
+                                         gpt_files_fingerprint(entry.path, header_counts), passes,
+                                         packing)
     return list(out.values())

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from megatron.data.best_fit_dataset import BinShuffledSamples, best_fit_one_epoch, packing_of
 from megatron.data.blend_config import SplitBlend
 from megatron.data.cache_key import array_digest
 from megatron.data.curriculum.constituents import (
@@ -21,6 +22,7 @@ from megatron.data.curriculum.constituents import (
     short_dataset_note,
 )
 from megatron.data.curriculum.index import CurriculumIndex
+from megatron.data.document_packing import BEST_FIT
 from megatron.data.epoch_order import EpochShuffledSamples
 from megatron.data.index_pack import IndexPack, PackedGPTDataset
 from megatron.data.length_change import LengthChangedSamples, epoch_in_progress
@@ -146,7 +148,9 @@ def one_epoch_gpt_dataset(constituent: Constituent, gpt_config, split: str,
     """Dataset ``constituent``'s megatron-core ``GPTDataset`` built for exactly one epoch
     (``constituent.samples_per_epoch`` samples of ``gpt_config.sequence_length`` tokens, seeded
     ``gpt_config.random_seed``), its indices read from (or added to) ``pack`` when given rather
-    than megatron-core's four cache files per dataset."""
+    than megatron-core's four cache files per dataset. A ``constituent`` packed ``best-fit``
+    (``--pack-documents``) gives its bins instead: megatron/data/best_fit_dataset.py
+    ``BestFitGPTDataset``."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -155,6 +159,8 @@ def one_epoch_gpt_dataset(constituent: Constituent, gpt_config, split: str,
     indices = np.arange(c.doc_begin, c.doc_end, dtype=np.int32)
     label = gpt_source_label(c, low_level.sequence_lengths[c.doc_begin:c.doc_end])
     args = (low_level, label, indices, int(c.samples_per_epoch), _split_enum(split), gpt_config)
+    if c.packing == BEST_FIT:
+        return best_fit_one_epoch(pack, *args)
     return GPTDataset(*args) if pack is None else PackedGPTDataset(pack, *args)
 
 
@@ -169,8 +175,15 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     length history ``prior`` (the samples it gave at earlier sequence lengths, from the data
     ledger), the samples since its last length change:
     :class:`~megatron.data.length_change.LengthChangedSamples`, which first finish the epoch in
-    progress from the tokens it has not drawn."""
+    progress from the tokens it has not drawn. A best-fit ``constituent`` serves its bins,
+    reshuffled per epoch alike (:class:`~megatron.data.best_fit_dataset.BinShuffledSamples`;
+    never with a length history: a best-fit run keeps its length)."""
     one_epoch = one_epoch_gpt_dataset(constituent, gpt_config, split, pack)
+    if constituent.packing == BEST_FIT:
+        if prior:
+            raise ValueError(f"{constituent.name}: packed {BEST_FIT}, it cannot continue across a "
+                             "--seq-length change (--pack-documents)")
+        return BinShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
     if prior:
         extra = gpt_config.add_extra_token_to_sequence
         opened: Dict[Tuple[int, int], Any] = {}
@@ -269,16 +282,19 @@ def build_curriculum_dataset(blend: SplitBlend, num_samples: int, gpt_config,
 
     Each constituent is a megatron-core ``GPTDataset`` over the documents of its split range,
     built for one epoch, repeated with a fresh order per epoch
-    (megatron/data/epoch_order.py). ``gpt_config`` is a ``GPTDatasetConfig`` (seed, seq_length,
-    tokenizer, masks); ``cache_dir`` defaults to ``gpt_config.path_to_cache``; ``order``: the
-    index's order (``--data-index-order``).
+    (megatron/data/epoch_order.py), or its best-fit bins under ``--pack-documents best-fit``
+    (megatron/data/document_packing.py). ``gpt_config`` is a ``GPTDatasetConfig`` (seed,
+    seq_length, tokenizer, masks; its ``pack_documents`` where it has one); ``cache_dir``
+    defaults to ``gpt_config.path_to_cache``; ``order``: the index's order
+    (``--data-index-order``).
     """
     if int(gpt_config.sequence_length) != int(batch_schedule.seq_length):
         raise ValueError(f"seq_length differs: GPTDatasetConfig {gpt_config.sequence_length} vs "
                          f"BatchSchedule {batch_schedule.seq_length}")
     cache_dir = cache_dir or gpt_config.path_to_cache
     constituents = resolve_constituents(blend, gpt_config.sequence_length,
-                                        gpt_config.add_extra_token_to_sequence)
+                                        gpt_config.add_extra_token_to_sequence,
+                                        packing_of(gpt_config))
     pack = IndexPack()
     return build_mix_dataset(
         blend, constituents, num_samples, batch_schedule, gpt_config.random_seed,

@@ -1,6 +1,6 @@
 """Test helpers: a CurriculumIndex over fake constituents (no data files needed), and
 megatron-core's blending rule as the peer of static blends."""
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -10,15 +10,19 @@ from megatron.data.curriculum.index import CurriculumIndex
 from megatron.schedules.units import BatchSchedule
 
 
-def write_corpus(prefix: str, lengths, seed: int = 0) -> str:
+def write_corpus(prefix: str, lengths, seed: int = 0, eod: Optional[int] = None) -> str:
     """A megatron-core ``.bin/.idx`` dataset at ``prefix`` of one document per entry of ``lengths``
-    (random byte-level tokens, seeded); returns ``prefix``."""
+    (random byte-level tokens, seeded; the last one ``eod`` where given, as
+    ``tools/preprocess_data.py --append-eod`` writes them); returns ``prefix``."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     rng = np.random.default_rng(seed)
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
     for n in lengths:
-        builder.add_document(rng.integers(0, 250, int(n)).astype(np.uint16), [int(n)])
+        tokens = rng.integers(0, 250, int(n)).astype(np.uint16)
+        if eod is not None and n:
+            tokens[-1] = eod
+        builder.add_document(tokens, [int(n)])
     builder.finalize(prefix + ".idx")
     return prefix
 

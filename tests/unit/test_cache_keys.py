@@ -215,6 +215,27 @@ def test_step_batch_size_schedule_runs_never_share_an_index(corpora, tmp_path):
     assert _drawn(corpora, shared, "0:2 1024:8", tmp_path)[2]  # the same run reuses its own
 
 
+def test_pack_documents_changes_the_training_index_key_and_each_datasets(corpora, tmp_path):
+    """--pack-documents best-fit against concat on one --data-cache-path: the curriculum
+    index's key (its constituents carry the packing and count bins) and every dataset's own index
+    key (another class and name) differ, so neither run reads the other's indices."""
+    from megatron.data.builder import build_pretraining_data
+    from megatron.tokenizer import ByteLevelTokenizer
+
+    keys = {}
+    for mode in ("concat", "best-fit", "concat"):
+        config = _pretraining_args(corpora, tmp_path / "shared", "0:8", tmp_path,
+                                   ["--pack-documents", mode])
+        train = build_pretraining_data(config, ByteLevelTokenizer()).train
+        key = (train.index.cache_key(),
+               [source.epoch_dataset.unique_description_hash
+                for source in (s.open() for s in train.datasets)])
+        assert train.index.cache_hit == (mode in keys)  # the second concat run reads its own
+        keys.setdefault(mode, key)
+    assert keys["concat"][0] != keys["best-fit"][0]
+    assert not set(keys["concat"][1]) & set(keys["best-fit"][1])
+
+
 def _gpt_config(cache):
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 

@@ -322,13 +322,19 @@ def one_process_group(work: str) -> None:
 def sparse_corpus(prefix: str, documents: int, doc_tokens: int) -> None:
     """A real ``.idx`` of ``documents`` documents of ``doc_tokens`` tokens and a sparse ``.bin``
     of the matching size (uint16 tokens; reads give zeros)."""
+    sparse_corpus_of_lengths(prefix, np.full(documents, doc_tokens, dtype=np.int32))
+
+
+def sparse_corpus_of_lengths(prefix: str, lengths: np.ndarray) -> None:
+    """A real ``.idx`` of one document per entry of ``lengths`` (tokens) and a sparse ``.bin`` of
+    the matching size (uint16 tokens; reads give zeros)."""
     from megatron.core.datasets.indexed_dataset import _IndexWriter
 
-    lengths = np.full(documents, doc_tokens, dtype=np.int32)
+    lengths = np.asarray(lengths, dtype=np.int32)
     with _IndexWriter(prefix + ".idx", np.uint16) as writer:
-        writer.write(lengths, None, list(range(documents + 1)))
+        writer.write(lengths, None, list(range(len(lengths) + 1)))
     with open(prefix + ".bin", "wb") as f:
-        f.truncate(int(lengths.sum()) * 2)
+        f.truncate(int(lengths.sum(dtype=np.int64)) * 2)
 
 
 def setup_over_sparse_corpora(D: int, N: int, work: str, documents: int = 64, peer: bool = True):

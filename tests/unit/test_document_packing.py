@@ -213,8 +213,19 @@ def test_samples_equal_a_python_packing_with_megatron_cores_masks(corpus, tmp_pa
 
 
 def test_provenance_names_every_token_once_per_epoch(corpus, tmp_path):
+    """tools/data_provenance.py's fields of a bin: its documents' token ranges cover each document
+    once per epoch, and its range of the token stream (``--coverage``) makes an epoch one
+    contiguous range, none drawn twice."""
+    from megatron.data.provenance import token_coverage
+
     ds = _dataset(corpus, _config(tmp_path / "cache", masks=False), 60)
     source, n = ds.datasets[0], ds.constituents[0].samples_per_epoch
+    records = [{"dataset": "c", "seq_length": SEQ, "epoch": e, "tokens": ranges}
+               for e, ranges in (source.token_ranges(k) for k in range(2 * n))]
+    coverage = token_coverage(records)["c"]
+    assert sorted(coverage) == [0, 1]
+    for epoch in (0, 1):
+        assert coverage[epoch]["ranges"] == [[0, sum(LENGTHS)]] and not coverage[epoch]["repeated"]
     for epoch in (0, 1):
         covered = {}
         for k in range(epoch * n, (epoch + 1) * n):

@@ -286,6 +286,16 @@ def test_the_flag_reaches_the_training_data_from_the_command_line(demo_data, tmp
     # validation is packed the same way
     (group,) = packed.eval_groups
     assert isinstance(group.dataset.datasets[0].open(), BinShuffledSamples)
+    # a resume through the data ledger (the same mix: the recorded phase) draws the same bins
+    from megatron.data.mix_ledger import MixRecord
+    from megatron.data.mix_resume import DataResume
+
+    record = MixRecord.from_json(json.loads(json.dumps(packed.mix.record(2, 8).to_json())))
+    assert record.ledger[0].samples_per_epoch == c.samples_per_epoch
+    resumed = build_pretraining_data(config, ByteLevelTokenizer(), DataResume("ckpt", 2, record))
+    assert len(resumed.mix.phases) == 1 and not resumed.mix.notes
+    for i in range(8, 16):
+        assert torch.equal(resumed.train[i]["tokens"], packed.train[i]["tokens"])
 
 
 def _checkpoint(tmp_path, flags):

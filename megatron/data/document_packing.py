@@ -33,8 +33,7 @@ import numpy as np
 from megatron.data.cache_key import array_digest
 
 __all__ = ["CONCAT", "BEST_FIT", "PACKING_MODES", "BEST_FIT_VERSION", "TIES_TAG", "BINS_TAG",
-           "bin_capacity",
-           "document_chunks", "best_fit_bins", "best_fit_bin_count"]
+           "bin_capacity", "document_chunks", "best_fit_bins", "best_fit_bin_count"]
 
 CONCAT, BEST_FIT = "concat", "best-fit"
 PACKING_MODES = (CONCAT, BEST_FIT)
@@ -68,7 +67,7 @@ def best_fit_bins(lengths: np.ndarray, capacity: int,
     bins of ``capacity`` tokens, ties in the order of ``seed``: ``(document, chunk, offsets)``,
     bin ``b`` holding the items ``offsets[b]:offsets[b + 1]`` of ``document``/``chunk`` (see
     :func:`document_chunks`), in placement order; bins in creation order."""
-    from megatron.data.mtf_dataset import pack_lengths  # lazy: torch and megatron-core (~2 s); not --help
+    from megatron.data.mtf_dataset import pack_lengths  # lazy: megatron-core (~2 s); not at --help
 
     documents, chunks, tokens = document_chunks(lengths, capacity)
     ties = np.random.default_rng([int(seed), TIES_TAG]).permutation(len(tokens))
@@ -87,7 +86,7 @@ def best_fit_bin_count(lengths: np.ndarray, capacity: int) -> int:
     key = (array_digest(np.asarray(lengths, dtype=np.int64))["sha256"], int(capacity))
     count = _BIN_COUNTS.get(key)
     if count is None:
-        from megatron.data.mtf_dataset import pack_lengths  # lazy: torch and megatron-core (~2 s); not --help
+        from megatron.data.mtf_dataset import pack_lengths  # lazy: megatron-core (~2 s); not at --help
 
         _, _, tokens = document_chunks(lengths, capacity)
         count = len(pack_lengths(tokens, int(capacity))[1]) - 1

@@ -3,7 +3,8 @@
 # ranks: a tiny RoPE GPT pretrained at 64 tokens per sample on the demo corpus (16 sequences per
 # step), then extended by a resume with --extend-context to 256 tokens per sample, the RoPE base
 # raised from 10,000 to 500,000, 4 sequences per step (the same 1,024 tokens per step), a
-# long-document mix (34% long documents, 66% the pretraining mix continuing where it stopped), an
+# long-document mix (34% long documents; 66% the pretraining mix, half continuing where it stopped,
+# half a declared replay of what stage 1 drew), an
 # LR re-warmed and decayed to 0 (examples/extend_context/lr.yaml), and the validation loss per
 # position range (0-64: the old context; 64-128, 128-192, 192-256: past it) per validation group.
 # Finally tools/data_provenance.py --coverage shows what each dataset's token stream gave.

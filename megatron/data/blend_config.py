@@ -46,7 +46,7 @@ import yaml
 from megatron.data.cache_key import NOT_KEYED
 from megatron.errors import ConfigError
 
-__all__ = [
+__all__ = ["REPLAY_SUFFIX", "blend_key", 
     "BlendConfigError", "BlendEntry", "BlendStage", "SplitBlend", "BlendConfig",
     "load_blend_config", "parse_blend_config", "parse_energon_metadataset", "is_energon_metadataset",
     "parse_split_range", "check_dataset_prefix",
@@ -84,6 +84,9 @@ class BlendEntry:
         where: ``"FILE: key"`` for error messages.
         loss_weight: multiplies the loss weight of this dataset's tokens (the objective, not the
             sampling; megatron/optim/loss_normalization.py).
+        replay: draws again from the tokens of the dataset the run drew before the phase this
+            entry's mix began (a context-extension stage's "previous mix": a ledger dataset of
+            its own, ``NAME_replay``; megatron/data/length_change.py), not from new ones.
     """
 
     path: str
@@ -92,11 +95,13 @@ class BlendEntry:
     repetitions: Optional[float] = None
     where: str = field(default="", metadata=NOT_KEYED)
     loss_weight: float = field(default=1.0, metadata=NOT_KEYED)
+    replay: bool = False
 
     @property
-    def key(self) -> Tuple[str, float, float]:
-        """Identity of the constituent dataset: same path and range = same dataset."""
-        return (self.path, self.split[0], self.split[1])
+    def key(self) -> Tuple:
+        """Identity of the constituent dataset: same path and range = same dataset (a replay of
+        it is another)."""
+        return blend_key(self.path, self.split, self.replay)
 
     @property
     def weight_is_static(self) -> bool:
@@ -104,8 +109,8 @@ class BlendEntry:
 
     @property
     def name(self) -> str:
-        """Short name: :func:`short_dataset_name` of the prefix."""
-        return short_dataset_name(self.path)
+        """Short name: :func:`short_dataset_name` of the prefix (``_replay`` added for a replay)."""
+        return short_dataset_name(self.path) + (REPLAY_SUFFIX if self.replay else "")
 
     @property
     def qualified_name(self) -> str:
@@ -161,6 +166,16 @@ class BlendConfig:
 
 
 # ----------------------------------------------------------------------------------------------
+REPLAY_SUFFIX = "_replay"
+
+
+def blend_key(path: str, split: Tuple[float, float], replay: bool = False) -> Tuple:
+    """The identity of a blend's dataset: ``(path, split start, split end)``, and ``"replay"``
+    after them for a replay of it."""
+    key = (path, float(split[0]), float(split[1]))
+    return key + ("replay",) if replay else key
+
+
 def short_dataset_name(prefix: str) -> str:
     """A dataset's name in logs and metrics: the basename of its ``.bin/.idx`` prefix without the
     suffix that ``tools/preprocess_data.py`` adds (``_text_document``, ``_inputs_document``,
@@ -582,7 +597,8 @@ def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> 
     if not items:
         raise _err(where, f"{kind} is empty: a stage with nothing to draw")
     checks = _checks(check_files)
-    allowed = PATH_KEYS + ("weight", "split", "loss_weight") + (("repetitions",) if kind == "epochized_blend" else ())
+    allowed = PATH_KEYS + ("weight", "split", "loss_weight") + (
+        ("repetitions",) if kind == "epochized_blend" else ("replay",))
     entries, seen = [], {}
     for i, item in enumerate(items):
         w = f"{where}[{i}]"
@@ -611,13 +627,18 @@ def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> 
             if not loss_weight > 0:
                 raise _err(w + ".loss_weight", f"loss_weight {item['loss_weight']!r} must be > 0 "
                                                "(a dataset not to learn from is left out)")
+        replay = item.get("replay", False)
+        if not isinstance(replay, bool):
+            raise _err(w + ".replay", f"replay {replay!r}: give true (draw again from the tokens "
+                                      "of this dataset the run drew before this mix) or false")
         weights = _group_weights(members, weight, split, w, checks)
         for (path, wm), weight_m in zip(members, weights, strict=True):
             entry = BlendEntry(path=path, weight=weight_m, split=split, repetitions=reps, where=wm,
-                               loss_weight=loss_weight)
+                               loss_weight=loss_weight, replay=replay)
             if entry.key in seen:
                 raise _err(wm if wm != w else w + ".path",
-                           f"dataset {path!r} (split {split[0]:g}:{split[1]:g}) is listed twice in "
+                           f"dataset {path!r} (split {split[0]:g}:{split[1]:g}"
+                           f"{', replay' if replay else ''}) is listed twice in "
                            f"this blend (also at {seen[entry.key]})")
             seen[entry.key] = wm
             entries.append(entry)

@@ -161,10 +161,11 @@ def gpt_mix_sources(config: DataConfig, kind: str, gpt_config, pack: Optional[In
 
     pack = pack if pack is not None else IndexPack()
 
-    def make_source(constituent, num_samples, seed, prior=()):
+    def make_source(constituent, num_samples, seed, prior=(), replay_of=()):
         config_ = gpt_config if seed == gpt_config.random_seed else replace(gpt_config,
                                                                             random_seed=seed)
-        return gpt_epoch_source(constituent, num_samples, config_, "train", pack, prior)
+        return gpt_epoch_source(constituent, num_samples, config_, "train", pack, prior,
+                                replay_of)
 
     def at_length(seq_length: int):
         return gpt_mix_sources(config, kind, replace(gpt_config, sequence_length=int(seq_length)),

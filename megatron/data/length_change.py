@@ -30,10 +30,12 @@ import torch
 from megatron.data.epoch_order import EpochShuffledSamples, epoch_permutation
 from megatron.data.mix_ledger import LengthSegment
 
-__all__ = ["TokenRanges", "EpochInProgress", "epoch_in_progress",
-           "window_order", "transition_permutation", "StreamReader", "LengthChangedSamples"]
+__all__ = ["TokenRanges", "EpochInProgress", "epoch_in_progress", "window_order",
+           "transition_permutation", "StreamReader", "LengthChangedSamples", "sample_of_ranges",
+           "seen_tokens", "ReplaySamples"]
 
 _TRANSITION_TAG = 0x7472  # "tr": keeps the transition orders apart from the epoch orders
+_REPLAY_TAG = 0x7270  # "rp": the replays' orders
 
 
 class TokenRanges:
@@ -107,6 +109,13 @@ class TokenRanges:
         first = free[np.concatenate([[0], breaks])]
         last = free[np.concatenate([breaks, [free.size]]) - 1] + 1
         return self.select(first * L, np.minimum(last * L, self.total))
+
+    def complement(self, end: int) -> "TokenRanges":
+        """The tokens of ``[0, end)`` not in these ranges."""
+        bounds = np.concatenate([[0], (self.starts + self.lengths)])
+        nexts = np.concatenate([self.starts, [int(end)]])
+        keep = nexts > bounds
+        return TokenRanges(bounds[keep], (nexts - bounds)[keep])
 
     def to_list(self) -> List[List[int]]:
         """``[[start, end), ...]``: the ranges as stream offsets."""
@@ -268,31 +277,7 @@ class LengthChangedSamples(torch.utils.data.Dataset):
         return self._transition_sample(self.token_ranges(k)[1])
 
     def _transition_sample(self, ranges: List[List[int]]) -> Dict[str, Any]:
-        from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
-
-        inputs, labels = [], []
-        for start, end in ranges:
-            text = self._stream().read(start, end - start + 1)  # the last input's label too
-            inputs.append(text[:-1])
-            labels.append(text[1:])
-        config = self.new_epoch.config
-        pad = int(self.new_epoch._pad_token_id)
-        real = sum(len(x) for x in inputs)
-        filler = np.full(self.seq_length - real, pad, dtype=np.int64)
-        tokens = torch.from_numpy(np.concatenate(inputs + [filler])).long()
-        label_ids = torch.from_numpy(np.concatenate(labels + [filler])).long()
-        attention_mask, loss_mask, position_ids = _get_ltor_masks_and_position_ids(
-            tokens, config.tokenizer.eod, config.reset_position_ids, config.reset_attention_mask,
-            config.eod_mask_loss, config.create_attention_mask)
-        loss_mask[real:] = 0.0  # the last transition sample's padding
-        tokens[real:] = 0
-        label_ids[real:] = 0
-        out = {"tokens": tokens, "labels": label_ids, "loss_mask": loss_mask,
-               "position_ids": position_ids}
-        if config.create_attention_mask:
-            out = {"tokens": tokens, "labels": label_ids, "attention_mask": attention_mask,
-                   "loss_mask": loss_mask, "position_ids": position_ids}
-        return out
+        return sample_of_ranges(self._stream(), ranges, self.new_epoch)
 
     def sample_documents(self, k: int) -> List[List[int]]:
         """``[[sequence_id, first_token, last_token], ...]`` sample ``k`` is read from."""
@@ -307,4 +292,112 @@ class LengthChangedSamples(torch.utils.data.Dataset):
     def __getstate__(self):  # DataLoader workers: the reader and the order are made again
         state = dict(self.__dict__)
         state["_reader"], state["_order"] = None, None
+        return state
+
+
+def sample_of_ranges(reader: "StreamReader", ranges: List[List[int]], like) -> Dict[str, Any]:
+    """The sample (the keys and dtypes of megatron-core ``GPTDataset`` ``like``'s, its masks from
+    megatron-core's ``_get_ltor_masks_and_position_ids`` under ``like``'s config) whose input
+    tokens are the stream ranges ``ranges`` of ``reader``, one after the other, each token
+    labelled with the token after it in the stream; padded to ``like``'s sequence length, the
+    padding masked from the loss."""
+    from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
+
+    inputs, labels = [], []
+    for start, end in ranges:
+        text = reader.read(start, end - start + 1)  # the last input's label too
+        inputs.append(text[:-1])
+        labels.append(text[1:])
+    config = like.config
+    length = int(config.sequence_length)
+    real = sum(len(x) for x in inputs)
+    filler = np.full(length - real, int(like._pad_token_id), dtype=np.int64)
+    tokens = torch.from_numpy(np.concatenate(inputs + [filler])).long()
+    label_ids = torch.from_numpy(np.concatenate(labels + [filler])).long()
+    attention_mask, loss_mask, position_ids = _get_ltor_masks_and_position_ids(
+        tokens, config.tokenizer.eod, config.reset_position_ids, config.reset_attention_mask,
+        config.eod_mask_loss, config.create_attention_mask)
+    loss_mask[real:] = 0.0  # padding
+    tokens[real:] = 0
+    label_ids[real:] = 0
+    if config.create_attention_mask:
+        return {"tokens": tokens, "labels": label_ids, "attention_mask": attention_mask,
+                "loss_mask": loss_mask, "position_ids": position_ids}
+    return {"tokens": tokens, "labels": label_ids, "loss_mask": loss_mask,
+            "position_ids": position_ids}
+
+
+def seen_tokens(segments: Sequence[LengthSegment], open_epoch: Callable[[int, int], Any],
+                seq_length: int, seed: int) -> Tuple[TokenRanges, Any]:
+    """What a dataset with the length history ``segments`` has drawn, as ranges of a stream, and
+    the one-epoch dataset whose stream they refer to: all of the stream at ``seq_length`` (and
+    ``seed``) once it finished an epoch, else the part of its first epoch drawn so far. Empty
+    when it drew nothing."""
+    state = epoch_in_progress(segments, open_epoch)
+    if state.epoch >= 1:
+        one_epoch = open_epoch(seq_length, seed)
+        return TokenRanges(np.zeros(1, np.int64), np.asarray([len(one_epoch) * int(seq_length)])), one_epoch
+    if state.remainder is None:
+        return TokenRanges(np.zeros(0, np.int64), np.zeros(0, np.int64)), open_epoch(seq_length, seed)
+    stream = open_epoch(state.stream_length, state.stream_seed)
+    return state.remainder.complement(len(stream) * state.stream_length), stream
+
+
+class ReplaySamples(torch.utils.data.Dataset):
+    """A declared replay (a blend entry with ``replay: true``): samples of ``new_epoch``'s length
+    cut from ``seen`` (ranges of ``stream_epoch``'s stream a dataset gave before), an epoch being
+    all of them in an order seeded ``(seed, epoch)``, the last one of each padded; ``len()`` is
+    ``num_samples``."""
+
+    def __init__(self, seen: TokenRanges, new_epoch, stream_epoch, seed: int, num_samples: int):
+        self.seen = seen
+        self.new_epoch = new_epoch
+        self.seq_length = int(new_epoch.config.sequence_length)
+        self.per_epoch = -(-seen.total // self.seq_length)
+        if self.per_epoch == 0:
+            raise ValueError("a replay of a dataset that gave no token")
+        self.seed = int(seed)
+        self.num_samples = int(num_samples)
+        self._stream_epoch = stream_epoch
+        self._reader: Optional[StreamReader] = None
+        self._orders: Dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def epoch_and_position(self, k: int) -> Tuple[int, int]:
+        """(replay epoch, position in it) of sample ``k``."""
+        return divmod(int(k), self.per_epoch)
+
+    def token_ranges(self, k: int) -> Tuple[int, List[List[int]]]:
+        """(replay epoch, ``[[start, end), ...]``): sample ``k``'s input tokens in the stream."""
+        epoch, position = self.epoch_and_position(k)
+        if epoch not in self._orders:
+            self._orders = {epoch: np.random.default_rng(
+                [self.seed, epoch, _REPLAY_TAG, self.seq_length]).permutation(self.per_epoch)}
+        q = int(self._orders[epoch][position])
+        lo = q * self.seq_length
+        hi = min(lo + self.seq_length, self.seen.total)
+        return epoch, [[a, a + n] for a, n in self.seen.pieces(lo, hi)]
+
+    def _stream(self) -> "StreamReader":
+        if self._reader is None:
+            self._reader = StreamReader(self._stream_epoch)
+        return self._reader
+
+    def __getitem__(self, k: int) -> Dict[str, Any]:
+        if not 0 <= int(k) < self.num_samples:
+            raise IndexError(f"sample {k} outside [0, {self.num_samples})")
+        return sample_of_ranges(self._stream(), self.token_ranges(k)[1], self.new_epoch)
+
+    def sample_documents(self, k: int) -> List[List[int]]:
+        """``[[sequence_id, first_token, last_token], ...]`` sample ``k`` is read from."""
+        out = []
+        for start, end in self.token_ranges(k)[1]:
+            out += self._stream().documents(start, end - start + 1)
+        return out
+
+    def __getstate__(self):  # DataLoader workers: the reader and the orders are made again
+        state = dict(self.__dict__)
+        state["_reader"], state["_orders"] = None, {}
         return state

@@ -56,6 +56,6 @@ def dataset_loss_weights(constituents, blend, flag_weights: Dict[str, float]) ->
     if unknown:
         raise ConfigError(f"{FLAG}: {', '.join(unknown)} is not a training dataset; the training "
                           f"datasets are {', '.join(names)}")
-    weights = [flag_weights.get(c.name, from_blend.get((c.path, c.split[0], c.split[1]), 1.0))
+    weights = [flag_weights.get(c.name, from_blend.get(c.blend_key, 1.0))
                for c in constituents]
     return None if all(w == 1.0 for w in weights) else weights

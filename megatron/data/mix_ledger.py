@@ -106,6 +106,9 @@ class LedgerEntry:
     epoch: int = 0
     position: int = 0
     prior: Tuple[LengthSegment, ...] = ()  # samples drawn at earlier sequence lengths
+    # a replay (``replay: true`` entry): the history of its dataset when the replay began, which
+    # says what it drew before (the tokens the replay draws again)
+    seen: Tuple[LengthSegment, ...] = ()
 
     @property
     def key(self) -> LedgerKey:
@@ -114,9 +117,11 @@ class LedgerEntry:
     def to_json(self) -> Dict[str, Any]:
         out = asdict(self)
         out["split"] = list(self.split)
-        del out["prior"]
+        del out["prior"], out["seen"]
         if self.prior:  # only after a length change: earlier records stay as they were
             out["prior"] = [s.to_json() for s in self.prior]
+        if self.seen:
+            out["seen"] = [s.to_json() for s in self.seen]
         return out
 
     @classmethod
@@ -125,15 +130,20 @@ class LedgerEntry:
                    fingerprint=obj["fingerprint"], samples_per_epoch=obj.get("samples_per_epoch"),
                    drawn=int(obj["drawn"]), epoch=int(obj.get("epoch", 0)),
                    position=int(obj.get("position", 0)),
-                   prior=tuple(LengthSegment.from_json(s) for s in obj.get("prior", ())))
+                   prior=tuple(LengthSegment.from_json(s) for s in obj.get("prior", ())),
+                   seen=tuple(LengthSegment.from_json(s) for s in obj.get("seen", ())))
+
+    def history(self, seq_length: int, seed: int) -> Tuple[LengthSegment, ...]:
+        """Every length segment of this dataset, its current one (``drawn`` samples at
+        ``seq_length``, seeded ``seed``) last when it has drawn any."""
+        return self.prior + ((LengthSegment(int(seq_length), self.drawn, int(seed)),)
+                             if self.drawn else ())
 
     def after_length_change(self, seq_length: int, seed: int) -> "LedgerEntry":
         """This entry once the run's sequence length changes from ``seq_length`` (the length its
         ``drawn`` samples have; drawn in the order seeded ``seed``): its samples so far join
         ``prior`` and its count restarts at 0 (megatron/data/length_change.py)."""
-        prior = self.prior + ((LengthSegment(int(seq_length), self.drawn, int(seed)),)
-                              if self.drawn else ())
-        return replace(self, drawn=0, epoch=self.epoch, position=0, prior=prior)
+        return replace(self, drawn=0, position=0, prior=self.history(seq_length, seed))
 
 
 @dataclass
@@ -243,6 +253,8 @@ def blend_to_json(blend) -> Dict[str, Any]:
         out = {"path": os.path.abspath(e.path), "weight": e.weight, "split": list(e.split)}
         if e.repetitions is not None:
             out["repetitions"] = e.repetitions
+        if e.replay:
+            out["replay"] = True
         return out
 
     return {"name": blend.name, "sequential": bool(blend.sequential),
@@ -258,7 +270,8 @@ def blend_from_json(obj: Dict[str, Any], where: str = "data_mix.json"):
         w = f"{where} stage {k}"
         entries = tuple(BlendEntry(path=e["path"], weight=_weight_from_json(e["weight"]),
                                    split=tuple(float(x) for x in e["split"]),
-                                   repetitions=e.get("repetitions"), where=f"{w} entry {i}")
+                                   repetitions=e.get("repetitions"), where=f"{w} entry {i}",
+                                   replay=bool(e.get("replay", False)))
                         for i, e in enumerate(s["entries"]))
         until = (s["until"][0], int(s["until"][1])) if s.get("until") else None
         stages.append(BlendStage(s["kind"], entries, until, w))

@@ -25,9 +25,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from megatron.data.blend_config import SCALED_WEIGHT_TYPE, SplitBlend, short_dataset_name
+from megatron.data.blend_config import REPLAY_SUFFIX, SCALED_WEIGHT_TYPE, SplitBlend, short_dataset_name
 from megatron.data.curriculum.blocked import resolve_index_order
-from megatron.data.curriculum.constituents import Constituent
+from megatron.data.curriculum.constituents import REPLAY_FINGERPRINT, Constituent
 from megatron.data.curriculum.dataset import Continuation, CurriculumDataset, build_mix_dataset
 from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.mix_ledger import (
@@ -200,8 +200,14 @@ def build_phase(phase: MixPhase, constituents: Sequence[Constituent], sources: M
         continuation = Continuation(phase.begin, phase.base_counts(), drawn_before)
     sources = sources.for_phase(phase)
     priors = {e.key: e.prior for e in phase.base if e.prior}
+    seen = {e.key: e.seen for e in phase.base if e.seen}
 
     def make(c, n):
+        if c.replay:
+            if c.ledger_key not in seen:
+                raise ConfigError(f"{blend.where}: {c.name}: a replay with no record of what its "
+                                  "dataset gave before (its ledger entry has no 'seen')")
+            return sources.make_source(c, n, phase.seed, (), seen[c.ledger_key])
         prior = priors.get(c.ledger_key)
         if prior:
             return sources.make_source(c, n, phase.seed, prior)
@@ -234,7 +240,7 @@ def _across_length_change(before: MixPhase, after: MixPhase) -> Callable[[int], 
 
 # ------------------------------------------------------------------------------------ changes
 def _entry_label(entry: Dict[str, Any]) -> str:
-    name = short_dataset_name(entry["path"])
+    name = short_dataset_name(entry["path"]) + (REPLAY_SUFFIX if entry.get("replay") else "")
     lo, hi = entry["split"]
     return name if (lo, hi) == (0.0, 1.0) else f"{name}[{lo:g}:{hi:g}]"
 
@@ -271,7 +277,7 @@ def _stage_changes(k: int, old: Optional[dict], new: Optional[dict], prefix: str
         out.append(f"{prefix}{old['kind']} -> {new['kind']}")
     if (old.get("until") or None) != (new.get("until") or None):
         out.append(f"{prefix}until {_until_text(old.get('until'))} -> {_until_text(new.get('until'))}")
-    key = (lambda e: (e["path"], tuple(e["split"])))
+    key = (lambda e: (e["path"], tuple(e["split"]), bool(e.get("replay"))))
     before = {key(e): e for e in old["entries"]}
     after = {key(e): e for e in new["entries"]}
     for k_ in before:
@@ -315,9 +321,10 @@ def mix_changes(record: MixRecord, kind: str, blend_json: Dict[str, Any], seed: 
         out += _stage_changes(k, old_stages[k] if k < len(old_stages) else None,
                               new_stages[k] if k < len(new_stages) else None,
                               "" if single else f"stage {k}: ")
-    recorded = {(e.path, tuple(e.split)): e for e in record.ledger}
+    recorded = {(e.path, tuple(e.split), e.fingerprint.endswith(REPLAY_FINGERPRINT)): e
+                for e in record.ledger}
     for c in constituents:
-        e = recorded.get((c.ledger_key[0], tuple(c.split)))
+        e = recorded.get((c.ledger_key[0], tuple(c.split), c.replay))
         if e is not None and e.fingerprint != c.fingerprint:
             out.append(f"{c.name}: its files changed ({e.fingerprint} -> {c.fingerprint}); it is a "
                        "new dataset to the ledger (starts at its first sample)")
@@ -354,10 +361,11 @@ class TrainMix:
             drawn = int(counts[i])
             if drawn == 0 and c.ledger_key not in entries:
                 continue
-            prior = entries[c.ledger_key].prior if c.ledger_key in entries else ()
+            known = entries.get(c.ledger_key)
             entries[c.ledger_key] = LedgerEntry(c.name, c.ledger_key[0], tuple(c.split),
                                                 c.fingerprint, c.samples_per_epoch, drawn,
-                                                prior=prior)
+                                                prior=known.prior if known else (),
+                                                seen=known.seen if known else ())
         names = set()
         for e in entries.values():
             e.epoch, e.position = _epoch_and_position(e, self.dataset)
@@ -401,6 +409,7 @@ def _phase_at_resume(record: MixRecord, history: MixHistory, sources: MixSources
     if _seq_length(current) != int(bs_json["seq_length"]):
         # a context-extension stage: every dataset's samples so far join its length history
         base = [e.after_length_change(_seq_length(current), current.seed) for e in base]
+    base += _replays_begun(constituents, base, current, record.consumed_samples, blend)
     phase = MixPhase(record.consumed_samples, blend_json, int(num_samples), bs_json, int(seed),
                      base, record.iteration,
                      resolve_index_order(sources.order, int(num_samples) - record.consumed_samples,
@@ -408,6 +417,28 @@ def _phase_at_resume(record: MixRecord, history: MixHistory, sources: MixSources
     if _seq_length(current) != _seq_length(phase):
         drawn_before = _across_length_change(current, phase)
     return phase, build_phase(phase, constituents, sources, drawn_before, blend=blend)
+
+
+def _replays_begun(constituents, base: List[LedgerEntry], current: MixPhase, consumed: int,
+                   blend: SplitBlend) -> List[LedgerEntry]:
+    """The ledger entries of the replays (``replay: true``) a new phase at global sample
+    ``consumed`` begins, each holding what its dataset had drawn by then (``seen``: its length
+    history); one-line :class:`ConfigError` for a replay of a dataset the run never drew."""
+    known = {e.key: e for e in base}
+    out = []
+    for c in constituents:
+        if not c.replay or c.ledger_key in known:
+            continue
+        entry = known.get(c.replayed().ledger_key)
+        seen = entry.history(_seq_length(current), current.seed) if entry is not None else ()
+        if not seen:
+            raise ConfigError(f"{blend.where}: {c.name} (replay: true) replays "
+                              f"{c.replayed().name}, of which the run drew nothing before global "
+                              f"sample {consumed}: a replay draws again from what was drawn; "
+                              "drop 'replay' to draw it afresh")
+        out.append(LedgerEntry(c.name, c.ledger_key[0], tuple(c.split), c.fingerprint, None, 0,
+                               seen=tuple(seen)))
+    return out
 
 
 def _index_prefix_equal(a: CurriculumDataset, b: CurriculumDataset, stop: int) -> bool:
@@ -441,6 +472,11 @@ def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: i
     constituents = sources.resolve(blend)
     fresh = MixPhase(0, blend_json, int(num_samples), bs_json, int(seed),
                      order=resolve_index_order(sources.order, int(num_samples), len(constituents)))
+    replays = [c.name for c in constituents if c.replay]
+    if replays and (resume is None or resume.record is None):
+        raise ConfigError(f"{blend.where}: {replays[0]} (replay: true) needs a resumed run (--load "
+                          "of a checkpoint with a data ledger) that drew from its dataset: a "
+                          "replay draws again from what was drawn before this mix")
     if resume is None or resume.record is None:
         notes = []
         if resume is not None:

@@ -39,7 +39,8 @@ def fake_constituents(split_blend, spe=10 ** 6, seq=16):
                 seen.add(e.key)
                 s = spe if isinstance(spe, int) else spe[e.path]
                 cons.append(Constituent(e.path, e.split, e.name, 0, 10, 10, s * seq + 1, s,
-                                        f"fake {os.path.basename(e.path)}"))
+                                        f"fake {os.path.basename(e.path)}"
+                                        + (" replay" if e.replay else ""), replay=e.replay))
     return cons
 
 

@@ -159,7 +159,7 @@ def test_every_keyed_blend_entry_field_is_keyed_and_the_others_are_not():
     base = _index(blend).cache_key()
     entry = blend.stages[0].entries[1]
     changes = {"path": "data/c", "weight": 0.5, "split": (0.0, 0.5), "repetitions": 2.0,
-               "where": "elsewhere", "loss_weight": 3.0}
+               "where": "elsewhere", "loss_weight": 3.0, "replay": True}
     assert set(changes) == {f.name for f in dataclasses.fields(entry)}
     for name, value in changes.items():
         stage = dataclasses.replace(blend.stages[0], entries=(

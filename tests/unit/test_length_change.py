@@ -189,3 +189,43 @@ def test_an_epochized_stage_across_a_length_change_is_one_error(corpus, tmp_path
                                           r"e.yaml: train.* is an epochized_blend stage"):
         continue_training_mix(_sources(256, cache), blend, 96, BatchSchedule(4, None, 256), SEED,
                               DataResume("ckpt", 2, record))
+
+
+def test_a_declared_replay_draws_again_only_what_was_drawn(corpus, tmp_path):
+    """Stage 2 adds ``replay: true`` of ``short``: its samples (a ledger dataset of its own,
+    ``short_replay``) are cut at 256 tokens from exactly the tokens ``short`` gave at 64, each once
+    per replay epoch; ``short`` itself still finishes its epoch from the tokens it had not given."""
+    cache = str(tmp_path / "cache")
+    streams = {name: _stream(p) for name, p in zip(("short", "mid", "long"), corpus, strict=True)}
+    first = _mix(corpus, cache, 64, 16, 96)
+    seen = {}
+    _check_samples(first, 0, 96, streams, 64, seen)
+    at_64 = _coverage(seen)[("short", 0)]  # what short gave at 64 tokens
+    record = first.record(6, 96)
+    obj = {"train": {"blend": [{"path": p, "weight": w} for p, w in zip(corpus, (1, 2, 3), strict=True)]
+                     + [{"path": corpus[0], "weight": 2, "replay": True}]}}
+    blend = parse_blend_config(obj, "replay.yaml").train
+    resume = DataResume("ckpt", 6, MixRecord.from_json(record.to_json()), override=True)
+    second = continue_training_mix(_sources(256, cache), blend, 96 + 160,
+                                   BatchSchedule(4, None, 256), SEED, resume)
+    streams["short_replay"] = streams["short"]
+    _check_samples(second, 96, 96 + 160, streams, 256, seen)
+    replay = _coverage({k: v for k, v in seen.items() if k[0] == "short_replay"})
+    assert len(replay) > 2  # several replay epochs, each all of what short gave, once
+    for epoch in sorted(e for _, e in replay)[:-1]:
+        assert replay[("short_replay", epoch)] == at_64, epoch
+    entry = {e.name: e for e in second.record(46, 96 + 160).ledger}
+    assert [(s.seq_length, s.drawn) for s in entry["short_replay"].seen] == [
+        (64, {e.name: e.drawn for e in record.ledger}["short"])]
+    assert entry["short_replay"].drawn > 0
+    per_epoch64 = {c.name: c.samples_per_epoch for c in first.dataset.constituents}
+    assert _coverage({("short", 0): seen[("short", 0)]})[("short", 0)] == [[0, per_epoch64["short"] * 64]]
+    # refused: a replay in a run that starts, and a replay of a dataset never drawn
+    with pytest.raises(ConfigError, match="short_replay \\(replay: true\\) needs a resumed run"):
+        continue_training_mix(_sources(64, cache), blend, 96, BatchSchedule(16, None, 64), SEED, None)
+    other = write_corpus(str(tmp_path / "other"), [100] * 20)
+    obj["train"]["blend"].append({"path": other, "weight": 1, "replay": True})
+    with pytest.raises(ConfigError, match="other_replay \\(replay: true\\) replays other, of which "
+                                          "the run drew nothing before global sample 96"):
+        continue_training_mix(_sources(256, cache), parse_blend_config(obj, "r.yaml").train,
+                              96 + 160, BatchSchedule(4, None, 256), SEED, resume)

@@ -14,11 +14,13 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from megatron.data.blend_config import BlendConfigError, SplitBlend, check_dataset_prefix
+from megatron.data.blend_config import REPLAY_SUFFIX, BlendConfigError, SplitBlend, blend_key, check_dataset_prefix
 from megatron.data.document_packing import CONCAT, best_fit_bin_count, bin_capacity
 from megatron.data.mix_ledger import gpt_files_fingerprint, ledger_key
 
-__all__ = ["Constituent", "at_seq_length", "passes_per_epoch", "resolve_constituents", "short_dataset_note"]
+REPLAY_FINGERPRINT = " replay"  # a replay's fingerprint: its dataset's and this
+
+__all__ = ["REPLAY_FINGERPRINT", "Constituent", "at_seq_length", "passes_per_epoch", "resolve_constituents", "short_dataset_note"]
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,25 @@ class Constituent:
     fingerprint: str = ""
     passes: int = 1
     packing: str = CONCAT
+    replay: bool = False
 
     @property
     def ledger_key(self) -> Tuple[str, float, float, str]:
-        """Its identity in the data ledger (megatron/data/mix_ledger.py ``ledger_key``)."""
+        """Its identity in the data ledger (megatron/data/mix_ledger.py ``ledger_key``; a replay's
+        fingerprint ends in :data:`REPLAY_FINGERPRINT`)."""
         return ledger_key(self.path, self.split, self.fingerprint)
+
+    @property
+    def blend_key(self) -> Tuple:
+        """Its identity in a blend (:func:`~megatron.data.blend_config.blend_key`)."""
+        return blend_key(self.path, self.split, self.replay)
+
+    def replayed(self) -> "Constituent":
+        """The dataset this replay draws again from (itself when it is not a replay)."""
+        if not self.replay:
+            return self
+        return replace(self, name=self.name[:-len(REPLAY_SUFFIX)], replay=False,
+                       fingerprint=self.fingerprint[:-len(REPLAY_FINGERPRINT)])
 
 
 def _samples_per_epoch(tokens: int, seq_length: int, add_extra_token: bool = True) -> int:
@@ -137,7 +153,9 @@ def resolve_constituents(blend: SplitBlend, seq_length: int, add_extra_token: bo
             while name in names:
                 name, k = f"{base}#{k}", k + 1
             names.add(name)
+            fingerprint = gpt_files_fingerprint(entry.path, header_counts)
+            if entry.replay:  # its samples per epoch depend on what was drawn before
+                spe, fingerprint = None, fingerprint + REPLAY_FINGERPRINT
             out[entry.key] = Constituent(entry.path, entry.split, name, beg, end, n, tokens, spe,
-                                         gpt_files_fingerprint(entry.path, header_counts), passes,
-                                         packing)
+                                         fingerprint, passes, packing, entry.replay)
     return list(out.values())

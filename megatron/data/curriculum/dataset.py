@@ -25,10 +25,11 @@ from megatron.data.curriculum.index import CurriculumIndex
 from megatron.data.document_packing import BEST_FIT
 from megatron.data.epoch_order import EpochShuffledSamples
 from megatron.data.index_pack import IndexPack, PackedGPTDataset
-from megatron.data.length_change import LengthChangedSamples, epoch_in_progress
+from megatron.data.length_change import LengthChangedSamples, ReplaySamples, epoch_in_progress, seen_tokens
 from megatron.data.mix_ledger import LengthSegment
 from megatron.data.rank0_first import rank0_builds_first
 from megatron.data.source_pool import LazySource, SourcePool, check_file_limit, pool_capacity
+from megatron.errors import ConfigError
 from megatron.schedules.units import BatchSchedule
 from megatron.utils.rank_utils import print_rank_0
 
@@ -166,7 +167,8 @@ def one_epoch_gpt_dataset(constituent: Constituent, gpt_config, split: str,
 
 def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, split: str,
                      pack: Optional[IndexPack] = None,
-                     prior: Sequence[LengthSegment] = ()):
+                     prior: Sequence[LengthSegment] = (),
+                     replay_of: Sequence[LengthSegment] = ()):
     """Dataset ``constituent``'s samples ``0..num_samples - 1`` (by ledger number):
     :class:`~megatron.data.epoch_order.EpochShuffledSamples` over its one-epoch megatron-core
     ``GPTDataset`` (:func:`one_epoch_gpt_dataset`; ``constituent.passes`` passes over its
@@ -175,17 +177,23 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
     length history ``prior`` (the samples it gave at earlier sequence lengths, from the data
     ledger), the samples since its last length change:
     :class:`~megatron.data.length_change.LengthChangedSamples`, which first finish the epoch in
-    progress from the tokens it has not drawn. A best-fit ``constituent`` serves its bins,
-    reshuffled per epoch alike (:class:`~megatron.data.best_fit_dataset.BinShuffledSamples`;
-    never with a length history: a best-fit run keeps its length)."""
-    one_epoch = one_epoch_gpt_dataset(constituent, gpt_config, split, pack)
+    progress from the tokens it has not drawn. A replay (``constituent.replay``) draws again from
+    what its dataset had given by the history ``replay_of``:
+    :class:`~megatron.data.length_change.ReplaySamples`. A best-fit ``constituent`` serves its
+    bins, reshuffled per epoch alike (:class:`~megatron.data.best_fit_dataset.BinShuffledSamples`;
+    never with a length history or as a replay: a best-fit run keeps its length)."""
+    extra = gpt_config.add_extra_token_to_sequence
     if constituent.packing == BEST_FIT:
-        if prior:
-            raise ValueError(f"{constituent.name}: packed {BEST_FIT}, it cannot continue across a "
-                             "--seq-length change (--pack-documents)")
-        return BinShuffledSamples(one_epoch, gpt_config.random_seed, num_samples)
-    if prior:
-        extra = gpt_config.add_extra_token_to_sequence
+        if prior or replay_of or constituent.replay:
+            raise ConfigError(f"--pack-documents {BEST_FIT}: {constituent.name} cannot continue "
+                              "across a --seq-length change or be replayed (replay: true): its "
+                              "bins are packed for one length; give --pack-documents concat")
+        return BinShuffledSamples(one_epoch_gpt_dataset(constituent, gpt_config, split, pack),
+                                  gpt_config.random_seed, num_samples)
+    if constituent.replay:
+        constituent = at_seq_length(constituent.replayed(), gpt_config.sequence_length, extra)
+    one_epoch = one_epoch_gpt_dataset(constituent, gpt_config, split, pack)
+    if prior or replay_of:
         opened: Dict[Tuple[int, int], Any] = {}
 
         def open_epoch(seq_length: int, seed: int):
@@ -197,6 +205,11 @@ def gpt_epoch_source(constituent: Constituent, num_samples: int, gpt_config, spl
                     at_seq_length(constituent, seq_length, extra), config, split, pack)
             return opened[(seq_length, seed)]
 
+        if replay_of:
+            seen, stream = seen_tokens(replay_of, open_epoch, gpt_config.sequence_length,
+                                       gpt_config.random_seed)
+            opened.clear()
+            return ReplaySamples(seen, one_epoch, stream, gpt_config.random_seed, num_samples)
         state = epoch_in_progress(prior, open_epoch)
         stream = one_epoch
         if state.remainder is not None:

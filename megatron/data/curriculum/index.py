@@ -152,7 +152,7 @@ class CurriculumIndex:
         self.names = [c.name for c in self.constituents]
         self.progress = _Progress(batch_schedule, self.num_samples)
         self.context = WeightContext(batch_schedule, self.num_samples)
-        self._key_index = {(c.path, c.split[0], c.split[1]): i for i, c in enumerate(self.constituents)}
+        self._key_index = {c.blend_key: i for i, c in enumerate(self.constituents)}
         self._schedules: Dict[Tuple[int, int], Any] = {}
         self._static: Dict[int, Tuple[np.ndarray, List[int]]] = {}  # by stage number
         self.plans = self._plan()

@@ -54,6 +54,7 @@ __all__ = ["REPLAY_SUFFIX", "blend_key",
     "indexed_dataset_problem", "missing_files_problem", "dataset_prefix_problem",
     "prefix_problems_message",
     "range_tokens", "scaled_weight", "SCALED_WEIGHT_TYPE",
+    "MixerConfig", "MIXER_POLICIES", "MIXER_KEYS",
 ]
 
 SCALED_WEIGHT_TYPE = "scaled"
@@ -131,15 +132,47 @@ class BlendStage:
     where: str = field(default="", metadata=NOT_KEYED)
 
 
+# the mixer's policies (megatron/data/mixer_policies.py) and each one's own keys with their defaults
+MIXER_POLICIES: Dict[str, Dict[str, float]] = {
+    "odm": {"smoothing": 0.9, "reward_scale": 10.0},
+    "ado": {"warmup": 3, "history": 0.9, "average": 0.9},
+    "loss_softmax": {"temperature": 1.0},
+}
+MIXER_KEYS = ("policy", "interval", "floor")
+
+
+@dataclass(frozen=True)
+class MixerConfig:
+    """``train: {blend: [...], mixer: {...}}``: every ``interval`` iterations ``policy`` (one of
+    :data:`MIXER_POLICIES`) reads the interval's per-dataset training losses and sets the blend's
+    next weights, each at least ``floor``; ``params``: the policy's own keys (sorted ``(key,
+    value)`` pairs, defaults filled in). The blend's weights are the starting mix."""
+
+    policy: str
+    interval: int
+    floor: float = 0.0
+    params: Tuple[Tuple[str, float], ...] = ()
+    where: str = field(default="", metadata=NOT_KEYED, compare=False)
+
+    def param(self, key: str) -> float:
+        return dict(self.params)[key]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"policy": self.policy, "interval": self.interval, "floor": self.floor,
+                **dict(self.params)}
+
+
 @dataclass(frozen=True)
 class SplitBlend:
     """What one split (or one named valid/test group) draws: stages in order (one for a plain
-    ``blend``/``epochized_blend``; several for ``sequential``)."""
+    ``blend``/``epochized_blend``; several for ``sequential``); ``mixer``: the adaptive mixer of a
+    training ``blend`` (:class:`MixerConfig`), or None."""
 
     stages: Tuple[BlendStage, ...]
     name: Optional[str] = None
     sequential: bool = False
     where: str = field(default="", metadata=NOT_KEYED)
+    mixer: Optional[MixerConfig] = None
 
 
 @dataclass(frozen=True)
@@ -651,16 +684,62 @@ def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> 
 _BLEND_FORMS = ("blend", "epochized_blend", "sequential")
 
 
-def _parse_split_blend(obj: Any, where: str, base_dir, check_files, name=None) -> SplitBlend:
+def _parse_mixer(spec: Any, entries: Tuple[BlendEntry, ...], where: str) -> MixerConfig:
+    """The ``mixer:`` beside a training ``blend:`` (:class:`MixerConfig`); one line naming the key
+    and value for an unknown policy or key, a non-positive interval, a negative floor, floors
+    summing above 1, or a weight schedule in the blend (its weights are the starting mix)."""
+    if not isinstance(spec, dict):
+        raise _err(where, f"expected a mapping {{policy, interval, floor, ...}}, got {spec!r}")
+    policy = spec.get("policy")
+    if policy not in MIXER_POLICIES:
+        raise _err(where + ".policy", f"unknown policy {policy!r}; allowed: "
+                                      f"{', '.join(MIXER_POLICIES)}")
+    _check_keys(spec, MIXER_KEYS + tuple(MIXER_POLICIES[policy]), where)
+    if "interval" not in spec:
+        raise _err(where, "missing key 'interval' (iterations between two updates of the weights)")
+    interval = spec["interval"]
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
+        raise _err(where + ".interval", f"interval {interval!r} must be a positive whole number "
+                                        "of iterations")
+    floor = _number(spec.get("floor", 0.0), where + ".floor", f"floor {spec.get('floor')!r}")
+    if floor < 0:
+        raise _err(where + ".floor", f"floor {spec['floor']!r} is negative; a floor is a weight "
+                                     "in [0, 1/datasets]")
+    if floor * len(entries) > 1 + 1e-12:
+        raise _err(where + ".floor", f"floor {spec['floor']!r} x {len(entries)} datasets = "
+                                     f"{floor * len(entries):g} is above 1; the floors must sum "
+                                     f"to at most 1 (floor <= {1 / len(entries):g})")
+    for e in entries:
+        if not e.weight_is_static:
+            raise _err(e.where + ".weight", f"a weight schedule ({e.weight!r}) beside a mixer: the "
+                                            "mixer sets the weights, the blend's are the starting "
+                                            "mix; give a number")
+    params = []
+    for key, default in sorted(MIXER_POLICIES[policy].items()):
+        value = _number(spec.get(key, default), f"{where}.{key}", f"{key} {spec.get(key)!r}")
+        if value < 0 or (key == "temperature" and value == 0):
+            raise _err(f"{where}.{key}", f"{key} {spec[key]!r} must be "
+                                         f"{'> 0' if key == 'temperature' else '>= 0'}")
+        if key in ("smoothing", "history", "average") and value >= 1:
+            raise _err(f"{where}.{key}", f"{key} {spec[key]!r} must be in [0, 1)")
+        params.append((key, int(value) if key == "warmup" else value))
+    return MixerConfig(str(policy), int(interval), floor, tuple(params), where)
+
+
+def _parse_split_blend(obj: Any, where: str, base_dir, check_files, name=None,
+                       mixer_allowed: bool = False) -> SplitBlend:
     forms = [k for k in _BLEND_FORMS if isinstance(obj, dict) and k in obj]
     if len(forms) != 1:
         raise _err(where, f"give exactly one of {', '.join(_BLEND_FORMS)} (got {obj!r})")
-    _check_keys(obj, _BLEND_FORMS, where)  # nothing beside the form: `{blend: [...], foo: 1}`
     form = forms[0]
+    # nothing beside the form (`{blend: [...], foo: 1}`) but a training blend's mixer
+    _check_keys(obj, _BLEND_FORMS + (("mixer",) if mixer_allowed and form == "blend" else ()),
+                where)
     if form in ("blend", "epochized_blend"):
         entries = _parse_entries(obj[form], form, f"{where}.{form}", base_dir, check_files)
+        mixer = _parse_mixer(obj["mixer"], entries, f"{where}.mixer") if "mixer" in obj else None
         return SplitBlend(stages=(BlendStage(form, entries, None, f"{where}.{form}"),), name=name,
-                          where=where)
+                          where=where, mixer=mixer)
     stages_spec = obj["sequential"]
     w = f"{where}.sequential"
     if not isinstance(stages_spec, list) or not stages_spec:
@@ -744,7 +823,7 @@ def parse_blend_config(data: Any, source: str = "<blend config>", base_dir: Opti
     train = None
     if data.get("train") is not None:
         train = _parse_split_blend(data["train"], f"{source}: train", base_dir, check_files,
-                                   name="train")
+                                   name="train", mixer_allowed=True)
     valid = _parse_groups(data["valid"], "valid", f"{source}: valid", base_dir, check_files) \
         if data.get("valid") is not None else ()
     test = _parse_groups(data["test"], "test", f"{source}: test", base_dir, check_files) \

@@ -38,7 +38,7 @@ import struct
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from megatron.data.blend_config import BlendEntry, BlendStage, SplitBlend
+from megatron.data.blend_config import BlendEntry, BlendStage, MixerConfig, SplitBlend
 from megatron.errors import ConfigError
 
 __all__ = ["RECORD_VERSION", "LedgerKey", "LengthSegment", "LedgerEntry", "MixPhase", "EvalGroupCounter",
@@ -257,9 +257,12 @@ def blend_to_json(blend) -> Dict[str, Any]:
             out["replay"] = True
         return out
 
-    return {"name": blend.name, "sequential": bool(blend.sequential),
-            "stages": [{"kind": s.kind, "until": list(s.until) if s.until else None,
-                        "entries": [entry(e) for e in s.entries]} for s in blend.stages]}
+    out = {"name": blend.name, "sequential": bool(blend.sequential),
+           "stages": [{"kind": s.kind, "until": list(s.until) if s.until else None,
+                       "entries": [entry(e) for e in s.entries]} for s in blend.stages]}
+    if blend.mixer is not None:  # only with one: ledgers without stay as they were
+        out["mixer"] = blend.mixer.to_json()
+    return out
 
 
 def blend_from_json(obj: Dict[str, Any], where: str = "data_mix.json"):
@@ -275,8 +278,13 @@ def blend_from_json(obj: Dict[str, Any], where: str = "data_mix.json"):
                         for i, e in enumerate(s["entries"]))
         until = (s["until"][0], int(s["until"][1])) if s.get("until") else None
         stages.append(BlendStage(s["kind"], entries, until, w))
+    mixer = None
+    if obj.get("mixer"):
+        m = dict(obj["mixer"])
+        mixer = MixerConfig(m.pop("policy"), int(m.pop("interval")), float(m.pop("floor")),
+                            tuple(sorted(m.items())), f"{where} mixer")
     return SplitBlend(stages=tuple(stages), name=obj.get("name"),
-                      sequential=bool(obj.get("sequential")), where=where)
+                      sequential=bool(obj.get("sequential")), where=where, mixer=mixer)
 
 
 def _weight_from_json(weight):

@@ -298,6 +298,10 @@ def _stage_changes(k: int, old: Optional[dict], new: Optional[dict], prefix: str
     return out
 
 
+def _mixer_text(mixer: Optional[Dict[str, Any]]) -> str:
+    return "none" if not mixer else json.dumps(mixer, sort_keys=True).replace('"', "")
+
+
 def mix_changes(record: MixRecord, kind: str, blend_json: Dict[str, Any], seed: int,
                 constituents: Sequence[Constituent], order: str = "auto") -> List[str]:
     """What differs between the checkpoint's current mix and this run's, one phrase per change
@@ -315,6 +319,9 @@ def mix_changes(record: MixRecord, kind: str, blend_json: Dict[str, Any], seed: 
     if current.seed != seed:
         out.append(f"--seed {current.seed} -> {seed} (every dataset's sample order changes: "
                    "samples of the epochs in progress may repeat)")
+    if current.blend.get("mixer") != blend_json.get("mixer"):
+        out.append(f"mixer {_mixer_text(current.blend.get('mixer'))} -> "
+                   f"{_mixer_text(blend_json.get('mixer'))}")
     old_stages, new_stages = current.blend["stages"], blend_json["stages"]
     single = len(old_stages) == 1 and len(new_stages) == 1
     for k in range(max(len(old_stages), len(new_stages))):

@@ -438,3 +438,53 @@ def test_a_readable_prefix_is_read_once_until_its_files_change(tmp_path, monkeyp
         f.truncate(10)
     assert "is truncated" in blend_config.dataset_prefix_problem(prefix)
     assert reads == [prefix, prefix]
+
+
+# ------------------------------------------------------------------ the adaptive mixer (issue 46)
+def _mixed(data, mixer, weight_b=2):
+    return {"train": {"blend": [{"path": data["web"], "weight": 1},
+                                {"path": data["code"], "weight": weight_b}], "mixer": mixer}}
+
+
+def test_mixer_is_read_with_its_policy_keys(data, tmp_path):
+    cfg = load_blend_config(_write(tmp_path, _mixed(data, {"policy": "odm", "interval": 4,
+                                                           "floor": 0.1, "smoothing": 0.5})))
+    m = cfg.train.mixer
+    assert (m.policy, m.interval, m.floor) == ("odm", 4, 0.1)
+    assert dict(m.params) == {"smoothing": 0.5, "reward_scale": 10.0}  # defaults filled in
+    assert m.where.endswith("train.mixer")
+    assert load_blend_config(_write(tmp_path, _mixed(data, {"policy": "ado", "interval": 1}))
+                             ).train.mixer.floor == 0.0
+    assert load_blend_config(_write(tmp_path, _mixed(data, None) | {"train": {"blend": [
+        {"path": data["web"], "weight": 1}]}})).train.mixer is None
+
+
+@pytest.mark.parametrize("mixer,needles", [
+    ({"policy": "doremi", "interval": 2}, ("train.mixer.policy", "'doremi'", "odm, ado, loss_softmax")),
+    ({"policy": "odm", "interval": 2, "temperature": 1},
+     ("unknown key 'temperature'", "policy, interval, floor, smoothing, reward_scale")),
+    ({"policy": "loss_softmax", "interval": 0}, ("train.mixer.interval", "interval 0", "positive")),
+    ({"policy": "loss_softmax", "interval": 2.5}, ("interval 2.5", "whole number")),
+    ({"policy": "ado"}, ("missing key 'interval'",)),
+    ({"policy": "odm", "interval": 2, "floor": -0.1}, ("train.mixer.floor", "floor -0.1", "negative")),
+    ({"policy": "odm", "interval": 2, "floor": 0.6}, ("floor 0.6 x 2 datasets = 1.2", "above 1")),
+    ({"policy": "loss_softmax", "interval": 2, "temperature": 0}, ("temperature 0", "> 0")),
+    ({"policy": "odm", "interval": 2, "smoothing": 1}, ("smoothing 1", "[0, 1)")),
+    ("odm", ("train.mixer", "expected a mapping")),
+])
+def test_bad_mixer_is_one_line_naming_key_and_value(data, tmp_path, mixer, needles):
+    msg = _bad(data, tmp_path, _mixed(data, mixer), *needles)
+    assert "\n" not in msg
+
+
+def test_mixer_refuses_a_weight_schedule_and_other_places(data, tmp_path):
+    schedule = {"type": "linear", "points": {0: 1, 10: 2}}
+    _bad(data, tmp_path, _mixed(data, {"policy": "odm", "interval": 2}, weight_b=schedule),
+         "train.blend[1].weight", "weight schedule", "beside a mixer", "give a number")
+    mixer = {"policy": "odm", "interval": 2}
+    _bad(data, tmp_path, {"train": {"epochized_blend": [{"path": data["web"], "repetitions": 1}],
+                                    "mixer": mixer}}, "unknown key 'mixer'")
+    _bad(data, tmp_path, {"valid": [{"name": "v", "blend": [{"path": data["web"], "weight": 1}],
+                                     "mixer": mixer}]}, "unknown key 'mixer'")
+    _bad(data, tmp_path, {"train": {"blend": [{"path": data["web"], "weight": 1}], "foo": 1}},
+         "unknown key 'foo'", "allowed keys: blend, epochized_blend, sequential, mixer")

@@ -169,6 +169,26 @@ def test_every_keyed_blend_entry_field_is_keyed_and_the_others_are_not():
         assert (key != base) == (name not in ("where", "loss_weight")), name
 
 
+def test_the_mixer_is_keyed_field_by_field():
+    """A blend's mixer (issue 46) shapes every mix after its first update: each of its keyed
+    fields changes the key, its error location does not."""
+    from megatron.data.blend_config import MixerConfig
+
+    blend = _blend(weight_b=2.0)
+    cons = fake_constituents(blend, 40, SEQ)
+    mixer = MixerConfig("odm", 2, 0.1, (("reward_scale", 10.0), ("smoothing", 0.9)), "t.yaml")
+    keys = {_index(dataclasses.replace(blend, mixer=m), constituents=cons).cache_key()
+            for m in (None, mixer, dataclasses.replace(mixer, policy="loss_softmax"),
+                      dataclasses.replace(mixer, interval=3), dataclasses.replace(mixer, floor=0.2),
+                      dataclasses.replace(mixer, params=(("reward_scale", 5.0), ("smoothing", 0.9))))}
+    assert len(keys) == 6
+    assert {f.name for f in dataclasses.fields(MixerConfig)} == {"policy", "interval", "floor",
+                                                                 "params", "where"}
+    moved = dataclasses.replace(blend, mixer=dataclasses.replace(mixer, where="elsewhere"))
+    assert _index(moved, constituents=cons).cache_key() == _index(
+        dataclasses.replace(blend, mixer=mixer), constituents=cons).cache_key()
+
+
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")

@@ -368,3 +368,23 @@ def test_a_smaller_global_batch_at_a_resume_covers_the_remaining_iterations(over
         first.setdefault(path, k)
     for path, k in first.items():
         assert k == before.get(path, 0), (path, k, before)
+
+
+def test_a_mixer_is_recorded_with_its_blend_and_adding_one_is_an_edit():
+    """The mixer (issue 46) travels in the ledger's blend JSON (absent without one: older
+    ledgers unchanged) and a resume that adds, drops or changes it lists the change."""
+    x = {"blend": [{"path": "web", "weight": 1}, {"path": "code", "weight": 3}]}
+    mixed = dict(x, mixer={"policy": "odm", "interval": 2, "floor": 0.1})
+    as_json = json.loads(json.dumps(blend_to_json(blend(mixed))))
+    assert as_json["mixer"] == {"policy": "odm", "interval": 2, "floor": 0.1, "reward_scale": 10.0,
+                                "smoothing": 0.9}
+    assert "mixer" not in blend_to_json(blend(x))
+    back = blend_from_json(as_json)
+    assert back.mixer == blend(mixed).mixer
+    assert json.loads(json.dumps(blend_to_json(back))) == as_json
+    sources = fake_sources()
+    mix = continue_training_mix(sources, blend(x), 16 * GBS, BS, 7, None)
+    record = _record_after(mix, 5)
+    with pytest.raises(ConfigError) as error:
+        continue_training_mix(sources, blend(mixed), 16 * GBS, BS, 7, DataResume("ckpt", 5, record))
+    assert "mixer none -> {floor: 0.1, interval: 2, policy: odm" in str(error.value)

@@ -154,12 +154,6 @@ def validate_data(args, require_data: bool) -> None:
         from megatron.data.blend_config import load_blend_config  # lazy: PyYAML (~9 ms); not --help
 
         args.data_blend = load_blend_config(args.data_blend_config)
-        mixer = args.data_blend.train.mixer if args.data_blend.train is not None else None
-        if mixer is not None:  # parsed and checked; the loop does not apply it yet (issue 46)
-            raise ArgumentError(f"{mixer.where}: policy {mixer.policy!r}: the adaptive mixer is "
-                                "not applied in training yet (its policies are in "
-                                "megatron/data/mixer_policies.py); remove 'mixer' to train the "
-                                "blend's weights as a static mix")
     # Files are checked when datasets are built (T0 prefixes name inputs/targets pairs).
     args.weighted_split_groups = weighted_split_groups_from_args(args, check_files=False)
 

@@ -162,6 +162,10 @@ class MixPhase:
     base: List[LedgerEntry] = field(default_factory=list)
     begin_iteration: int = 0
     order: Optional[str] = None  # the index's order; None: a record from before orders (greedy)
+    # a segment the adaptive mixer appended (issue 46): {"iteration", "losses", "drawn",
+    # "remaining", "weights", "state"} (its inputs, the weights of this phase's blend and the
+    # policy's state after the update); None for a phase of the blend file
+    mixer: Optional[Dict[str, Any]] = None
 
     @property
     def index_order(self) -> str:
@@ -175,6 +179,8 @@ class MixPhase:
                "seed": self.seed, "base": [e.to_json() for e in self.base]}
         if self.order is not None:
             out["order"] = self.order
+        if self.mixer is not None:
+            out["mixer"] = self.mixer
         return out
 
     @classmethod
@@ -182,7 +188,8 @@ class MixPhase:
         return cls(begin=int(obj["begin"]), blend=obj["blend"], num_samples=int(obj["num_samples"]),
                    batch_schedule=dict(obj["batch_schedule"]), seed=int(obj["seed"]),
                    base=[LedgerEntry.from_json(e) for e in obj.get("base", [])],
-                   begin_iteration=int(obj.get("begin_iteration", 0)), order=obj.get("order"))
+                   begin_iteration=int(obj.get("begin_iteration", 0)), order=obj.get("order"),
+                   mixer=obj.get("mixer"))
 
     def base_counts(self) -> Dict[LedgerKey, int]:
         """``{dataset key: samples drawn before begin}``."""
@@ -210,13 +217,19 @@ class MixRecord:
     ledger: List[LedgerEntry]
     eval_groups: List[EvalGroupCounter] = field(default_factory=list)
     version: int = RECORD_VERSION
+    # the adaptive mixer's interval in progress (issue 46): {"since": iteration of its last
+    # update, "sums", "counts": the global per-dataset loss sums and weights since}; None without
+    mixer: Optional[Dict[str, Any]] = None
 
     def to_json(self) -> Dict[str, Any]:
-        return {"version": self.version, "kind": self.kind, "iteration": self.iteration,
-                "consumed_samples": self.consumed_samples,
-                "phases": [p.to_json() for p in self.phases],
-                "ledger": [e.to_json() for e in self.ledger],
-                "eval_groups": [asdict(g) for g in self.eval_groups]}
+        out = {"version": self.version, "kind": self.kind, "iteration": self.iteration,
+               "consumed_samples": self.consumed_samples,
+               "phases": [p.to_json() for p in self.phases],
+               "ledger": [e.to_json() for e in self.ledger],
+               "eval_groups": [asdict(g) for g in self.eval_groups]}
+        if self.mixer is not None:
+            out["mixer"] = self.mixer
+        return out
 
     @classmethod
     def from_json(cls, obj: Dict[str, Any], where: str = "data_mix.json") -> "MixRecord":
@@ -231,7 +244,8 @@ class MixRecord:
                    consumed_samples=int(obj["consumed_samples"]),
                    phases=[MixPhase.from_json(p) for p in obj["phases"]],
                    ledger=[LedgerEntry.from_json(e) for e in obj["ledger"]],
-                   eval_groups=[EvalGroupCounter(**g) for g in obj.get("eval_groups", [])])
+                   eval_groups=[EvalGroupCounter(**g) for g in obj.get("eval_groups", [])],
+                   mixer=obj.get("mixer"))
 
     def drawn(self) -> Dict[LedgerKey, int]:
         """``{dataset key: samples drawn}`` at ``consumed_samples``."""

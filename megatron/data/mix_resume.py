@@ -298,6 +298,12 @@ def _stage_changes(k: int, old: Optional[dict], new: Optional[dict], prefix: str
     return out
 
 
+def blend_file_phase(phases: Sequence[MixPhase]) -> MixPhase:
+    """The last phase of a blend file (not a segment the adaptive mixer appended): the mix a
+    resume's blend file is compared with."""
+    return next(p for p in reversed(phases) if p.mixer is None)
+
+
 def _mixer_text(mixer: Optional[Dict[str, Any]]) -> str:
     return "none" if not mixer else json.dumps(mixer, sort_keys=True).replace('"', "")
 
@@ -309,7 +315,7 @@ def mix_changes(record: MixRecord, kind: str, blend_json: Dict[str, Any], seed: 
     repetitions, stages, files of a dataset (its fingerprint), ``--seed`` and an
     ``--data-index-order`` other than the one the checkpoint's mix was drawn in (``auto`` keeps
     the checkpoint's)."""
-    current = record.phases[-1]
+    current = blend_file_phase(record.phases)  # a mixer's segments are not edits
     out = []
     if order != "auto" and order != current.index_order:
         out.append(f"--data-index-order {current.index_order} -> {order} (the checkpoint's mix was "
@@ -351,6 +357,36 @@ class TrainMix:
     sources: Optional[MixSources] = None
     notes: List[str] = field(default_factory=list)
     eval_groups: List[EvalGroupCounter] = field(default_factory=list)
+    # the adaptive mixer's interval in progress (MixRecord.mixer), kept up to date by the loop
+    mixer_progress: Optional[Dict[str, Any]] = None
+
+    def mixer_segment(self) -> Optional[Dict[str, Any]]:
+        """The record of the mixer's last update (the current phase's), or None."""
+        return self.phases[-1].mixer
+
+    def append_mixer_segment(self, weights: Sequence[float], consumed: int, iteration: int,
+                             segment: Dict[str, Any]) -> CurriculumDataset:
+        """A new phase from global sample ``consumed`` (after ``iteration``): the current blend
+        with the static ``weights`` (one per dataset, in its order), every dataset continuing at
+        its ledger position, ``segment`` its record (inputs, weights, the policy's state); the
+        new :attr:`dataset` (the same build a resume makes from the record)."""
+        current = self.phases[-1]
+        blend = json.loads(json.dumps(current.blend))
+        entries = [e for stage in blend["stages"] for e in stage["entries"]]
+        if len(entries) != len(weights):
+            raise ConfigError(f"mixer: {len(weights)} weights for a blend of {len(entries)} datasets")
+        for entry, w in zip(entries, weights, strict=True):
+            entry["weight"] = float(w)
+        phase = MixPhase(int(consumed), blend, current.num_samples, current.batch_schedule,
+                         current.seed, self.ledger(consumed), int(iteration), current.order,
+                         mixer=_normalised(segment))
+        history = self.history()
+        split_blend = blend_from_json(blend, f"data mix phase from sample {phase.begin}")
+        dataset = build_phase(phase, self.sources.for_phase(phase).resolve(split_blend),
+                              self.sources, history.drawn_before, blend=split_blend)
+        self.phases.append(phase)
+        self.dataset = dataset
+        return dataset
 
     def history(self) -> "MixHistory":
         """The run's phases, rebuilt on demand (the current one is :attr:`dataset`)."""
@@ -389,7 +425,8 @@ class TrainMix:
     def record(self, iteration: int, consumed: int) -> MixRecord:
         """The checkpoint's record at ``iteration`` (``consumed`` global samples drawn)."""
         return MixRecord(self.kind, int(iteration), int(consumed), list(self.phases),
-                         self.ledger(consumed), list(self.eval_groups))
+                         self.ledger(consumed), list(self.eval_groups),
+                         mixer=self.mixer_progress)
 
 
 def _epoch_and_position(entry: LedgerEntry, dataset: CurriculumDataset) -> Tuple[int, int]:
@@ -513,8 +550,17 @@ def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: i
             "repetitions count samples of one length and place the stages after it by them; give "
             "the extension a mix without epochized_blend stages (with --override-data-mix), or "
             f"keep --seq-length {_seq_length(current)}")
-    history = MixHistory(record.phases, sources, None if changes or length_change else constituents,
-                         None if changes or length_change else blend)
+    segment = current.mixer is not None  # the last phase is the adaptive mixer's: its own blend
+    if segment and not changes and (current.num_samples != num_samples
+                                    or current.batch_schedule != bs_json or length_change):
+        raise ConfigError(
+            f"--load {resume.load_dir}: the adaptive mixer's weights of iteration "
+            f"{current.mixer['iteration']} were planned for the checkpoint's run length and batch "
+            "schedule; resume with the same --train-iters/--train-samples, batch sizes and "
+            "--seq-length, or give --override-data-mix to restart the mixer from the blend file")
+    keep = not (changes or length_change or segment)
+    history = MixHistory(record.phases, sources, constituents if keep else None,
+                         blend if keep else None)
     new_phase = (lambda: _phase_at_resume(record, history, sources, blend, constituents,
                                           blend_json, bs_json, num_samples, seed))
     if length_change and (not changes or resume.override):
@@ -533,7 +579,8 @@ def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: i
             dataset = history.dataset(len(record.phases) - 1)
             problem = _ledger_problem(record, dataset, resume)
             if problem is None:
-                return TrainMix(sources.kind, list(record.phases), dataset, sources)
+                return TrainMix(sources.kind, list(record.phases), dataset, sources,
+                                mixer_progress=record.mixer)
             if not resume.override:
                 raise ConfigError(problem + "; give --override-data-mix to continue from the ledger")
             phase, dataset = new_phase()

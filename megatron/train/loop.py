@@ -27,6 +27,7 @@ from megatron.train.evaluation import _evaluate_all
 from megatron.train.exit_request import ExitRequest
 from megatron.train.hooks import LoopHook, loop_hooks
 from megatron.train.loader import _loader
+from megatron.train.mixer import TeeStats, loop_mixer, reduced_iteration_losses
 from megatron.train.resume import _check_data_resume, _maybe_save, _restore, data_resume
 from megatron.train.run_control import kill_switch_found
 from megatron.train.seqlen_batches import SeqLengthBatches
@@ -50,6 +51,12 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     stats = _IntervalStats(len(data.dataset_names))
     exit_request = ExitRequest(loop)
     iterator = _loader(data.train, state.consumed_samples, loop)
+    mixer = loop_mixer(data, state.iteration, state.consumed_samples)  # the blend's, or None
+    if mixer is not None:  # each iteration's per-dataset losses also go to the mixer
+        mixer_stats = _IntervalStats(len(data.dataset_names))
+        step_stats = TeeStats(stats, mixer_stats)
+    else:
+        step_stats = stats
     plan, trained_length = schedule.seq_plan, loop.seq_length
     trained_tokens = schedule.tokens(state.consumed_samples)
     if plan is not None:  # the sequence-length curriculum cuts each micro batch
@@ -70,13 +77,20 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
         logging_now = (state.iteration + 1) % loop.log_interval == 0
         for hook in hooks:  # e.g. MoE: the aux losses' gradient scale follows GAS and loss scale
             hook.begin_iteration(engine)
-        stage0_norm = steps.train_step(engine, iterator, num_micro_batches, stats, logging_now)
+        stage0_norm = steps.train_step(engine, iterator, num_micro_batches, step_stats, logging_now)
         state.iteration += 1
         for hook in hooks:  # a skipped step still consumes its data and advances the LR
             hook.end_iteration(state.iteration)
             hook.save_state(state)  # e.g. the skip window, in every checkpoint's training state
         state.consumed_samples += batch_size
         scheduler.step(increment=batch_size)
+        if mixer is not None and mixer.end_iteration(state.iteration, state.consumed_samples,
+                                                     *reduced_iteration_losses(mixer_stats)):
+            # the next weights' phase begins at the first sample not trained on: a fresh loader
+            data.train = data.mix.dataset
+            iterator = _loader(data.train, state.consumed_samples, loop)
+            if plan is not None:
+                iterator = SeqLengthBatches(iterator, plan)
         stats.iterations += 1
         stats.samples += batch_size
         tokens_before, trained_tokens = trained_tokens, schedule.tokens(state.consumed_samples)

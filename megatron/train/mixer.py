@@ -1,0 +1,141 @@
+"""The adaptive mixer in the training loop (issue 46; a blend file's ``train: {blend: [...],
+mixer: {...}}``).
+
+Every iteration adds its per-dataset loss sums, reduced over the model replicas (global, the
+same on every rank), to the interval's; at every iteration that is a multiple of ``interval``
+the policy (megatron/data/mixer_policies.py) turns the interval's mean losses, the samples each
+dataset drew in it and what each has left in its epoch into the next weights, and the training
+mix appends a phase with those static weights from the first global sample not yet trained on,
+every dataset continuing at its ledger position (megatron/data/mix_resume.py
+``TrainMix.append_mixer_segment``). The loop then reads from a fresh loader at that sample, so
+no worker holds a batch of the old phase. The phase records the update (iteration, inputs,
+weights, the policy's state) and the checkpoint's data record the interval in progress (its
+sums), so a resume rebuilds the same phases and makes the same next update, bit for bit: the
+samples drawn are a pure function of the seed, the iteration and the recorded weights.
+"""
+import json
+import math
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from megatron.data.blend_config import MixerConfig
+from megatron.data.mix_resume import TrainMix, blend_file_phase
+from megatron.data.mixer_policies import MixerInputs, initial_state, update_weights
+from megatron.errors import ConfigError
+from megatron.utils.rank_utils import print_rank_0
+
+__all__ = ["LoopMixer", "TeeStats", "loop_mixer"]
+
+
+class TeeStats:
+    """Hands each micro batch's losses to several loss accumulators (the log interval's and the
+    mixer's iteration)."""
+
+    def __init__(self, *stats):
+        self.stats = stats
+
+    def add_micro_batch(self, *args, **kwargs) -> None:
+        for s in self.stats:
+            s.add_micro_batch(*args, **kwargs)
+
+
+def _plain(values) -> List[float]:
+    return [float(x) for x in values]
+
+
+class LoopMixer:
+    """The mixer of one run over ``mix`` (its blend's ``config``), resuming at ``iteration``
+    from the mix's recorded segments and interval in progress."""
+
+    def __init__(self, mix: TrainMix, config: MixerConfig, iteration: int, consumed: int):
+        self.mix, self.config = mix, config
+        k = len(mix.dataset.constituents)
+        segment = mix.mixer_segment()
+        if segment is not None:
+            self.state = json.loads(json.dumps(segment["state"]))
+        else:
+            root = blend_file_phase(mix.phases)
+            start = [e["weight"] for s in root.blend["stages"] for e in s["entries"]]
+            self.state = initial_state(config, start)
+        progress = mix.mixer_progress
+        if progress is not None:
+            self.since = int(progress["since"])
+            self.sums = np.asarray(progress["sums"], dtype=np.float64)
+            self.counts = np.asarray(progress["counts"], dtype=np.float64)
+            self.drawn = np.asarray(progress["drawn"], dtype=np.int64)
+        else:  # a fresh run, or the mixer restarted (--override-data-mix)
+            self.since = int(iteration)
+            self.sums, self.counts = np.zeros(k), np.zeros(k)
+            self.drawn = np.asarray(mix.dataset.drawn_before(consumed), dtype=np.int64)
+        if len(self.sums) != k:
+            raise ConfigError(f"data_mix.json: the mixer's interval in progress has {len(self.sums)} "
+                              f"datasets, the training mix {k}")
+        self._save_progress()
+
+    def _save_progress(self) -> None:
+        self.mix.mixer_progress = {"since": self.since, "sums": _plain(self.sums),
+                                   "counts": _plain(self.counts),
+                                   "drawn": [int(x) for x in self.drawn]}
+
+    def end_iteration(self, iteration: int, consumed: int, sums, counts) -> bool:
+        """Add iteration ``iteration``'s global per-dataset loss ``sums`` and their ``counts``
+        (``consumed`` global samples drawn after it); at the end of an interval, update the
+        weights and append their phase. Returns True when the training dataset changed (the
+        loop then starts a new loader at ``consumed``)."""
+        self.sums = self.sums + np.asarray(sums, dtype=np.float64)
+        self.counts = self.counts + np.asarray(counts, dtype=np.float64)
+        dataset = self.mix.dataset
+        if iteration % self.config.interval != 0 or consumed >= len(dataset):
+            self._save_progress()  # within an interval, or nothing left to draw
+            return False
+        now = np.asarray(dataset.drawn_before(consumed), dtype=np.int64)
+        drawn = now - self.drawn
+        losses = [float(s / c) if c > 0 else math.nan
+                  for s, c in zip(self.sums, self.counts, strict=True)]
+        remaining = [int(c.samples_per_epoch - n % c.samples_per_epoch) if c.samples_per_epoch else -1
+                     for c, n in zip(dataset.constituents, now, strict=True)]
+        inputs = MixerInputs(tuple(losses), tuple(int(x) for x in drawn), tuple(remaining),
+                             int(iteration))
+        weights, state = update_weights(self.config, self.state, inputs)
+        self.state = json.loads(json.dumps(state))
+        segment: Dict[str, Any] = {
+            "iteration": int(iteration), "policy": self.config.policy,
+            "losses": [None if math.isnan(x) else x for x in losses],
+            "drawn": list(inputs.drawn), "remaining": remaining, "weights": _plain(weights),
+            "state": self.state}
+        self.mix.append_mixer_segment(weights, consumed, iteration, segment)
+        names = dataset.names
+        print_rank_0(f"mixer {self.config.policy} at iteration {iteration}: the weights from "
+                     f"global sample {consumed} are " + ", ".join(
+                         f"{n} {w:.4f} (loss {'n/a' if math.isnan(x) else f'{x:.4f}'})"
+                         for n, w, x in zip(names, weights, losses, strict=True)))
+        self.since, self.drawn = int(iteration), now
+        self.sums, self.counts = np.zeros_like(self.sums), np.zeros_like(self.counts)
+        self._save_progress()
+        return True
+
+
+def loop_mixer(data, iteration: int, consumed: int) -> Optional[LoopMixer]:
+    """The mixer of the run's training ``data`` (megatron/data/train_data.py ``TrainData``), or
+    None when its blend has none."""
+    mix = getattr(data, "mix", None)
+    if mix is None or not mix.phases:
+        return None
+    config = mix.dataset.index.blend.mixer
+    if config is None:
+        return None
+    if data.train is not mix.dataset:
+        raise ConfigError(f"{config.where}: the adaptive mixer needs the training set to be the "
+                          "blend's own (not a wrapped one)")
+    return LoopMixer(mix, config, iteration, consumed)
+
+
+def reduced_iteration_losses(stats) -> tuple:
+    """The global (over the replicas) per-dataset loss sums and their weights of one
+    iteration's accumulator ``stats`` (megatron/train/stats.py ``_IntervalStats``), as numpy
+    arrays; resets it."""
+    _, sums, counts, _ = stats.reduced()
+    stats.reset()
+    return torch.as_tensor(sums).numpy(), torch.as_tensor(counts).numpy()

@@ -1,0 +1,117 @@
+"""The adaptive mixer in the loop (megatron/train/mixer.py, issue 46 items 1 and 3): each update
+appends a phase of static weights at the first sample not yet drawn, recorded with its inputs
+and the policy's state; a run resumed from its record inside an update interval draws the same
+(dataset, sample) at every iteration and computes the same weights, bit for bit."""
+import json
+
+import numpy as np
+import pytest
+
+from helpers.curriculum import fake_constituents
+from megatron.data.blend_config import parse_blend_config
+from megatron.data.mix_ledger import MixRecord
+from megatron.data.mix_resume import DataResume, MixSources, continue_training_mix
+from megatron.errors import ConfigError
+from megatron.schedules.units import BatchSchedule
+from megatron.train.mixer import LoopMixer
+
+SEQ, GBS, ITERS, SPE = 16, 4, 12, 20
+BS = BatchSchedule(GBS, None, SEQ)
+N = ITERS * GBS
+POLICIES = {"odm": {}, "ado": {"warmup": 3}, "loss_softmax": {"temperature": 0.1}}
+
+
+def _blend(policy):
+    return parse_blend_config({"train": {"blend": [
+        {"path": "web", "weight": 1}, {"path": "code", "weight": 1}, {"path": "math", "weight": 2}],
+        "mixer": {"policy": policy, "interval": 2, "floor": 0.05, **POLICIES[policy]}}},
+        "t.yaml", check_files=False).train
+
+
+class _Source(list):
+    def epoch_and_position(self, k):
+        return divmod(k, SPE)
+
+
+SOURCES = MixSources("blend_config", lambda b: fake_constituents(b, SPE, SEQ),
+                     lambda c, n, seed: _Source(range(n)))
+
+
+def _loss(dataset: int, sample: int, iteration: int) -> float:
+    """A made-up training loss: dataset 1 learns slowest."""
+    return (3.0 + dataset) * (1.0 + iteration) ** -(0.5 / (1 + 2 * (dataset == 1))) \
+        + 0.01 * (sample % 7)
+
+
+def _train(mix, mixer, first: int, last: int):
+    """Iterations ``first..last`` as the loop runs them: each draws its global batch from the
+    mix's current dataset, the mixer adds its per-dataset losses; [(dataset, sample)] each."""
+    draws = []
+    k = len(mix.dataset.constituents)
+    for it in range(first, last + 1):
+        begin, end = BS.samples_at_iteration(it - 1), BS.samples_at_iteration(it)
+        batch = [mix.dataset.locate(s) for s in range(begin, end)]
+        sums, counts = np.zeros(k), np.zeros(k)
+        for d, sample in batch:
+            sums[d] += _loss(d, sample, it)
+            counts[d] += 1
+        mixer.end_iteration(it, end, sums, counts)
+        draws.append(batch)
+    return draws
+
+
+def _resumed(mix, iteration, blend):
+    record = MixRecord.from_json(json.loads(json.dumps(
+        mix.record(iteration, BS.samples_at_iteration(iteration)).to_json())))
+    again = continue_training_mix(SOURCES, blend, N, BS, 5, DataResume("ckpt", iteration, record))
+    return again, LoopMixer(again, blend.mixer, iteration, BS.samples_at_iteration(iteration))
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_resume_inside_an_interval_reproduces_the_weights_and_the_samples(policy):
+    blend = _blend(policy)
+    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    whole = _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, ITERS)
+    segments = [p.mixer for p in mix.phases[1:]]
+    # none at the last iteration: nothing is left to draw
+    assert [s["iteration"] for s in segments] == [2, 4, 6, 8, 10]
+    assert [p.begin for p in mix.phases] == [0] + [BS.samples_at_iteration(i) for i in range(2, 11, 2)]
+    weights = [tuple(s["weights"]) for s in segments]
+    assert len(set(weights)) > 1 and min(min(w) for w in weights) >= 0.05 - 1e-12
+
+    # stopped at iteration 5 (inside the interval 4..6) and 9, each time resumed from the record
+    first = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    draws = _train(first, LoopMixer(first, blend.mixer, 0, 0), 1, 5)
+    second, mixer = _resumed(first, 5, blend)
+    draws += _train(second, mixer, 6, 9)
+    third, mixer = _resumed(second, 9, blend)
+    draws += _train(third, mixer, 10, ITERS)
+    assert draws == whole
+    assert [p.to_json() for p in third.phases] == [p.to_json() for p in mix.phases]
+    assert third.record(ITERS, N).to_json() == mix.record(ITERS, N).to_json()
+
+    # every sample of every dataset drawn once, in order, across all the phases
+    for d in range(3):
+        assert [k for batch in whole for dd, k in batch if dd == d] == list(
+            range(sum(dd == d for batch in whole for dd, _ in batch)))
+
+
+def test_the_segments_weights_are_what_the_phases_draw():
+    blend = _blend("loss_softmax")
+    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, ITERS)
+    for phase in mix.phases[1:]:
+        entries = [e["weight"] for s in phase.blend["stages"] for e in s["entries"]]
+        assert entries == phase.mixer["weights"]
+        assert phase.blend["mixer"]["policy"] == "loss_softmax"
+
+
+def test_a_mixer_run_resumed_with_another_length_is_refused_in_one_line():
+    blend = _blend("odm")
+    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, 5)
+    record = MixRecord.from_json(json.loads(json.dumps(mix.record(5, 20).to_json())))
+    with pytest.raises(ConfigError) as error:
+        continue_training_mix(SOURCES, blend, 2 * N, BS, 5, DataResume("ckpt", 5, record))
+    assert "adaptive mixer's weights of iteration 4" in str(error.value)
+    assert "\n" not in str(error.value)

@@ -79,13 +79,16 @@ def test_a_resume_inside_an_interval_reproduces_the_weights_and_the_samples(poli
     weights = [tuple(s["weights"]) for s in segments]
     assert len(set(weights)) > 1 and min(min(w) for w in weights) >= 0.05 - 1e-12
 
-    # stopped at iteration 5 (inside the interval 4..6) and 9, each time resumed from the record
-    first = continue_training_mix(SOURCES, blend, N, BS, 5, None)
-    draws = _train(first, LoopMixer(first, blend.mixer, 0, 0), 1, 5)
-    second, mixer = _resumed(first, 5, blend)
-    draws += _train(second, mixer, 6, 9)
-    third, mixer = _resumed(second, 9, blend)
-    draws += _train(third, mixer, 10, ITERS)
+    # stopped at iteration 4 (an update), 5 (inside the interval 4..6) and 9, each time resumed
+    # from the record
+    mix_now = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    mixer, draws, done = LoopMixer(mix_now, blend.mixer, 0, 0), [], 0
+    for stop in (4, 5, 9, ITERS):
+        if done:
+            mix_now, mixer = _resumed(mix_now, done, blend)
+        draws += _train(mix_now, mixer, done + 1, stop)
+        done = stop
+    third = mix_now
     assert draws == whole
     assert [p.to_json() for p in third.phases] == [p.to_json() for p in mix.phases]
     assert third.record(ITERS, N).to_json() == mix.record(ITERS, N).to_json()
@@ -115,3 +118,24 @@ def test_a_mixer_run_resumed_with_another_length_is_refused_in_one_line():
         continue_training_mix(SOURCES, blend, 2 * N, BS, 5, DataResume("ckpt", 5, record))
     assert "adaptive mixer's weights of iteration 4" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_an_edited_mix_at_a_resume_restarts_the_mixer_from_the_new_file():
+    blend = _blend("odm")
+    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, 5)
+    record = MixRecord.from_json(json.loads(json.dumps(mix.record(5, 20).to_json())))
+    edited = parse_blend_config({"train": {"blend": [
+        {"path": "web", "weight": 1}, {"path": "code", "weight": 3}, {"path": "math", "weight": 2}],
+        "mixer": {"policy": "odm", "interval": 2, "floor": 0.05}}}, "t.yaml",
+        check_files=False).train
+    with pytest.raises(ConfigError, match="code weight 1 -> 3"):  # against the file's phase
+        continue_training_mix(SOURCES, edited, N, BS, 5, DataResume("ckpt", 5, record))
+    again = continue_training_mix(SOURCES, edited, N, BS, 5,
+                                  DataResume("ckpt", 5, record, override=True))
+    assert [p.begin for p in again.phases] == [0, 8, 16, 20] and again.phases[-1].mixer is None
+    assert again.mixer_progress is None
+    mixer = LoopMixer(again, edited.mixer, 5, 20)
+    assert mixer.state["start"] == [1 / 6, 3 / 6, 2 / 6] and mixer.state["updates"] == 0
+    _train(again, mixer, 6, 8)
+    assert [p.mixer["iteration"] for p in again.phases if p.mixer] == [2, 4, 6, 8]

@@ -25,7 +25,10 @@ COMPARED = ("consumed_samples", "lr", "lm_loss", "grad_norm", "per_dataset_loss"
 
 
 def _run(data, run_dir, *extra):
+    # two loader workers: they prefetch, so a batch of the old weights would be drawn if the
+    # loop did not start a fresh loader at an update (the resumed run would then differ)
     flags = pretrain_flags(data, run_dir, ["--train-iters", str(ITERS), "--eval-iters", "0",
+                                           "--num-workers", "2",
                                            "--data-blend-config", data["mixed"], *extra])
     proc = run_single_process("pretrain_gpt.py", flags, timeout=240, check=True)
     return proc.stdout + proc.stderr

@@ -138,7 +138,7 @@ MIXER_POLICIES: Dict[str, Dict[str, float]] = {
     "ado": {"warmup": 3, "history": 0.9, "average": 0.9},
     "loss_softmax": {"temperature": 1.0},
 }
-MIXER_KEYS = ("policy", "interval", "floor")
+MIXER_KEYS = ("policy", "interval", "floor", "max_epochs")
 
 
 @dataclass(frozen=True)
@@ -153,13 +153,17 @@ class MixerConfig:
     floor: float = 0.0
     params: Tuple[Tuple[str, float], ...] = ()
     where: str = field(default="", metadata=NOT_KEYED, compare=False)
+    max_epochs: Optional[float] = None  # the cap on repetitions: epochs of a dataset at most
 
     def param(self, key: str) -> float:
         return dict(self.params)[key]
 
     def to_json(self) -> Dict[str, Any]:
-        return {"policy": self.policy, "interval": self.interval, "floor": self.floor,
-                **dict(self.params)}
+        out = {"policy": self.policy, "interval": self.interval, "floor": self.floor,
+               **dict(self.params)}
+        if self.max_epochs is not None:
+            out["max_epochs"] = self.max_epochs
+        return out
 
 
 @dataclass(frozen=True)
@@ -714,6 +718,13 @@ def _parse_mixer(spec: Any, entries: Tuple[BlendEntry, ...], where: str) -> Mixe
             raise _err(e.where + ".weight", f"a weight schedule ({e.weight!r}) beside a mixer: the "
                                             "mixer sets the weights, the blend's are the starting "
                                             "mix; give a number")
+    max_epochs = None
+    if "max_epochs" in spec:
+        max_epochs = _number(spec["max_epochs"], where + ".max_epochs",
+                             f"max_epochs {spec['max_epochs']!r}")
+        if not max_epochs > 0:
+            raise _err(where + ".max_epochs", f"max_epochs {spec['max_epochs']!r} must be > 0 "
+                                              "(the epochs of a dataset the mixer may draw)")
     params = []
     for key, default in sorted(MIXER_POLICIES[policy].items()):
         value = _number(spec.get(key, default), f"{where}.{key}", f"{key} {spec.get(key)!r}")
@@ -723,7 +734,7 @@ def _parse_mixer(spec: Any, entries: Tuple[BlendEntry, ...], where: str) -> Mixe
         if key in ("smoothing", "history", "average") and value >= 1:
             raise _err(f"{where}.{key}", f"{key} {spec[key]!r} must be in [0, 1)")
         params.append((key, int(value) if key == "warmup" else value))
-    return MixerConfig(str(policy), int(interval), floor, tuple(params), where)
+    return MixerConfig(str(policy), int(interval), floor, tuple(params), where, max_epochs)
 
 
 def _parse_split_blend(obj: Any, where: str, base_dir, check_files, name=None,

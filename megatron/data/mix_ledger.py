@@ -295,8 +295,10 @@ def blend_from_json(obj: Dict[str, Any], where: str = "data_mix.json"):
     mixer = None
     if obj.get("mixer"):
         m = dict(obj["mixer"])
+        cap = m.pop("max_epochs", None)
         mixer = MixerConfig(m.pop("policy"), int(m.pop("interval")), float(m.pop("floor")),
-                            tuple(sorted(m.items())), f"{where} mixer")
+                            tuple(sorted(m.items())), f"{where} mixer",
+                            None if cap is None else float(cap))
     return SplitBlend(stages=tuple(stages), name=obj.get("name"),
                       sequential=bool(obj.get("sequential")), where=where, mixer=mixer)
 

@@ -298,6 +298,11 @@ def _stage_changes(k: int, old: Optional[dict], new: Optional[dict], prefix: str
     return out
 
 
+def batch_schedule_of(phase: MixPhase) -> BatchSchedule:
+    """The batch schedule ``phase`` was planned for."""
+    return _batch_schedule(phase.batch_schedule)
+
+
 def blend_file_phase(phases: Sequence[MixPhase]) -> MixPhase:
     """The last phase of a blend file (not a segment the adaptive mixer appended): the mix a
     resume's blend file is compared with."""

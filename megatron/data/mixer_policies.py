@@ -36,16 +36,18 @@ datasets, ``K F <= 1``), so each dataset keeps at least ``F``.
   starting mix, and a dataset whose loss falls more slowly than the others' gains weight.
 
 A dataset with no loss in an interval keeps its last one (ODM: no reward; ADO: no new point).
+With ``max_epochs`` the weights are then capped by what each dataset may still draw
+(:func:`apply_cap`), the capped datasets recorded with their reason.
 """
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from megatron.data.blend_config import MixerConfig
 
-__all__ = ["MixerInputs", "POLICIES", "initial_state", "apply_floor", "update_weights",
+__all__ = ["MixerInputs", "POLICIES", "initial_state", "apply_floor", "apply_cap", "update_weights",
            "odm_update", "ado_update", "loss_softmax_update", "fit_power_law"]
 
 State = Dict[str, Any]
@@ -62,6 +64,11 @@ class MixerInputs:
     drawn: Tuple[int, ...]
     remaining: Tuple[int, ...]
     iteration: int
+    # for the cap (``max_epochs``): each dataset's samples drawn so far and per epoch (None: its
+    # epochs differ in length), and the global samples of the next interval
+    total: Tuple[int, ...] = ()
+    per_epoch: Tuple[Optional[int], ...] = ()
+    next_samples: int = 0
 
 
 def apply_floor(p: Sequence[float], floor: float) -> List[float]:
@@ -95,7 +102,7 @@ def odm_update(config: MixerConfig, state: State, inputs: MixerInputs) -> Tuple[
     a, scale = config.param("smoothing"), config.param("reward_scale")
     reward = list(state["reward"])
     for i, loss in enumerate(inputs.losses):
-        if math.isfinite(loss):
+        if math.isfinite(loss) and state["weights"][i] > 0:  # weight 0 (capped): no estimate
             reward[i] = a * reward[i] + (1.0 - a) * (loss / scale) / state["weights"][i]
     prev_eps = state["eps"]
     eps = min(1.0 / k, math.sqrt(math.log(k) / (k * t))) if k > 1 else 1.0
@@ -192,7 +199,51 @@ POLICIES: Dict[str, Callable[[MixerConfig, State, MixerInputs], Tuple[List[float
     "odm": odm_update, "ado": ado_update, "loss_softmax": loss_softmax_update}
 
 
+def apply_cap(weights: Sequence[float], max_epochs: float, inputs: MixerInputs
+              ) -> Tuple[List[float], List[Dict[str, Any]]]:
+    """The cap on repetitions: dataset ``i`` may draw ``max_epochs x per_epoch[i] - total[i]``
+    more samples, so over the next interval's ``next_samples`` its weight is at most that
+    divided by ``next_samples``; a weight above its cap is lowered to it and the excess shared
+    by the others in proportion to their weights, until none is above its cap (water filling).
+    Returns the weights and one fallback record per lowered dataset (its index, the weight the
+    policy gave, the weight drawn, the reason). When every dataset is at its cap the capped
+    weights are renormalised (they then draw past the cap), which its record says."""
+    w = [float(x) for x in weights]
+    if not inputs.next_samples or not inputs.per_epoch:
+        return w, []
+    cap = [math.inf if not spe else max(max_epochs * spe - n, 0.0) / inputs.next_samples
+           for spe, n in zip(inputs.per_epoch, inputs.total, strict=True)]
+    capped = [False] * len(w)
+    while True:
+        over = [i for i, x in enumerate(w) if not capped[i] and x > cap[i]]
+        if not over:
+            break
+        for i in over:
+            capped[i] = True
+        excess = 1.0 - sum(cap[i] if capped[i] else 0.0 for i in range(len(w)))
+        free = sum(weights[i] for i in range(len(w)) if not capped[i])
+        w = [cap[i] if capped[i] else (weights[i] * excess / free if free > 0 else 0.0)
+             for i in range(len(w))]
+    fallback = [{"dataset": i, "weight": float(weights[i]), "capped": w[i],
+                 "reason": f"max_epochs {max_epochs:g}: {int(inputs.total[i])} of "
+                           f"{max_epochs * inputs.per_epoch[i]:g} samples drawn, "
+                           f"{inputs.next_samples} in the next interval"}
+                for i in range(len(w)) if capped[i]]
+    total = sum(w)
+    if total < 1.0 - 1e-12:  # every dataset at its cap: draw past it, as little as may be
+        for f in fallback:
+            f["reason"] += "; every dataset is at its cap: renormalised, drawn past it"
+        w = [x / total for x in w] if total > 0 else [float(x) for x in weights]
+    return w, fallback
+
+
 def update_weights(config: MixerConfig, state: State,
                    inputs: MixerInputs) -> Tuple[List[float], State]:
-    """The next weights and state of ``config.policy`` after one interval ``inputs``."""
-    return POLICIES[config.policy](config, state, inputs)
+    """The next weights and state of ``config.policy`` after one interval ``inputs``, under
+    ``config.max_epochs`` when set (:func:`apply_cap`: the state's ``weights`` are then the
+    capped ones, the weights drawn, and its ``fallback`` says which and why)."""
+    weights, new = POLICIES[config.policy](config, state, inputs)
+    if config.max_epochs is None:
+        return weights, new
+    weights, fallback = apply_cap(weights, config.max_epochs, inputs)
+    return weights, dict(new, weights=weights, fallback=fallback)

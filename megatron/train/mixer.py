@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from megatron.data.blend_config import MixerConfig
-from megatron.data.mix_resume import TrainMix, blend_file_phase
+from megatron.data.mix_resume import TrainMix, batch_schedule_of, blend_file_phase
 from megatron.data.mixer_policies import MixerInputs, initial_state, update_weights
 from megatron.errors import ConfigError
 from megatron.utils.rank_utils import print_rank_0
@@ -96,8 +96,13 @@ class LoopMixer:
                   for s, c in zip(self.sums, self.counts, strict=True)]
         remaining = [int(c.samples_per_epoch - n % c.samples_per_epoch) if c.samples_per_epoch else -1
                      for c, n in zip(dataset.constituents, now, strict=True)]
+        schedule = batch_schedule_of(self.mix.phases[-1])
+        end = min(int(iteration) + self.config.interval,
+                  schedule.iterations_for_samples(len(dataset)))
         inputs = MixerInputs(tuple(losses), tuple(int(x) for x in drawn), tuple(remaining),
-                             int(iteration))
+                             int(iteration), total=tuple(int(x) for x in now),
+                             per_epoch=tuple(c.samples_per_epoch for c in dataset.constituents),
+                             next_samples=max(int(schedule.samples_at_iteration(end)) - int(consumed), 0))
         weights, state = update_weights(self.config, self.state, inputs)
         self.state = json.loads(json.dumps(state))
         segment: Dict[str, Any] = {
@@ -105,6 +110,12 @@ class LoopMixer:
             "losses": [None if math.isnan(x) else x for x in losses],
             "drawn": list(inputs.drawn), "remaining": remaining, "weights": _plain(weights),
             "state": self.state}
+        if self.state.get("fallback"):  # the cap on repetitions changed the policy's weights
+            segment["fallback"] = [dict(f, dataset=dataset.names[f["dataset"]])
+                                   for f in self.state["fallback"]]
+            print_rank_0(f"mixer {self.config.policy} at iteration {iteration}: " + "; ".join(
+                f"{f['dataset']} {f['weight']:.4f} -> {f['capped']:.4f} ({f['reason']})"
+                for f in segment["fallback"]))
         self.mix.append_mixer_segment(weights, consumed, iteration, segment)
         names = dataset.names
         print_rank_0(f"mixer {self.config.policy} at iteration {iteration}: the weights from "

@@ -24,7 +24,8 @@ POLICIES = {"odm": {}, "ado": {"warmup": 3}, "loss_softmax": {"temperature": 0.1
 def _blend(policy):
     return parse_blend_config({"train": {"blend": [
         {"path": "web", "weight": 1}, {"path": "code", "weight": 1}, {"path": "math", "weight": 2}],
-        "mixer": {"policy": policy, "interval": 2, "floor": 0.05, **POLICIES[policy]}}},
+        "mixer": {"policy": policy, "interval": 2, "floor": 0.05, "max_epochs": 1,
+                  **POLICIES[policy]}}},
         "t.yaml", check_files=False).train
 
 
@@ -77,7 +78,8 @@ def test_a_resume_inside_an_interval_reproduces_the_weights_and_the_samples(poli
     assert [s["iteration"] for s in segments] == [2, 4, 6, 8, 10]
     assert [p.begin for p in mix.phases] == [0] + [BS.samples_at_iteration(i) for i in range(2, 11, 2)]
     weights = [tuple(s["weights"]) for s in segments]
-    assert len(set(weights)) > 1 and min(min(w) for w in weights) >= 0.05 - 1e-12
+    assert len(set(weights)) > 1
+    assert all(min(s["weights"]) >= 0.05 - 1e-12 for s in segments if "fallback" not in s)
 
     # stopped at iteration 4 (an update), 5 (inside the interval 4..6) and 9, each time resumed
     # from the record
@@ -92,6 +94,13 @@ def test_a_resume_inside_an_interval_reproduces_the_weights_and_the_samples(poli
     assert draws == whole
     assert [p.to_json() for p in third.phases] == [p.to_json() for p in mix.phases]
     assert third.record(ITERS, N).to_json() == mix.record(ITERS, N).to_json()
+
+    # the cap (max_epochs 1 of 20 samples each): a dataset lowered to it says so
+    fallbacks = [f for s in segments for f in s.get("fallback", ())]
+    for f in fallbacks:
+        assert f["capped"] < f["weight"] and f["reason"].startswith("max_epochs 1:")
+    drawn = [sum(dd == d for batch in whole for dd, _ in batch) for d in range(3)]
+    assert max(drawn) <= SPE + 2, drawn  # the index keeps each within 2 samples of its target
 
     # every sample of every dataset drawn once, in order, across all the phases
     for d in range(3):

@@ -453,8 +453,11 @@ def test_mixer_is_read_with_its_policy_keys(data, tmp_path):
     assert (m.policy, m.interval, m.floor) == ("odm", 4, 0.1)
     assert dict(m.params) == {"smoothing": 0.5, "reward_scale": 10.0}  # defaults filled in
     assert m.where.endswith("train.mixer")
-    assert load_blend_config(_write(tmp_path, _mixed(data, {"policy": "ado", "interval": 1}))
-                             ).train.mixer.floor == 0.0
+    ado = load_blend_config(_write(tmp_path, _mixed(data, {"policy": "ado", "interval": 1}))).train
+    assert ado.mixer.floor == 0.0 and ado.mixer.max_epochs is None
+    assert load_blend_config(_write(tmp_path, _mixed(data, {"policy": "ado", "interval": 1,
+                                                            "max_epochs": 2}))
+                             ).train.mixer.max_epochs == 2.0
     assert load_blend_config(_write(tmp_path, _mixed(data, None) | {"train": {"blend": [
         {"path": data["web"], "weight": 1}]}})).train.mixer is None
 
@@ -462,7 +465,7 @@ def test_mixer_is_read_with_its_policy_keys(data, tmp_path):
 @pytest.mark.parametrize("mixer,needles", [
     ({"policy": "doremi", "interval": 2}, ("train.mixer.policy", "'doremi'", "odm, ado, loss_softmax")),
     ({"policy": "odm", "interval": 2, "temperature": 1},
-     ("unknown key 'temperature'", "policy, interval, floor, smoothing, reward_scale")),
+     ("unknown key 'temperature'", "policy, interval, floor, max_epochs, smoothing, reward_scale")),
     ({"policy": "loss_softmax", "interval": 0}, ("train.mixer.interval", "interval 0", "positive")),
     ({"policy": "loss_softmax", "interval": 2.5}, ("interval 2.5", "whole number")),
     ({"policy": "ado"}, ("missing key 'interval'",)),
@@ -470,6 +473,8 @@ def test_mixer_is_read_with_its_policy_keys(data, tmp_path):
     ({"policy": "odm", "interval": 2, "floor": 0.6}, ("floor 0.6 x 2 datasets = 1.2", "above 1")),
     ({"policy": "loss_softmax", "interval": 2, "temperature": 0}, ("temperature 0", "> 0")),
     ({"policy": "odm", "interval": 2, "smoothing": 1}, ("smoothing 1", "[0, 1)")),
+    ({"policy": "odm", "interval": 2, "max_epochs": 0}, ("train.mixer.max_epochs", "max_epochs 0",
+                                                          "> 0")),
     ("odm", ("train.mixer", "expected a mapping")),
 ])
 def test_bad_mixer_is_one_line_naming_key_and_value(data, tmp_path, mixer, needles):

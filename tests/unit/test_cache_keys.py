@@ -180,10 +180,11 @@ def test_the_mixer_is_keyed_field_by_field():
     keys = {_index(dataclasses.replace(blend, mixer=m), constituents=cons).cache_key()
             for m in (None, mixer, dataclasses.replace(mixer, policy="loss_softmax"),
                       dataclasses.replace(mixer, interval=3), dataclasses.replace(mixer, floor=0.2),
-                      dataclasses.replace(mixer, params=(("reward_scale", 5.0), ("smoothing", 0.9))))}
-    assert len(keys) == 6
+                      dataclasses.replace(mixer, params=(("reward_scale", 5.0), ("smoothing", 0.9))),
+                      dataclasses.replace(mixer, max_epochs=2.0))}
+    assert len(keys) == 7
     assert {f.name for f in dataclasses.fields(MixerConfig)} == {"policy", "interval", "floor",
-                                                                 "params", "where"}
+                                                                 "params", "where", "max_epochs"}
     moved = dataclasses.replace(blend, mixer=dataclasses.replace(mixer, where="elsewhere"))
     assert _index(moved, constituents=cons).cache_key() == _index(
         dataclasses.replace(blend, mixer=mixer), constituents=cons).cache_key()

@@ -375,6 +375,9 @@ def test_a_mixer_is_recorded_with_its_blend_and_adding_one_is_an_edit():
     ledgers unchanged) and a resume that adds, drops or changes it lists the change."""
     x = {"blend": [{"path": "web", "weight": 1}, {"path": "code", "weight": 3}]}
     mixed = dict(x, mixer={"policy": "odm", "interval": 2, "floor": 0.1})
+    capped = dict(x, mixer={"policy": "odm", "interval": 2, "max_epochs": 1.5})
+    assert blend_from_json(json.loads(json.dumps(blend_to_json(blend(capped))))).mixer == \
+        blend(capped).mixer
     as_json = json.loads(json.dumps(blend_to_json(blend(mixed))))
     assert as_json["mixer"] == {"policy": "odm", "interval": 2, "floor": 0.1, "reward_scale": 10.0,
                                 "smoothing": 0.9}

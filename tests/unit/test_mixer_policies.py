@@ -10,6 +10,7 @@ import pytest
 from megatron.data.blend_config import MIXER_POLICIES, MixerConfig
 from megatron.data.mixer_policies import (
     MixerInputs,
+    apply_cap,
     apply_floor,
     fit_power_law,
     initial_state,
@@ -119,3 +120,36 @@ def test_policies_are_pure_and_their_state_survives_json(policy):
         assert min(w) >= 0.05 - 1e-15 and sum(w) == pytest.approx(1.0, abs=1e-12)
         trajectory.append(w)
     assert len({tuple(w) for w in trajectory}) > 1 or policy == "ado"
+
+
+def test_the_cap_lowers_a_dataset_to_what_it_may_still_draw_and_says_why():
+    """max_epochs 1: dataset 0 has 2 of its 10 samples left for the next 10 samples, so at most
+    0.2; its excess 0.3 goes to the others in proportion (0.3, 0.2 -> 0.48, 0.32)."""
+    inputs = MixerInputs((1.0, 1.0, 1.0), (1, 1, 1), (2, 100, 100), 4, total=(8, 0, 0),
+                         per_epoch=(10, 100, 100), next_samples=10)
+    w, fallback = apply_cap([0.5, 0.3, 0.2], 1.0, inputs)
+    assert w == pytest.approx([0.2, 0.48, 0.32], abs=1e-15)
+    assert [(f["dataset"], f["weight"], f["capped"]) for f in fallback] == [(0, 0.5, 0.2)]
+    assert fallback[0]["reason"] == "max_epochs 1: 8 of 10 samples drawn, 10 in the next interval"
+    # lowering one may push another over its cap: filled until none is
+    inputs = MixerInputs((1.0,) * 3, (1,) * 3, (1,) * 3, 4, total=(9, 5, 0),
+                         per_epoch=(10, 10, 100), next_samples=10)
+    w, fallback = apply_cap([0.6, 0.3, 0.1], 1.0, inputs)
+    assert w == pytest.approx([0.1, 0.5, 0.4], abs=1e-12)
+    assert [f["dataset"] for f in fallback] == [0, 1]
+    # every dataset at its cap: renormalised, drawn past it, and said so
+    inputs = MixerInputs((1.0,) * 2, (1,) * 2, (1,) * 2, 4, total=(10, 9), per_epoch=(10, 10),
+                         next_samples=10)
+    w, fallback = apply_cap([0.5, 0.5], 1.0, inputs)
+    assert w == pytest.approx([0.0, 1.0], abs=1e-15)
+    assert all("every dataset is at its cap" in f["reason"] for f in fallback)
+
+
+def test_update_weights_records_the_capped_weights_as_drawn():
+    config = MixerConfig("loss_softmax", 2, 0.0, (("temperature", 1.0),), max_epochs=1.0)
+    state = initial_state(config, [1, 1])
+    inputs = MixerInputs((2.0, 2.0), (4, 4), (1, 16), 2, total=(9, 4), per_epoch=(10, 20),
+                         next_samples=8)
+    w, state = update_weights(config, state, inputs)
+    assert w == pytest.approx([0.125, 0.875], abs=1e-15) and state["weights"] == w
+    assert state["fallback"][0]["dataset"] == 0

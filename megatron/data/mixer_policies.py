@@ -29,7 +29,8 @@ datasets, ``K F <= 1``), so each dataset keeps at least ``F``.
   mix) and ``sqrt(h_k (1 - h_k))``, ``h`` the drawn shares' moving average (``h <- g h + (1 - g)
   c``, ``g`` = ``history``); normalised to ``q``, the policy keeps ``p = a pbar + (1 - a) q``
   (``a`` = ``average``) and the running mean ``pbar <- (1 - 1/(u+1)) pbar + q/(u+1)``, ``u`` the
-  iteration. Until ``warmup`` intervals are recorded it keeps the starting mix.
+  iteration. Until every dataset has losses of ``warmup`` intervals (at least 3) it keeps the
+  starting mix.
 * ``loss_softmax`` -- this project's: each dataset's loss relative to its first recorded loss,
   ``rho_i = L_i / L_i(0)``, and ``p_i = w0_i exp((rho_i - 1) / T) / sum_j w0_j exp((rho_j - 1) /
   T)`` (``T`` = ``temperature``; ``w0`` the starting mix): at the start (every ``rho`` 1) the

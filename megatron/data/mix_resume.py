@@ -365,6 +365,16 @@ class TrainMix:
     # the adaptive mixer's interval in progress (MixRecord.mixer), kept up to date by the loop
     mixer_progress: Optional[Dict[str, Any]] = None
 
+    def mixer_weights(self) -> Optional[Dict[str, float]]:
+        """``{dataset name: weight}`` the current phase draws with (normalised) when the blend
+        has an adaptive mixer (the blend file's at first, then the last update's), else None."""
+        phase = self.phases[-1]
+        if not phase.blend.get("mixer"):
+            return None
+        weights = [float(e["weight"]) for s in phase.blend["stages"] for e in s["entries"]]
+        total = sum(weights)
+        return {c.name: w / total for c, w in zip(self.dataset.constituents, weights, strict=True)}
+
     def mixer_segment(self) -> Optional[Dict[str, Any]]:
         """The record of the mixer's last update (the current phase's), or None."""
         return self.phases[-1].mixer

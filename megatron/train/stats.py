@@ -140,4 +140,6 @@ def _log_iteration(loop: LoopConfig, metrics, stats: _IntervalStats, state: Trai
         "tokens_per_second": tokens_per_s, "ms_per_iteration": ms_per_iter,
         "global_batch_size": batch_size, **hook_record,
         # the data ledger: samples drawn per dataset so far (megatron/data/mix_resume.py)
-        **({"samples_drawn": mix.samples_drawn(state.consumed_samples)} if mix else {})})
+        **({"samples_drawn": mix.samples_drawn(state.consumed_samples)} if mix else {}),
+        # an adaptive mixer's weights, drawn from the next iteration on (megatron/train/mixer.py)
+        **({"mixer_weights": mix.mixer_weights()} if mix and mix.mixer_weights() else {})})

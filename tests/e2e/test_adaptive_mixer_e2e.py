@@ -21,7 +21,8 @@ train:
     - {{path: {math}, split: "0:0.95", weight: 2}}
   mixer: {{policy: loss_softmax, interval: 2, floor: 0.05, temperature: 0.05}}
 """
-COMPARED = ("consumed_samples", "lr", "lm_loss", "grad_norm", "per_dataset_loss", "samples_drawn")
+COMPARED = ("consumed_samples", "lr", "lm_loss", "grad_norm", "per_dataset_loss", "samples_drawn",
+            "mixer_weights")
 
 
 def _run(data, run_dir, *extra):
@@ -56,6 +57,7 @@ def test_a_mixer_run_stopped_inside_an_interval_resumes_bitwise(tmp_path):
     whole = [r for r in read_jsonl(whole_dir / "metrics.jsonl") if "split" not in r]
     split = [r for r in read_jsonl(split_dir / "metrics.jsonl") if "split" not in r]
     assert [r["iteration"] for r in split] == list(range(1, ITERS + 1))
+    assert whole[0]["mixer_weights"] == {"web": 0.25, "code": 0.25, "math": 0.5}  # the file's
     for a, b in zip(whole, split, strict=True):
         assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}, a["iteration"]
 

@@ -111,7 +111,10 @@ def test_a_resume_inside_an_interval_reproduces_the_weights_and_the_samples(poli
 def test_the_segments_weights_are_what_the_phases_draw():
     blend = _blend("loss_softmax")
     mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    assert mix.mixer_weights() == {"web": 0.25, "code": 0.25, "math": 0.5}  # the training record's
     _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, ITERS)
+    assert list(mix.mixer_weights().values()) == pytest.approx(mix.phases[-1].mixer["weights"],
+                                                               abs=1e-15)
     for phase in mix.phases[1:]:
         entries = [e["weight"] for s in phase.blend["stages"] for e in s["entries"]]
         assert entries == phase.mixer["weights"]

@@ -9,6 +9,7 @@ order and reader); and the resume inside the long stage draws exactly what the c
 it said it would (the data continue bitwise)."""
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -120,3 +121,84 @@ def test_an_extension_stage_covers_each_token_stream_once(tmp_path, capfd):
     # losses stayed finite across the change
     train = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
     assert [r["iteration"] for r in train][-1] == 30 and all(np.isfinite(r["lm_loss"]) for r in train)
+
+
+# ---- in one run: the stage in the schedule file (docs/context_extension.md#in-one-run) ----
+
+LR = """\
+lr_schedule:
+  - {start: 0, schedule: {type: linear, from: 0.0, to: 2.0e-3}}
+  - {start: 2, schedule: {type: cosine, from: 2.0e-3, to: 2.0e-4}}
+"""
+STAGE = """\
+context_stages:
+  - {start: 3, seq_length: 256, max_position_embeddings: 256, rotary_base: 500000, global_batch_size: 4}
+"""
+BLEND_VALID = BLEND + """\
+valid:
+  - {{name: heldout, path: {long}}}
+"""
+COMPARED = ("lm_loss", "grad_norm", "lr", "consumed_samples", "seq_length", "samples_drawn",
+            "per_dataset_loss")
+
+
+def _records(path):
+    records = read_jsonl(path)
+    return ([{k: r.get(k) for k in ("iteration",) + COMPARED} for r in records if "split" not in r],
+            [r for r in records if "split" in r])
+
+
+def test_a_stage_in_the_schedule_file_equals_the_two_launch_extension(tmp_path):
+    """6 iterations, the context stage after iteration 3 (64 -> 256 tokens per sample, RoPE
+    base 10000 -> 500000, 16 -> 4 sequences per step), on three datasets with a validation
+    group. One launch with the stage in --lr-schedule-config switches in process at iteration 3
+    and stops at 4; resumed there (inside the stage, same flags), it runs to 6. Iterations 4-6
+    and the evaluations at 3 and 6 equal bit for bit (loss, grad norm, LR, per-dataset losses
+    and samples drawn) the two-launch version's second launch: the stage-1 checkpoint of
+    iteration 3 resumed with the stage-2 flags and --extend-context. The checkpoints of
+    iteration 6 record the same model context and data ledger. (The first launch of the
+    two-launch version is the one launch up to iteration 3: stage 0 is the command line,
+    tests/unit/test_context_stages.py.) Three launches of a 1-layer model."""
+    rng = np.random.default_rng(3)
+    data = {name: write_corpus(str(tmp_path / name), rng.integers(20, 300, docs), seed=k)
+            for k, (name, docs) in enumerate((("short", 12), ("mid", 24), ("long", 36)))}
+    (tmp_path / "blend.yaml").write_text(BLEND_VALID.format(**data))
+    (tmp_path / "lr.yaml").write_text(LR)
+    (tmp_path / "staged.yaml").write_text(LR + STAGE)
+
+    def run(name, seq, gbs, schedule, *extra):
+        out = tmp_path / name
+        renamed = {str(tmp_path / "ckpt"): str(out / "ckpt"),
+                   str(tmp_path / "metrics.jsonl"): str(out / "metrics.jsonl")}
+        argv = [renamed.get(a, a) for a in flags(
+            tmp_path, seq, gbs, 6, "--lr-schedule-config", str(tmp_path / schedule),
+            "--eval-iters", "1", "--eval-interval", "3", "--save-interval", "3", *extra)]
+        return run_single_process("pretrain_gpt.py", argv, check=True).stdout
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    log = run("one", 64, 16, "staged.yaml", "--exit-interval", "4")
+    assert "context stages in one run" in log and "context stage 1 (" in log, log
+    assert "the training data continues at --seq-length 256 from global sample 48" in log
+    # the checkpoint at the stage's start is the stage before's, as a first launch leaves it
+    assert json.loads((one / "ckpt" / "iter_0000003" / "model_args.json").read_text())[
+        "defaults"]["seq_length"] == 64
+    shutil.copytree(one / "ckpt", two / "ckpt")
+    shutil.rmtree(two / "ckpt" / "iter_0000004")
+    (two / "ckpt" / "latest_checkpointed_iteration.txt").write_text("3")
+    log = run("one", 64, 16, "staged.yaml", "--load", str(one / "ckpt"))  # no --extend-context
+    assert "resumed from --load" in log and "context stage 1 (" not in log
+    run("two", 256, 4, "lr.yaml", "--rotary-base", "500000", "--extend-context",
+        "--override-opt_param-scheduler", "--load", str(two / "ckpt"))
+    train_one, eval_one = _records(one / "metrics.jsonl")
+    train_two, eval_two = _records(two / "metrics.jsonl")
+    assert [r["iteration"] for r in train_one] == list(range(1, 7))
+    assert [r["seq_length"] for r in train_one] == [64] * 3 + [256] * 3
+    assert train_one[3:] == train_two and all(r["lm_loss"] for r in train_two)
+    assert [r["iteration"] for r in eval_one] == [3, 6] and eval_one[1:] == eval_two
+    # the one launch counts each stage's samples at its length
+    tokens = [r["consumed_tokens"] for r in read_jsonl(one / "metrics.jsonl") if "split" not in r]
+    assert tokens == [16 * 64, 32 * 64, 48 * 64, 48 * 64 + 4 * 256, 48 * 64 + 8 * 256,
+                      48 * 64 + 12 * 256]
+    for record in ("model_args.json", "data_mix.json"):
+        a, b = (json.loads((d / "ckpt" / "iter_0000006" / record).read_text()) for d in (one, two))
+        assert a == b, record

@@ -295,11 +295,6 @@ def _refusals(args, where: str, entries: Sequence[Dict[str, Any]]) -> None:
         raise ArgumentError(f"{where}: {STAGES_KEY} change seq_length, and packed T0 data cannot "
                             "continue across a change of the sequence length (its packs are built "
                             "for one length)")
-    if args.pipeline_model_parallel_size > 1:
-        raise ArgumentError(f"{where}: {STAGES_KEY} with --pipeline-model-parallel-size "
-                            f"{args.pipeline_model_parallel_size}: the pipe engine's stages are "
-                            "not switched in one run; run the stages as resumes "
-                            "(--extend-context)")
     iters = args.train_iters
     late = [e["start"] for e in entries if e["start"] >= iters]
     if late:

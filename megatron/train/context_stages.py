@@ -28,6 +28,7 @@ from megatron.data.train_data import TrainData
 from megatron.errors import ConfigError
 from megatron.model.rotary import set_rotary_embeddings
 from megatron.optim.learning_rates import OptimizerParamScheduler, build_opt_param_scheduler
+from megatron.parallel.pipe import is_pipe_engine
 from megatron.utils.rank_utils import print_rank_0
 
 
@@ -77,6 +78,8 @@ def enter_stage(args, stage: ContextStage, engine, optimizer, scheduler: Optimiz
         set_rotary_embeddings(engine.module, run.transformer, model.position_embedding_type,
                               model.rotary_percent, model.rotary_base, model.rope_scaling,
                               model.max_position_embeddings)
+    if is_pipe_engine(engine):
+        engine.reset_activation_shape()  # the pipe's buffers are sized by the first batch
     new = build_opt_param_scheduler(run.schedule, optimizer)
     new.continue_from(scheduler)
     set_rng_state(generators)

@@ -41,7 +41,8 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
           state: TrainingState, metrics: MetricsWriter, model_args: dict,
           after_checkpoint_files_written: Optional[Callable[[int], None]] = None,
           hooks: Sequence[LoopHook] = (), end: Optional[int] = None,
-          tokens_at: Optional[Callable[[int], int]] = None) -> bool:
+          tokens_at: Optional[Callable[[int], int]] = None,
+          exit_request: Optional[ExitRequest] = None) -> bool:
     """Run iterations ``state.iteration + 1 .. --train-iters`` (up to ``end`` when given: a
     context stage's last; updating ``state`` in place) with ``steps`` (:func:`step_functions`);
     returns True when ``--exit-interval`` stopped the run early. ``run``: the typed configs
@@ -49,11 +50,12 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     ``after_checkpoint_files_written``: see :func:`pretrain`; ``hooks``: what features add to
     each iteration (megatron/train/hooks.py: MoE bookkeeping, skipped steps); ``tokens_at``:
     the tokens trained in the run's first N samples (default the batch schedule's; context
-    stages count each stage's samples at its length)."""
+    stages count each stage's samples at its length); ``exit_request``: the run's, when it
+    trains in several calls (default a new one: its time limit counts from now)."""
     loop, checkpoint, schedule = run.loop, run.checkpoint, batch_schedule(run.batch)
     per_step = loop.micro_batch_size * loop.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
-    exit_request = ExitRequest(loop)
+    exit_request = exit_request or ExitRequest(loop)
     iterator = _loader(data.train, state.consumed_samples, loop)
     plan, trained_length = schedule.seq_plan, loop.seq_length
     tokens_at = tokens_at or schedule.tokens
@@ -210,7 +212,9 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     start_iteration = state.iteration
     exited_early = False
     model_args = model_args_from_args(args)  # recorded in every checkpoint
+    exit_request = None  # one for all stages: signals and the time limit
     while not loop.skip_train and state.iteration < loop.train_iters and not exited_early:
+        exit_request = exit_request or ExitRequest(loop)
         if stages is not None and stages.at(state.iteration).index != stage.index:
             # the next context stage, in process, as a resume with its flags would start it
             stage = stages.at(state.iteration)
@@ -223,7 +227,8 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
         exited_early = train(run, engine, optimizer, scheduler, data, steps, state, metrics,
                              model_args, after_checkpoint_files_written, hooks,
                              end=stages.end(stage, loop.train_iters) if stages else None,
-                             tokens_at=stages.tokens if stages else None)
+                             tokens_at=stages.tokens if stages else None,
+                             exit_request=exit_request)
     if checkpoint.save and state.iteration > start_iteration and not exited_early \
             and not (loop.save_interval and state.iteration % loop.save_interval == 0):
         _maybe_save(engine, checkpoint, model_args, state, scheduler,

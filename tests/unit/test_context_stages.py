@@ -134,18 +134,9 @@ def test_what_a_stage_cannot_do_is_refused_in_one_line(tmp_path, capsys):
              ["context_stages set the global batch by iteration and --rampup-batch-size 4 4 64 by "
               "samples; give one"]),
             ("{start: 6, rotary_base: 500000}", ("--seq-length-schedule", "{type: constant, value: 32}"),
-             ["context_stages and a sequence-length curriculum"]),
-            ("{start: 6, rotary_base: 500000}", ("--pipeline-model-parallel-size", "2"),
-             ["context_stages with --pipeline-model-parallel-size 2: the pipe engine's stages are "
-              "not switched in one run"])):
+             ["context_stages and a sequence-length curriculum"])):
         argv = _base(tmp_path, "context_stages:\n  - " + stage + "\n", extra)
-        if "--pipeline-model-parallel-size" in extra:
-            from megatron.config.parser import parse_args
-
-            with pytest.raises(SystemExit):
-                parse_args(argv, world_size=2)
-            err = capsys.readouterr().err
-        elif not parts:
+        if not parts:
             assert _parse(argv).context_stages.stages[1].args.seq_length == 32
             continue
         else:
@@ -184,22 +175,25 @@ def test_a_resume_of_a_one_launch_run_checks_the_stage_that_trained_the_checkpoi
                              capsys)
         assert "this resume changes the context of the checkpoint's model" in err, err
         assert shown in err and f"iter_{iteration:07d}" in err, err
+    err = one_error_line(_base(tmp_path, extra=["--load", _checkpoint(tmp_path, STAGE1, 6),
+                                                "--use-checkpoint-args"]), capsys)
+    assert "context_stages with --use-checkpoint-args" in err, err
     # --extend-context still makes such a resume a stage (against the stage it resumes into)
     args = _parse(_base(tmp_path, extra=["--load", _checkpoint(tmp_path, STAGE1, 7),
                                          "--extend-context"]))
     assert any("a context-extension stage from" in n for n in args.run_config.notes)
 
 
-def test_the_rotary_embeddings_switch_in_place_as_a_model_built_at_the_stage(tmp_path, dist_group):
-    """A RoPE model switched to the stage's base, and to YaRN, computes what a model built with
-    those flags computes (the same weights: they are drawn from the seed and names)."""
-    from megatron.core import parallel_state
-
-    from helpers.models import gpt_model
+def test_the_rotary_embeddings_switch_in_place_as_a_model_built_at_the_stage(
+        one_rank_model_parallel):
+    """A RoPE model switched to the stage's base, to YaRN and to Llama 3.1's scaling computes
+    what a model built with those flags computes (the same weights: they are drawn from the seed
+    and names); so does the pipe model (one stage here; two ranks of PP 2 switch in one run as
+    their two-launch version: docs/context_extension.md#in-one-run)."""
+    from helpers.models import gpt_model, gpt_model_pipe
+    from megatron.model.pipe_io import pipe_batch
     from megatron.model.rotary import YarnRotaryEmbedding, set_rotary_embeddings
 
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
     common = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
               "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
               "--hidden-dropout", "0", "--attention-dropout", "0"]
@@ -210,11 +204,13 @@ def test_the_rotary_embeddings_switch_in_place_as_a_model_built_at_the_stage(tmp
 
         args = validate_args(get_parser().parse_args(common + list(flags)), 1, require_data=False)
         args.padded_vocab_size = 128
-        return args, gpt_model(args)
+        return args, gpt_model(args), gpt_model_pipe(args)
 
     tokens = torch.randint(0, 100, (2, 48))
     positions = torch.arange(48).expand(2, 48)
-    _, model = build("--position-embedding-type", "rope", "--seq-length", "16")
+    inputs, _ = pipe_batch({"tokens": tokens, "labels": tokens, "position_ids": positions,
+                            "loss_mask": torch.ones(2, 48), "dataset_id": torch.tensor([0, 0])})
+    _, model, pipe = build("--position-embedding-type", "rope", "--seq-length", "16")
     for target in (["--position-embedding-type", "rope", "--seq-length", "48",
                     "--rotary-base", "500000"],
                    ["--position-embedding-type", "yarn", "--seq-length", "48",
@@ -222,11 +218,12 @@ def test_the_rotary_embeddings_switch_in_place_as_a_model_built_at_the_stage(tmp
                     "--mscale", "0.7"],
                    ["--position-embedding-type", "rope", "--seq-length", "48",
                     "--use-rope-scaling", "--rope-scaling-factor", "2"]):
-        args, fresh = build(*target)
+        args, fresh, fresh_pipe = build(*target)
         m = args.run_config.model
-        assert set_rotary_embeddings(model, args.run_config.transformer, m.position_embedding_type,
-                                     m.rotary_percent, m.rotary_base, m.rope_scaling,
-                                     m.max_position_embeddings) == 1
+        switch = (args.run_config.transformer, m.position_embedding_type, m.rotary_percent,
+                  m.rotary_base, m.rope_scaling, m.max_position_embeddings)
+        assert set_rotary_embeddings(model, *switch) == 1
+        assert set_rotary_embeddings(pipe, *switch) == 1  # one per transformer layer
         assert model.position_embedding_type == fresh.position_embedding_type
         assert isinstance(model.rotary_pos_emb, YarnRotaryEmbedding) == (
             m.position_embedding_type == "yarn")
@@ -234,3 +231,4 @@ def test_the_rotary_embeddings_switch_in_place_as_a_model_built_at_the_stage(tmp
         with torch.no_grad():
             torch.testing.assert_close(model(tokens, positions, None),
                                        fresh(tokens, positions, None), rtol=0, atol=0)
+            torch.testing.assert_close(pipe(inputs), fresh_pipe(inputs), rtol=0, atol=0)

@@ -85,7 +85,8 @@ def parse_provenance_args(argv: Optional[List[str]] = None):
 
 def training_mix_of(args):
     """The run's training mix with its data ledger, built as a resume with these flags would
-    build it (megatron/data/mix_resume.py)."""
+    build it (megatron/data/mix_resume.py; with context stages in one run, at the stage that
+    trained the checkpoint: iterations after the next stage's start are not traced from it)."""
     from megatron.config.tokenizer_flags import apply_tokenizer_setup  # lazy: megatron-core (seconds)
     from megatron.train.resume import data_resume  # lazy: megatron-core (seconds)
 
@@ -97,6 +98,10 @@ def training_mix_of(args):
     if resume.record is None:
         raise ConfigError(f"--load {args.load}: checkpoint of iteration {resume.iteration} has no "
                           "data_mix.json (written before checkpoints carried the data ledger)")
+    if args.context_stages is not None:  # a run with context stages resumes at the checkpoint's
+        from megatron.config.context_stages import stage_args  # lazy: as the imports above
+
+        args = stage_args(args, args.context_stages.recorded_at(resume.iteration))
     if args.weighted_split_groups["train"] and resume.record.kind == "t0":
         from megatron.data.mtf_builder import build_mtf_data  # lazy: megatron-core, only for a T0 mix
 

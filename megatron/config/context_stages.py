@@ -51,6 +51,8 @@ STAGE_VALUE_KEYS: Dict[str, type] = {
     "yarn_correction_range_round_to_int": bool, "global_batch_size": int}
 STAGE_KEYS = ("start",) + tuple(STAGE_VALUE_KEYS) + ("extend_context",)
 FLAGS = {**CONTEXT_FLAGS, "global_batch_size": "--global-batch-size"}
+# what the entry points set in the validated namespace (the tokenizer and its embedding rows)
+ENTRY_POINT_KEYS = ("tokenizer", "padded_vocab_size", "vocab_size")
 # keys whose value may be null (the flag's "none")
 NULLABLE = ("rotary_seq_len_interpolation_factor",)
 assert set(CONTEXT_DESTS) <= set(STAGE_VALUE_KEYS)
@@ -134,7 +136,7 @@ def stage_args(args: argparse.Namespace, stage: ContextStage) -> argparse.Namesp
     if stage.index == 0:
         return args
     for key, value in vars(args).items():
-        if not hasattr(stage.args, key):
+        if key in ENTRY_POINT_KEYS or not hasattr(stage.args, key):
             setattr(stage.args, key, value)
     return stage.args
 

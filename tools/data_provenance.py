@@ -40,6 +40,10 @@ def add_provenance_args(parser):
     import finetune_t0  # lazy: torch, megatron-core, deepspeed
 
     finetune_t0.extra_args_provider(parser)
+    # not the T0 entry point: its packed-samples default would make a GPT run's flags read as
+    # T0's (a context stage's length change, refused for packed T0 data; the data builder still
+    # refuses it for a T0 ledger)
+    parser.set_defaults(packed_samples=False)
     g = parser.add_argument_group("data provenance")
     g.add_argument("--iterations", required=True, metavar="A:B",
                    help="Training iterations A to B, inclusive (1-based, as in the log).")

@@ -14,16 +14,14 @@
 #
 # STAGE1_ITERS (default 60) and STAGE2_ITERS (default 40) set the stages' iterations (the LR file's
 # stages start at 0, 10, 60 and 70: with other lengths, edit it too). MASTER_PORT=PORT picks the
-# launcher's port (default: a free one).
+# launcher's port (default: a free one). EXTEND_FLAGS_ONLY=1 prints each stage's training flags, one
+# per line after a "stage1"/"stage2" line, and exits (tests/e2e/test_examples.py validates them).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../tools/cpu_env.sh"
 RUN=${RUN:-runs/extend_context}
 STAGE1_ITERS=${STAGE1_ITERS:-60}
 STAGE2_ITERS=${STAGE2_ITERS:-40}
 TOTAL=$((STAGE1_ITERS + STAGE2_ITERS))
-mkdir -p "$RUN"
-"$PY" tools/make_demo_data.py --output-dir data/demo
-"$PY" tools/make_long_documents.py --output-dir data/demo_long
 
 COMMON=(
   --num-layers 2 --hidden-size 128 --num-attention-heads 4 --position-embedding-type rope
@@ -39,6 +37,14 @@ STAGE2=(--seq-length 256 --max-position-embeddings 256 --rotary-base 500000 --gl
         --data-blend-config examples/extend_context/stage2_mix.yaml --load "$RUN/checkpoints"
         --extend-context --override-data-mix --override-opt_param-scheduler
         --eval-position-buckets 64)
+if [ "${EXTEND_FLAGS_ONLY:-0}" = 1 ]; then
+  echo stage1; printf '%s\n' "${COMMON[@]}" "${STAGE1[@]}"
+  echo stage2; printf '%s\n' "${COMMON[@]}" "${STAGE2[@]}"
+  exit 0
+fi
+mkdir -p "$RUN"
+"$PY" tools/make_demo_data.py --output-dir data/demo
+"$PY" tools/make_long_documents.py --output-dir data/demo_long
 
 echo "== stage 1: $STAGE1_ITERS iterations at 64 tokens per sample"
 launch_with_port_retry "$DEEPSPEED" --num_gpus 2 pretrain_gpt.py "${COMMON[@]}" "${STAGE1[@]}"

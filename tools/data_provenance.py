@@ -40,6 +40,10 @@ def add_provenance_args(parser):
     import finetune_t0  # lazy: torch, megatron-core, deepspeed
 
     finetune_t0.extra_args_provider(parser)
+    # not the T0 entry point: its packed-samples default would make a GPT run's flags read as
+    # T0's (a context stage's length change, refused for packed T0 data; the data builder still
+    # refuses it for a T0 ledger)
+    parser.set_defaults(packed_samples=False)
     g = parser.add_argument_group("data provenance")
     g.add_argument("--iterations", required=True, metavar="A:B",
                    help="Training iterations A to B, inclusive (1-based, as in the log).")
@@ -85,7 +89,8 @@ def parse_provenance_args(argv: Optional[List[str]] = None):
 
 def training_mix_of(args):
     """The run's training mix with its data ledger, built as a resume with these flags would
-    build it (megatron/data/mix_resume.py)."""
+    build it (megatron/data/mix_resume.py; with context stages in one run, at the stage that
+    trained the checkpoint: iterations after the next stage's start are not traced from it)."""
     from megatron.config.tokenizer_flags import apply_tokenizer_setup  # lazy: megatron-core (seconds)
     from megatron.train.resume import data_resume  # lazy: megatron-core (seconds)
 
@@ -97,6 +102,10 @@ def training_mix_of(args):
     if resume.record is None:
         raise ConfigError(f"--load {args.load}: checkpoint of iteration {resume.iteration} has no "
                           "data_mix.json (written before checkpoints carried the data ledger)")
+    if args.context_stages is not None:  # a run with context stages resumes at the checkpoint's
+        from megatron.config.context_stages import stage_args  # lazy: as the imports above
+
+        args = stage_args(args, args.context_stages.recorded_at(resume.iteration))
     if args.weighted_split_groups["train"] and resume.record.kind == "t0":
         from megatron.data.mtf_builder import build_mtf_data  # lazy: megatron-core, only for a T0 mix
 

@@ -10,11 +10,13 @@ is the last writer of ``args``: only the entry points add the tokenizer and its 
 (megatron/config/tokenizer_flags.py ``apply_tokenizer_setup``), which need the tokenizer's files.
 """
 import argparse
+import copy
 from typing import List
 
 from megatron.config.bloom_flags import validate_bloom_model
 from megatron.config.compat_flags import inert_flags
 from megatron.config.context_extension import validate_context_extension
+from megatron.config.context_stages import validate_context_stages
 from megatron.config.data_flags import validate_data
 from megatron.config.deepspeed_config import validate_deepspeed_config, validate_deepspeed_json
 from megatron.config.eval_flags import validate_eval
@@ -49,6 +51,10 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
     # a check is skipped when one it builds on (derived values) failed.
     if not hasattr(args, "given_flags"):  # a namespace not from get_parser(): nothing "given"
         args.given_flags = {}
+    # the flags as given, before any check fills a value: each context stage of the schedule
+    # file is this command line with the stage's values (megatron/config/context_stages.py)
+    raw = (copy.deepcopy(vars(args)) if getattr(args, "lr_schedule_config", None) is not None
+           and getattr(args, "context_stage_index", None) is None else None)
     args.seq_length_plan = None  # the sequence-length curriculum's, once its check ran
     notes: List[str] = []  # start-up lines the checks hand back (printed once the run starts)
     checks = (("deepspeed json", (), lambda: validate_deepspeed_json(args, notes)),
@@ -78,7 +84,11 @@ def validate_args(args: argparse.Namespace, world_size: int = 1,
                lambda: build_transformer_config(args)),
               ("train iters", ("batch", "training", "run control", "lr"),
                lambda: derive_train_iters(args)),
-              ("context extension", ("batch", "model", "run control"),
+              ("context stages", ("batch", "model", "training", "schedule file", "seq length",
+                                  "run control", "lr", "data", "layout", "train iters"),
+               lambda: validate_context_stages(args, raw, world_size, require_data,
+                                               validate_args, notes)),
+              ("context extension", ("batch", "model", "run control", "context stages"),
                lambda: validate_context_extension(args, notes, require_data)))
     failed, errors = set(), []
     for name, needs, check in checks:

@@ -151,10 +151,12 @@ def validate_context_extension(args: argparse.Namespace, notes: List[str],
     encoding their command line gives) that resumes ``--load`` (not ``--finetune``, which starts
     a new run): the checkpoint's ``model_args.json`` against ``args``. Without a checkpoint or a
     record (checkpoints before model flags were recorded) there is nothing to compare;
-    ``--extend-context`` then is refused, as it needs a resume."""
+    ``--extend-context`` then is refused, as it needs a resume. With context stages in one run
+    (``args.context_stages``) the checkpoint of iteration ``I`` is compared with the stage that
+    trained iteration ``I``."""
     directive = getattr(args, "extend_context", None)
-    if not training:
-        return
+    if not training or getattr(args, "context_stage_index", None) is not None:
+        return  # a context stage's namespace: the run's own check picks the stage to compare
     if not args.load or args.finetune:
         if directive is not None:
             raise ArgumentError(f"--extend-context {directive}: needs a resume (--load DIR of a "
@@ -171,6 +173,12 @@ def validate_context_extension(args: argparse.Namespace, notes: List[str],
                                 "recorded model flags (model_args.json) to extend")
         return
     old = recorded_context(record)
+    # with context stages in one run (megatron/config/context_stages.py), the checkpoint is
+    # compared with the stage that trained it: a resume at or after a stage's start from that
+    # run's checkpoint needs no directive
+    stages = getattr(args, "context_stages", None)
+    if stages is not None:
+        args = stages.recorded_at(iteration).args
     if iteration == 0:
         # an imported (or untrained) checkpoint: its seq_length is the model's maximum, nothing was
         # trained at it, so a run may take any length; its encoding is still the weights'

@@ -50,7 +50,9 @@ def add_lr_args(parser: argparse.ArgumentParser) -> None:
                    help="Power Scheduler: shape of the final decay down to --min-lr.")
     g.add_argument("--lr-schedule-config", default=None, metavar="FILE",
                    help="YAML/JSON file with 'lr_schedule' (any registered schedule kind or a "
-                        "staged list) and optional 'weight_decay_schedule'; replaces the LR "
+                        "staged list) and optional 'weight_decay_schedule', 'seq_length_schedule' "
+                        "and 'context_stages' (at an iteration the sequence length, RoPE and "
+                        "global batch change: docs/context_extension.md); replaces the LR "
                         "shape flags. See docs/schedules.md.")
     g.add_argument("--start-weight-decay", type=float, default=None)
     g.add_argument("--end-weight-decay", type=float, default=None)

@@ -210,13 +210,48 @@ class StreamReader:
         return [[doc, first, first + take - 1] for doc, first, take in self._spans(start, count)]
 
 
-class LengthChangedSamples(torch.utils.data.Dataset):
+class _StreamSamples(torch.utils.data.Dataset):
+    """Shared by the samples cut from ranges of a stream: reading them (the stream of
+    ``_stream_epoch``, opened on first use) and naming their documents."""
+
+    seq_length: int
+    _stream_epoch: Any
+    _reader: Optional["StreamReader"] = None
+
+    def _stream(self) -> "StreamReader":
+        if self._reader is None:
+            self._reader = StreamReader(self._stream_epoch)
+        return self._reader
+
+    def _slot(self, ranges: TokenRanges, q: int) -> List[List[int]]:
+        """The stream ranges of sample slot ``q`` of ``ranges`` cut in samples of ``seq_length``."""
+        lo = int(q) * self.seq_length
+        hi = min(lo + self.seq_length, ranges.total)
+        return [[a, a + n] for a, n in ranges.pieces(lo, hi)]
+
+    def _documents(self, ranges: List[List[int]]) -> List[List[int]]:
+        out = []
+        for start, end in ranges:
+            out += self._stream().documents(start, end - start + 1)
+        return out
+
+    _CACHES: Tuple[str, ...] = ("_reader",)  # made again on first use
+
+    def __getstate__(self):  # DataLoader workers: no reader or order to copy
+        state = dict(self.__dict__)
+        state.update({k: None for k in self._CACHES})
+        return state
+
+
+class LengthChangedSamples(_StreamSamples):
     """A dataset's samples at a new length, numbered from 0 at its last length change: first
     the ``m`` transition samples finishing the epoch in progress (``state``), then the whole
     epochs that follow, at the new length (``new_epoch``, its one-epoch megatron-core
     ``GPTDataset``, reshuffled per epoch with ``seed``). ``stream_epoch`` is the one-epoch
     dataset whose stream the remainder's offsets refer to (``new_epoch`` where the two streams
     are the same). ``len()`` is ``num_samples``."""
+
+    _CACHES = ("_reader", "_order")
 
     def __init__(self, state: EpochInProgress, new_epoch, stream_epoch, seed: int,
                  num_samples: int):
@@ -255,19 +290,11 @@ class LengthChangedSamples(torch.utils.data.Dataset):
     def token_ranges(self, k: int) -> Tuple[int, List[List[int]]]:
         """(epoch, ``[[start, end), ...]``): the stream offsets of sample ``k``'s input tokens."""
         if k < self.transition:
-            q = self._transition_slot(k)
-            lo = q * self.seq_length
-            hi = min(lo + self.seq_length, self.state.remainder.total)
-            return self.state.epoch, [[s, s + n] for s, n in self.state.remainder.pieces(lo, hi)]
+            return self.state.epoch, self._slot(self.state.remainder, self._transition_slot(k))
         inner = self.first_epoch * self.samples_per_epoch + int(k) - self.transition
         epoch = inner // self.samples_per_epoch
         j = int(self.new_epoch.shuffle_index[self.later.epoch_position(inner)])
         return epoch, [[j * self.seq_length, (j + 1) * self.seq_length]]
-
-    def _stream(self) -> StreamReader:
-        if self._reader is None:
-            self._reader = StreamReader(self._stream_epoch)
-        return self._reader
 
     def __getitem__(self, k: int) -> Dict[str, Any]:
         if not 0 <= int(k) < self.num_samples:
@@ -284,15 +311,7 @@ class LengthChangedSamples(torch.utils.data.Dataset):
         if k >= self.transition:
             return self.later.sample_documents(self.first_epoch * self.samples_per_epoch
                                                + int(k) - self.transition)
-        out = []
-        for start, end in self.token_ranges(k)[1]:
-            out += self._stream().documents(start, end - start + 1)
-        return out
-
-    def __getstate__(self):  # DataLoader workers: the reader and the order are made again
-        state = dict(self.__dict__)
-        state["_reader"], state["_order"] = None, None
-        return state
+        return self._documents(self.token_ranges(k)[1])
 
 
 def sample_of_ranges(reader: "StreamReader", ranges: List[List[int]], like) -> Dict[str, Any]:
@@ -343,11 +362,13 @@ def seen_tokens(segments: Sequence[LengthSegment], open_epoch: Callable[[int, in
     return state.remainder.complement(len(stream) * state.stream_length), stream
 
 
-class ReplaySamples(torch.utils.data.Dataset):
+class ReplaySamples(_StreamSamples):
     """A declared replay (a blend entry with ``replay: true``): samples of ``new_epoch``'s length
     cut from ``seen`` (ranges of ``stream_epoch``'s stream a dataset gave before), an epoch being
     all of them in an order seeded ``(seed, epoch)``, the last one of each padded; ``len()`` is
     ``num_samples``."""
+
+    _CACHES = ("_reader", "_orders")
 
     def __init__(self, seen: TokenRanges, new_epoch, stream_epoch, seed: int, num_samples: int):
         self.seen = seen
@@ -372,18 +393,10 @@ class ReplaySamples(torch.utils.data.Dataset):
     def token_ranges(self, k: int) -> Tuple[int, List[List[int]]]:
         """(replay epoch, ``[[start, end), ...]``): sample ``k``'s input tokens in the stream."""
         epoch, position = self.epoch_and_position(k)
-        if epoch not in self._orders:
+        if self._orders is None or epoch not in self._orders:
             self._orders = {epoch: np.random.default_rng(
                 [self.seed, epoch, _REPLAY_TAG, self.seq_length]).permutation(self.per_epoch)}
-        q = int(self._orders[epoch][position])
-        lo = q * self.seq_length
-        hi = min(lo + self.seq_length, self.seen.total)
-        return epoch, [[a, a + n] for a, n in self.seen.pieces(lo, hi)]
-
-    def _stream(self) -> "StreamReader":
-        if self._reader is None:
-            self._reader = StreamReader(self._stream_epoch)
-        return self._reader
+        return epoch, self._slot(self.seen, self._orders[epoch][position])
 
     def __getitem__(self, k: int) -> Dict[str, Any]:
         if not 0 <= int(k) < self.num_samples:
@@ -392,12 +405,4 @@ class ReplaySamples(torch.utils.data.Dataset):
 
     def sample_documents(self, k: int) -> List[List[int]]:
         """``[[sequence_id, first_token, last_token], ...]`` sample ``k`` is read from."""
-        out = []
-        for start, end in self.token_ranges(k)[1]:
-            out += self._stream().documents(start, end - start + 1)
-        return out
-
-    def __getstate__(self):  # DataLoader workers: the reader and the orders are made again
-        state = dict(self.__dict__)
-        state["_reader"], state["_orders"] = None, {}
-        return state
+        return self._documents(self.token_ranges(k)[1])

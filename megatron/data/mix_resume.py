@@ -44,7 +44,8 @@ from megatron.schedules.seqlen_plan import SeqLengthPlan
 from megatron.schedules.units import BatchSchedule
 
 __all__ = ["DataResume", "MixSources", "MixHistory", "TrainMix", "continue_training_mix",
-           "resumed_num_samples", "mix_changes", "eval_group_counters", "KIND_FLAGS"]
+           "length_change_problem", "resumed_num_samples", "mix_changes", "eval_group_counters",
+           "KIND_FLAGS"]
 
 KIND_FLAGS = {"blend_config": "--data-blend-config", "data_path": "--data-path",
               "weighted_split": "--train-weighted-split-paths",
@@ -520,6 +521,27 @@ def resumed_num_samples(num_samples: int, batch_schedule: BatchSchedule,
     return max(int(num_samples), int(record.consumed_samples) + int(left))
 
 
+def length_change_problem(sources: MixSources, blend: SplitBlend, old_length: int,
+                          new_length: int, consumed: int) -> Optional[str]:
+    """Why the training data of ``sources`` and ``blend`` cannot continue at global sample
+    ``consumed`` across a change of the sequence length from ``old_length`` to ``new_length``
+    (megatron/data/length_change.py), or None when it can: packed data (no ``at_length``) and
+    epochized_blend stages cannot."""
+    if sources.at_length is None:
+        return (f"--seq-length {old_length} -> {new_length}: the {KIND_FLAGS[sources.kind]} "
+                "training data cannot continue across a change of the sequence length (its packs "
+                "are built for one length); give --reset-progress to start it at sample 0, or "
+                f"keep --seq-length {old_length}")
+    epochized = [s.where for s in blend.stages if s.kind == "epochized_blend"]
+    if epochized:
+        return (f"--seq-length {old_length} -> {new_length} at global sample {consumed}: "
+                f"{epochized[0]} is an epochized_blend stage, whose repetitions count samples of "
+                "one length and place the stages after it by them; give the extension a mix "
+                "without epochized_blend stages (with --override-data-mix), or keep --seq-length "
+                f"{old_length}")
+    return None
+
+
 def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: int,
                           batch_schedule: BatchSchedule, seed: int,
                           resume: Optional[DataResume]) -> TrainMix:
@@ -550,21 +572,11 @@ def continue_training_mix(sources: MixSources, blend: SplitBlend, num_samples: i
     current = record.phases[-1]
     changes = mix_changes(record, sources.kind, blend_json, seed, constituents, sources.order)
     length_change = _seq_length(current) != int(batch_schedule.seq_length)
-    if length_change and sources.at_length is None:
-        raise ConfigError(
-            f"--load {resume.load_dir}: --seq-length {_seq_length(current)} -> "
-            f"{batch_schedule.seq_length}: the {KIND_FLAGS[sources.kind]} training data cannot "
-            "continue across a change of the sequence length (its packs are built for one "
-            "length); give --reset-progress to start it at sample 0, or keep --seq-length "
-            f"{_seq_length(current)}")
-    epochized = [s.where for s in blend.stages if s.kind == "epochized_blend"]
-    if length_change and epochized:
-        raise ConfigError(
-            f"--extend-context: --seq-length {_seq_length(current)} -> {batch_schedule.seq_length} "
-            f"at global sample {consumed}: {epochized[0]} is an epochized_blend stage, whose "
-            "repetitions count samples of one length and place the stages after it by them; give "
-            "the extension a mix without epochized_blend stages (with --override-data-mix), or "
-            f"keep --seq-length {_seq_length(current)}")
+    if length_change:
+        problem = length_change_problem(sources, blend, _seq_length(current),
+                                        int(batch_schedule.seq_length), consumed)
+        if problem is not None:
+            raise ConfigError(f"--load {resume.load_dir}: {problem}")
     segment = current.mixer is not None  # the last phase is the adaptive mixer's: its own blend
     if segment and not changes and (current.num_samples != num_samples
                                     or current.batch_schedule != bs_json or length_change):

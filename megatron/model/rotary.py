@@ -215,6 +215,53 @@ def use_yarn_rotary_embedding(model: torch.nn.Module, rotary_percent: float, rot
     return model
 
 
+def set_rotary_embeddings(model: torch.nn.Module, config: TransformerConfig,
+                          position_embedding_type: str, rotary_percent: float, rotary_base: int,
+                          scaling: RopeScaling = NO_SCALING, max_position_embeddings: int = None) -> int:
+    """Switch a built model's rotary position encoding in place (a context stage of one run,
+    megatron/train/context_stages.py): every rotary embedding of ``model`` (``GPTModel``'s, each
+    pipe layer's) rebuilt as :func:`rotary_embedding` builds it for ``position_embedding_type``
+    (rope or yarn), ``rotary_percent``, ``rotary_base`` and ``scaling``, on its module's
+    context-parallel group and Ulysses slice; the ``yarn_*`` attributes of the model's
+    ``TransformerConfig`` copies (which the attention reads for YaRN's attention factor) set
+    from ``config`` for yarn and removed for rope; ``GPTModel``'s encoding type, base, maximum
+    length (``max_position_embeddings``, when given) and rotary cache updated. The angles are then
+    those of a model built with these values. Returns how many embeddings were replaced."""
+    yarn = yarn_fields(config) if position_embedding_type == "yarn" else {}
+    configs = {id(m.config): m.config for m in model.modules()
+               if isinstance(getattr(m, "config", None), TransformerConfig)}
+    for module_config in configs.values():
+        for name in YARN_CONFIG_FIELDS:
+            if name in vars(module_config):
+                delattr(module_config, name)
+        for name, value in yarn.items():
+            setattr(module_config, name, value)
+    replaced = 0
+    for module in list(model.modules()):
+        old = getattr(module, "rotary_pos_emb", None)
+        if not isinstance(old, (mcore_rotary.RotaryEmbedding, mcore_yarn.YarnRotaryEmbedding)):
+            continue
+        new = rotary_embedding(config, position_embedding_type, rotary_percent, rotary_base,
+                               scaling)
+        new.cp_group = old.cp_group
+        new.sequence_sharded = getattr(old, "sequence_sharded", False)
+        module.rotary_pos_emb = new
+        replaced += 1
+        if hasattr(module, "rotary_pos_emb_cache"):  # GPTModel
+            module.position_embedding_type = position_embedding_type
+            module.rotary_base = rotary_base
+            module.rotary_pos_emb_cache.clear()
+            if max_position_embeddings is not None:
+                module.max_position_embeddings = max_position_embeddings
+                module.max_sequence_length = max_position_embeddings
+    # megatron-core caches each embedding's angles by (embedding, length, ...): drop the old ones
+    for cls in (mcore_rotary.RotaryEmbedding, mcore_yarn.YarnRotaryEmbedding):
+        clear = getattr(cls.forward, "cache_clear", None)
+        if clear is not None:
+            clear()
+    return replaced
+
+
 def use_device_rotary_embedding(model: torch.nn.Module,
                                 sequence_parallel: bool = False) -> torch.nn.Module:
     """Make ``model.rotary_pos_emb`` (a megatron-core ``RotaryEmbedding`` built by ``GPTModel``) a

@@ -114,12 +114,18 @@ class ScheduleConfig:
 
 # Levanter's configs nest the schedules under the optimizer's section
 LEVANTER_WRAPPER = "optimizer"
+# the keys of a --lr-schedule-config file: the LR and WD schedules read here, the
+# sequence-length curriculum (megatron/config/seqlen_flags.py) and the context stages of one run
+# (megatron/config/context_stages.py)
+SCHEDULE_FILE_KEYS = ("lr_schedule", "weight_decay_schedule", "seq_length_schedule",
+                      "context_stages")
 
 
 def load_schedule_config(path: str) -> Dict[str, Any]:
     """Read a ``--lr-schedule-config`` file (YAML or JSON) into a dict with keys ``lr_schedule``
-    and optionally ``weight_decay_schedule`` and ``seq_length_schedule`` (the sequence-length
-    curriculum, read by megatron/config/seqlen_flags.py); ``ValueError`` naming the file otherwise.
+    and optionally ``weight_decay_schedule``, ``seq_length_schedule`` (the sequence-length
+    curriculum, read by megatron/config/seqlen_flags.py) and ``context_stages`` (context stages in
+    one run, read by megatron/config/context_stages.py); ``ValueError`` naming the file otherwise.
     Levanter's configs nest ``lr_schedule:`` under ``optimizer:``: that wrapper is taken when it is
     the file's only key, and its keys are then those same keys (others named as
     ``optimizer.KEY``)."""
@@ -149,12 +155,10 @@ def load_schedule_config(path: str) -> Dict[str, Any]:
         if not isinstance(config, dict):
             raise ConfigError(f"--lr-schedule-config {path}: '{LEVANTER_WRAPPER}' must be a "
                               "mapping with key 'lr_schedule'")
-    unknown = sorted(str(k) for k in set(config) - {"lr_schedule", "weight_decay_schedule",
-                                                     "seq_length_schedule"})
+    unknown = sorted(str(k) for k in set(config) - set(SCHEDULE_FILE_KEYS))
     if unknown:
         raise ConfigError(f"--lr-schedule-config {path}: unknown key {prefix + unknown[0]!r} "
-                          f"(known keys: {prefix}lr_schedule, {prefix}weight_decay_schedule, "
-                          f"{prefix}seq_length_schedule)")
+                          f"(known keys: {', '.join(prefix + k for k in SCHEDULE_FILE_KEYS)})")
     if "lr_schedule" not in config:
         raise ConfigError(f"--lr-schedule-config {path}: missing key '{prefix}lr_schedule'")
     return config
@@ -503,6 +507,15 @@ class OptimizerParamScheduler:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = wd * group.get("wd_mult", 1.0)
+
+    def continue_from(self, other: "OptimizerParamScheduler") -> None:
+        """Take ``other``'s progress (consumed samples, completed iterations) and set every
+        group's values at it under this scheduler's schedules: a context stage of one run
+        (megatron/train/context_stages.py) continues as a resume with
+        ``--override-opt_param-scheduler`` continues the checkpoint's counters."""
+        self.num_steps = other.num_steps
+        self.num_iters = other.num_iters
+        self.step(0, iterations=0)
 
     # ---- checkpoints ----
     def state_dict(self) -> dict:

@@ -12,6 +12,7 @@ import torch
 from megatron.checkpoint.engine import TrainingState
 from megatron.checkpoint.multinode import check_checkpoint_dirs
 from megatron.config.checkpoint_args import model_args_from_args
+from megatron.config.context_stages import stage_args
 from megatron.config.run_config import LoopConfig, RunConfig
 from megatron.data.train_data import TrainData
 from megatron.metrics.moe import moe_training
@@ -22,6 +23,7 @@ from megatron.parallel.initialize import initialize_distributed, set_seeds
 from megatron.parallel.pipe import is_pipe_engine
 from megatron.parallel.topology import layout_line
 from megatron.schedules.units import batch_schedule
+from megatron.train.context_stages import check_stages_data, enter_stage
 from megatron.train.engine_setup import loss_normalizer, setup_model_and_optimizer
 from megatron.train.evaluation import _evaluate_all
 from megatron.train.exit_request import ExitRequest
@@ -39,17 +41,22 @@ from megatron.utils.rank_utils import all_reduce_small, print_rank_0
 def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: StepFunctions,
           state: TrainingState, metrics: MetricsWriter, model_args: dict,
           after_checkpoint_files_written: Optional[Callable[[int], None]] = None,
-          hooks: Sequence[LoopHook] = ()) -> bool:
-    """Run iterations ``state.iteration + 1 .. --train-iters`` (updating ``state`` in place) with
-    ``steps`` (:func:`step_functions`); returns True when ``--exit-interval`` stopped the run
-    early. ``run``: the typed configs (megatron/config/run_config.py); ``model_args``: the model
-    flags each checkpoint records; ``after_checkpoint_files_written``: see :func:`pretrain`;
-    ``hooks``: what features add to each iteration (megatron/train/hooks.py: MoE bookkeeping,
-    skipped steps)."""
+          hooks: Sequence[LoopHook] = (), end: Optional[int] = None,
+          tokens_at: Optional[Callable[[int], int]] = None,
+          exit_request: Optional[ExitRequest] = None) -> bool:
+    """Run iterations ``state.iteration + 1 .. --train-iters`` (up to ``end`` when given: a
+    context stage's last; updating ``state`` in place) with ``steps`` (:func:`step_functions`);
+    returns True when ``--exit-interval`` stopped the run early. ``run``: the typed configs
+    (megatron/config/run_config.py); ``model_args``: the model flags each checkpoint records;
+    ``after_checkpoint_files_written``: see :func:`pretrain`; ``hooks``: what features add to
+    each iteration (megatron/train/hooks.py: MoE bookkeeping, skipped steps); ``tokens_at``:
+    the tokens trained in the run's first N samples (default the batch schedule's; context
+    stages count each stage's samples at its length); ``exit_request``: the run's, when it
+    trains in several calls (default a new one: its time limit counts from now)."""
     loop, checkpoint, schedule = run.loop, run.checkpoint, batch_schedule(run.batch)
     per_step = loop.micro_batch_size * loop.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
-    exit_request = ExitRequest(loop)
+    exit_request = exit_request or ExitRequest(loop)
     iterator = _loader(data.train, state.consumed_samples, loop)
     mixer = loop_mixer(data, state.iteration, state.consumed_samples)  # the blend's, or None
     if mixer is not None:  # each iteration's per-dataset losses also go to the mixer
@@ -58,11 +65,13 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     else:
         step_stats = stats
     plan, trained_length = schedule.seq_plan, loop.seq_length
-    trained_tokens = schedule.tokens(state.consumed_samples)
+    tokens_at = tokens_at or schedule.tokens
+    trained_tokens = tokens_at(state.consumed_samples)
+    stop = loop.train_iters if end is None else min(int(end), loop.train_iters)
     if plan is not None:  # the sequence-length curriculum cuts each micro batch
         iterator = SeqLengthBatches(iterator, plan)
     engine.train()
-    while state.iteration < loop.train_iters:
+    while state.iteration < stop:
         batch_size = schedule.batch_size_at_samples(state.consumed_samples)
         if batch_size != engine.train_batch_size():
             engine.set_train_batch_size(batch_size)
@@ -93,7 +102,7 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
                 iterator = SeqLengthBatches(iterator, plan)
         stats.iterations += 1
         stats.samples += batch_size
-        tokens_before, trained_tokens = trained_tokens, schedule.tokens(state.consumed_samples)
+        tokens_before, trained_tokens = trained_tokens, tokens_at(state.consumed_samples)
         stats.tokens += trained_tokens - tokens_before
         if state.iteration % loop.log_interval == 0:
             _log_iteration(loop, metrics, stats, state, lr, wd, _grad_norm(engine, stage0_norm),
@@ -173,13 +182,22 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     check_checkpoint_dirs(checkpoint.save, checkpoint.load)
     set_seeds(loop.seed)
     resume = data_resume(checkpoint, loop.skip_train)  # the data ledger, before any dataset
+    # context stages in one run (megatron/config/context_stages.py): the run is built at the
+    # stage that wrote the checkpoint it resumes (the flags' from scratch), as that launch was
+    flags, stages, stage = args, getattr(args, "context_stages", None), None
+    if stages is not None:
+        stage = stages.recorded_at(resume.iteration if resume is not None else 0)
+        args = stage_args(flags, stage)
+        run, loop = args.run_config, args.run_config.loop
     data = datasets_provider(args, resume)
     rank0 = torch.distributed.get_rank() == 0
-    metrics = metrics_writer(run.metrics, enabled=rank0, run_flags=vars(args))  # jsonl, TB, W&B
+    metrics = metrics_writer(run.metrics, enabled=rank0, run_flags=vars(flags))  # jsonl, TB, W&B
     engine, optimizer, scheduler = setup_model_and_optimizer(
         run, model_provider(args), batch_schedule(run.batch).batch_size_at_samples(0))
     state = _restore(engine, checkpoint, scheduler)
     _check_data_resume(resume, state)
+    if stages is not None and not loop.skip_train:
+        check_stages_data(stages, data, state.consumed_samples)
     if checkpoint.load and not loop.skip_train and state.iteration >= loop.train_iters > 0:
         # A resume at the end of training: no step, no evaluation, no duplicate metrics records.
         print_rank_0(f"nothing to train: the checkpoint in --load {checkpoint.load} is at "
@@ -208,13 +226,27 @@ def pretrain(args, datasets_provider: Callable, model_provider: Callable,
     start_iteration = state.iteration
     exited_early = False
     model_args = model_args_from_args(args)  # recorded in every checkpoint
-    if not loop.skip_train and state.iteration < loop.train_iters:
+    exit_request = None  # one for all stages: signals and the time limit
+    while not loop.skip_train and state.iteration < loop.train_iters and not exited_early:
+        exit_request = exit_request or ExitRequest(loop)
+        if stages is not None and stages.at(state.iteration).index != stage.index:
+            # the next context stage, in process, as a resume with its flags would start it
+            stage = stages.at(state.iteration)
+            args, data, scheduler = enter_stage(flags, stage, engine, optimizer, scheduler, data,
+                                                state, datasets_provider)
+            run, loop = args.run_config, args.run_config.loop
+            steps = step_functions(engine, forward_step,
+                                   loss_normalizer(run.loss, data, loop.data_parallel_size))
+            model_args = model_args_from_args(args)
         exited_early = train(run, engine, optimizer, scheduler, data, steps, state, metrics,
-                             model_args, after_checkpoint_files_written, hooks)
-        if checkpoint.save and state.iteration > start_iteration and not exited_early \
-                and not (loop.save_interval and state.iteration % loop.save_interval == 0):
-            _maybe_save(engine, checkpoint, model_args, state, scheduler,
-                        after_checkpoint_files_written, data)
+                             model_args, after_checkpoint_files_written, hooks,
+                             end=stages.end(stage, loop.train_iters) if stages else None,
+                             tokens_at=stages.tokens if stages else None,
+                             exit_request=exit_request)
+    if checkpoint.save and state.iteration > start_iteration and not exited_early \
+            and not (loop.save_interval and state.iteration % loop.save_interval == 0):
+        _maybe_save(engine, checkpoint, model_args, state, scheduler,
+                    after_checkpoint_files_written, data)
     if not exited_early and loop.eval_iters:
         if state.iteration % loop.eval_interval != 0 or loop.skip_train \
                 or state.iteration == start_iteration:

@@ -139,3 +139,40 @@ def test_moe_example_flags_validate_for_its_two_ranks(clone, tmp_path):
     assert "schedule preview: 200 iterations" in log
     preview = json.loads((tmp_path / "moe" / "schedule_preview.json").read_text())
     assert preview["iteration"][-1] == 200 and len(preview["lr"]) == 201
+
+
+def test_extend_context_example_stages_validate(demo_data, tmp_path, monkeypatch):
+    """examples/extend_context_cpu.sh's two stages (EXTEND_FLAGS_ONLY=1: its flags, no launch),
+    on the test's demo corpus and a small long-document one: stage 1 validates for its 2 ranks;
+    stage 2 validates as the resume of a checkpoint that records stage 1's flags (the extension
+    64 -> 256 tokens, RoPE base 500000, 16 -> 4 sequences per step: tokens per step kept), with
+    its blend file (a declared replay among its entries) and the LR file."""
+    from megatron.config.checkpoint_args import model_args_from_args
+    from megatron.config.parser import parse_args
+    from tools.make_long_documents import make_long_documents
+
+    out = subprocess.run(["bash", "examples/extend_context_cpu.sh"], cwd=ROOT, check=True,
+                         env=dict(os.environ, EXTEND_FLAGS_ONLY="1", RUN=str(tmp_path / "run")),
+                         capture_output=True, text=True).stdout.splitlines()
+    split = out.index("stage2")
+    long = make_long_documents(str(tmp_path / "long"), documents=40, verbose=False)
+    monkeypatch.chdir(tmp_path)  # the blend files' paths are relative to the repository root
+    for name in ("demo", "demo_long"):
+        os.makedirs(tmp_path / "data" / name)
+    for prefix in list(demo_data.values()) + [long]:
+        where = "demo_long" if prefix == long else "demo"
+        for ext in (".bin", ".idx"):
+            os.symlink(prefix + ext, tmp_path / "data" / where / (os.path.basename(prefix) + ext))
+    flags = [[os.path.join(ROOT, a) if a.startswith("examples/") else a for a in stage]
+             for stage in (out[1:split], out[split + 1:])]
+    first = parse_args(flags[0], world_size=2)
+    assert (first.seq_length, first.global_batch_size, first.rotary_base) == (64, 16, 10000)
+    iteration = first.exit_interval
+    directory = tmp_path / "run" / "checkpoints" / f"iter_{iteration:07d}"
+    directory.mkdir(parents=True)
+    (directory / "model_args.json").write_text(json.dumps(model_args_from_args(first)))
+    (directory.parent / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    second = parse_args(flags[1], world_size=2)
+    assert (second.seq_length, second.global_batch_size, second.rotary_base) == (256, 4, 500000)
+    assert any("--extend-context: a context-extension stage" in n and "--seq-length 64 -> 256" in n
+               for n in second.run_config.notes), second.run_config.notes

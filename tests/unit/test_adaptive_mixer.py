@@ -3,6 +3,7 @@ appends a phase of static weights at the first sample not yet drawn, recorded wi
 and the policy's state; a run resumed from its record inside an update interval draws the same
 (dataset, sample) at every iteration and computes the same weights, bit for bit."""
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from megatron.data.mix_ledger import MixRecord
 from megatron.data.mix_resume import DataResume, MixSources, continue_training_mix
 from megatron.errors import ConfigError
 from megatron.schedules.units import BatchSchedule
+from megatron.train.context_stages import check_stages_data
 from megatron.train.mixer import LoopMixer
 
 SEQ, GBS, ITERS, SPE = 16, 4, 12, 20
@@ -151,3 +153,14 @@ def test_an_edited_mix_at_a_resume_restarts_the_mixer_from_the_new_file():
     assert mixer.state["start"] == [1 / 6, 3 / 6, 2 / 6] and mixer.state["updates"] == 0
     _train(again, mixer, 6, 8)
     assert [p.mixer["iteration"] for p in again.phases if p.mixer] == [2, 4, 6, 8]
+
+
+def test_context_stages_with_a_mixer_are_refused_at_start_up_in_one_line():
+    blend = _blend("odm")
+    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    stages = SimpleNamespace(where="lr.yaml: context_stages", stages=[object(), object()])
+    with pytest.raises(ConfigError) as error:
+        check_stages_data(stages, SimpleNamespace(mix=mix), 0)
+    message = str(error.value)
+    assert "context stages with an adaptive mixer (t.yaml: train.mixer)" in message
+    assert "--override-data-mix" in message and "\n" not in message

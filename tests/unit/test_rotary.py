@@ -1,8 +1,10 @@
 """megatron/model/rotary.py: ``--position-embedding-type rope`` and ``yarn`` on CPU, the same
 angles as megatron-core's RotaryEmbedding and YarnRotaryEmbedding (their scalings against
-transformers: tests/unit/test_rope_scaling.py). End to end through the deepspeed launcher, a RoPE model trains
-(its loss falls) and equals its one-rank run under every layout of tests/e2e/test_moe_e2e.py (the
-Llama-style MoE model), and under DeepSpeed-Ulysses in tests/e2e/test_ulysses_e2e.py."""
+transformers: tests/unit/test_rope_scaling.py), and under DeepSpeed-Ulysses the angles of each
+rank's global positions. End to end through the deepspeed launcher, a YaRN model (the layout
+comparison's extended model, tests/helpers/parallel.py) trains and equals its one-rank run under
+every layout (TP, PP, Megatron SP, Ulysses, recompute, MoE), and the Ulysses model equals the whole
+sequence's for RoPE and YaRN in tests/e2e/test_ulysses_e2e.py."""
 import math
 
 import pytest
@@ -110,3 +112,61 @@ def test_ulysses_rank_gets_its_slice_of_the_angles(monkeypatch, yarn):
         (whole, factor), (mine, my_factor) = whole, mine
         assert my_factor == factor != 1.0
     torch.testing.assert_close(mine, whole[8:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tp, sequence_parallel", [(1, False), (2, True)])
+@pytest.mark.parametrize("yarn", [False, True])
+def test_ulysses_rank_rotates_its_slice_at_the_global_positions(monkeypatch, yarn, tp,
+                                                                sequence_parallel):
+    """The length GPTModel asks the embedding for, and the angles each rank gets, under Ulysses
+    SP 2 (with TP 2 and Megatron's --sequence-parallel inside it: each rank's hidden states are
+    a quarter of the sequence): megatron-core's length times the Ulysses size, the whole
+    sequence's 16 positions, and the ranks' slices of the angles are the whole sequence's in
+    order (rank 0 positions 0-7, rank 1 8-15), not positions 0-7 on both: YaRN's correction and
+    attention factor the same on each. The config's context_parallel_size stays 1 (megatron-core
+    would multiply by it too: megatron/parallel/topology.py). A packed batch's length is its
+    whole-sequence maximum, not multiplied."""
+    from types import SimpleNamespace
+
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    import megatron.model.rotary as rotary
+
+    ranks = []
+
+    class Group:
+        def __init__(self, rank):
+            self._rank = rank
+
+        def size(self):
+            return 2
+
+        def rank(self):
+            return self._rank
+
+    config = SimpleNamespace(sequence_parallel=sequence_parallel, tensor_model_parallel_size=tp,
+                             context_parallel_size=1)
+    for rank in range(2):
+        monkeypatch.setattr(rotary, "sequence_parallel_group", lambda r=rank: Group(r))
+        if yarn:
+            module = YarnRotaryEmbedding(**YARN)
+        else:
+            module = RotaryEmbedding(kv_channels=16, rotary_percent=1.0, rotary_base=500,
+                                     use_cpu_initialization=True)
+        module.cp_group = Group(rank)
+        whole = module(16)  # not yet sharded: every position's angles
+        module.sequence_sharded = True
+        local_hidden = torch.zeros(16 // (2 * (tp if sequence_parallel else 1)), 1, 8)
+        length = module.get_rotary_seq_len(None, None, local_hidden, config)
+        assert length == 16
+        packed = PackedSeqParams(qkv_format="sbhd", max_seqlen_q=16, max_seqlen_kv=16)
+        assert module.get_rotary_seq_len(None, None, local_hidden, config, packed) == 16
+        ranks.append((whole, module(length)))
+    if yarn:
+        (whole, factor), _ = ranks[0]
+        assert all(f == factor != 1.0 for got in ranks for _, f in got)
+        ranks = [(w[0], m[0]) for w, m in ranks]
+    whole = ranks[0][0]
+    assert whole.shape[0] == 16
+    torch.testing.assert_close(torch.cat([mine for _, mine in ranks]), whole, rtol=0, atol=0)
+    assert not torch.equal(ranks[0][1], ranks[1][1])

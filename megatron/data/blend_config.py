@@ -448,6 +448,15 @@ def _number(value: Any, where: str, what: str) -> float:
     return value
 
 
+def _positive(obj: Dict[str, Any], key: str, where: str, why: str = "") -> float:
+    """``obj[key]`` as a number > 0; else one error at ``where.key`` naming the value (and
+    ``why``, the reason, when given)."""
+    value = _number(obj[key], f"{where}.{key}", f"{key} {obj[key]!r}")
+    if not value > 0:
+        raise _err(f"{where}.{key}", f"{key} {obj[key]!r} must be > 0" + (f" ({why})" if why else ""))
+    return value
+
+
 def _parse_weight(value: Any, where: str) -> Weight:
     if isinstance(value, dict):
         return _parse_schedule(value, where)
@@ -654,16 +663,10 @@ def _parse_entries(items: Any, kind: str, where: str, base_dir, check_files) -> 
         if kind == "epochized_blend":
             if "repetitions" not in item:
                 raise _err(w, "missing key 'repetitions'")
-            reps = _number(item["repetitions"], w + ".repetitions", f"repetitions {item['repetitions']!r}")
-            if reps <= 0:
-                raise _err(w + ".repetitions", f"repetitions {item['repetitions']!r} must be > 0")
+            reps = _positive(item, "repetitions", w)
         loss_weight = 1.0
         if "loss_weight" in item:
-            loss_weight = _number(item["loss_weight"], w + ".loss_weight",
-                                  f"loss_weight {item['loss_weight']!r}")
-            if not loss_weight > 0:
-                raise _err(w + ".loss_weight", f"loss_weight {item['loss_weight']!r} must be > 0 "
-                                               "(a dataset not to learn from is left out)")
+            loss_weight = _positive(item, "loss_weight", w, "a dataset not to learn from is left out")
         replay = item.get("replay", False)
         if not isinstance(replay, bool):
             raise _err(w + ".replay", f"replay {replay!r}: give true (draw again from the tokens "
@@ -720,11 +723,7 @@ def _parse_mixer(spec: Any, entries: Tuple[BlendEntry, ...], where: str) -> Mixe
                                             "mix; give a number")
     max_epochs = None
     if "max_epochs" in spec:
-        max_epochs = _number(spec["max_epochs"], where + ".max_epochs",
-                             f"max_epochs {spec['max_epochs']!r}")
-        if not max_epochs > 0:
-            raise _err(where + ".max_epochs", f"max_epochs {spec['max_epochs']!r} must be > 0 "
-                                              "(the epochs of a dataset the mixer may draw)")
+        max_epochs = _positive(spec, "max_epochs", where, "the epochs of a dataset the mixer may draw")
     params = []
     for key, default in sorted(MIXER_POLICIES[policy].items()):
         value = _number(spec.get(key, default), f"{where}.{key}", f"{key} {spec.get(key)!r}")

@@ -21,6 +21,7 @@ from megatron.data import document_packing
 from megatron.data.document_packing import BEST_FIT, BEST_FIT_VERSION, BINS_TAG, CONCAT, bin_capacity
 from megatron.data.epoch_order import EpochShuffledSamples
 from megatron.data.index_pack import PackedGPTDataset
+from megatron.runtime.mcore_compat import window_query_returns_document_lengths
 
 __all__ = ["PackingGPTDatasetConfig", "packing_of", "BestFitGPTDataset", "PackedBestFitGPTDataset",
            "BinShuffledSamples", "best_fit_one_epoch"]
@@ -86,16 +87,20 @@ class BestFitGPTDataset(GPTDataset):
             out.append((sequence, first, min(capacity, int(lengths[sequence]) - first)))
         return out
 
-    def _query_document_sample_shuffle_indices(self, idx: int) -> Tuple[np.ndarray, np.ndarray]:
+    def _query_document_sample_shuffle_indices(self, idx: int) -> tuple:
         """(the ``capacity`` tokens of the bin at position ``idx``, padded with the pad id; its
-        ``.idx`` sequences), as megatron-core's window query returns them."""
+        ``.idx`` sequences; with megatron-core 0.19, each document part's token count before the
+        padding), as the installed megatron-core's window query returns them."""
         items = self._bin_items(idx)
         parts = [self.dataset.get(sequence, offset=first, length=n) for sequence, first, n in items]
         filled = sum(n for _, _, n in items)
         if filled < self.capacity:
             parts.append(np.full(self.capacity - filled, self._pad_token_id, dtype=np.int64))
-        return (np.concatenate(parts, dtype=np.int64),
-                np.array([sequence for sequence, _, _ in items], dtype=np.int64))
+        text = np.concatenate(parts, dtype=np.int64)
+        sequences = np.array([sequence for sequence, _, _ in items], dtype=np.int64)
+        if window_query_returns_document_lengths():
+            return text, sequences, [n for _, _, n in items]
+        return text, sequences
 
     _stream_starts = None  # where each bin's tokens begin in the token stream (built on first use)
 

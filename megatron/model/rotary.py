@@ -35,6 +35,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from megatron.parallel.ulysses import sequence_parallel_group, sequence_shard
+from megatron.runtime.mcore_compat import refresh_yarn_attention_factor
 
 __all__ = ["NO_SCALING", "RopeScaling", "RotaryEmbedding", "YarnRotaryEmbedding", "YARN_CONFIG_FIELDS",
            "rotary_embedding", "use_device_rotary_embedding", "use_yarn_rotary_embedding", "yarn_fields"]
@@ -254,6 +255,10 @@ def set_rotary_embeddings(model: torch.nn.Module, config: TransformerConfig,
             if max_position_embeddings is not None:
                 module.max_position_embeddings = max_position_embeddings
                 module.max_sequence_length = max_position_embeddings
+            if hasattr(module, "rotary_scaling"):  # GPTModel's export attribute (0.19)
+                module.rotary_scaling = scaling.rope_scaling
+    for module in model.modules():  # megatron-core 0.19's attention caches YaRN's factor
+        refresh_yarn_attention_factor(module)
     # megatron-core caches each embedding's angles by (embedding, length, ...): drop the old ones
     for cls in (mcore_rotary.RotaryEmbedding, mcore_yarn.YarnRotaryEmbedding):
         clear = getattr(cls.forward, "cache_clear", None)

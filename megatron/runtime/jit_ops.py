@@ -8,7 +8,15 @@ printed first, once per launch: by the first rank of the launch to find the op u
 local rank 0: another rank may start first and finish a quick build before rank 0 looks). Ranks
 agree through a claim file in the build directory named after the launch (the launcher's pid),
 removed once the op is loaded.
+
+torch's own build lock (``NAME/lock``, created by the builder and removed when it is done) names no
+process, so a build killed midway (Ctrl-C or SIGKILL in a first launch) left it behind and every
+later run waited on it forever, silently. Each load here first takes an exclusive ``flock`` on
+``NAME/.build.flock`` (the kernel drops it when its process dies): holding it, a torch lock still
+present can only be a dead build's, and is removed with a line saying so.
 """
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -66,13 +74,39 @@ def build_done(claim: Optional[str]) -> None:
             pass
 
 
+TORCH_BUILD_LOCK = "lock"  # torch.utils.cpp_extension's FileBaton in the build directory
+BUILD_FLOCK = ".build.flock"
+
+
+@contextlib.contextmanager
+def exclusive_build(directory: str):
+    """Hold an exclusive ``flock`` on ``directory/.build.flock`` (waiting for another process's
+    build or load of the op to finish); inside it, remove torch's build lock when one is left, a
+    build that died before removing it (the module docstring)."""
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(os.path.join(directory, BUILD_FLOCK), os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        stale = os.path.join(directory, TORCH_BUILD_LOCK)
+        if os.path.exists(stale):
+            print(f"removing {stale}: a build of this op stopped before it finished (torch would "
+                  "wait on the lock forever); building it again", flush=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(stale)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def load_op(name: str, sources: List[str], extra_cflags: List[str], what: str, duration: str):
     """Build (first use, announced) or reuse the op ``name`` from ``sources`` and import it."""
     from torch.utils.cpp_extension import load
 
-    claim = announce_build(name, build_directory(name), what, duration)
+    directory = build_directory(name)
+    claim = announce_build(name, directory, what, duration)
     try:
-        return load(name=name, sources=sources, extra_cflags=extra_cflags, verbose=False)
+        with exclusive_build(directory):
+            return load(name=name, sources=sources, extra_cflags=extra_cflags, verbose=False)
     finally:
         build_done(claim)
 

@@ -13,6 +13,12 @@ docs/megatron_core_versions.md lists each difference and why it matters here.
   ``reduce_group_has_dp``; 0.17+ has ``get_moe_metrics_tracker()`` whose entries say the inverse,
   ``needs_dp_avg`` (the old functions are deprecated for removal) (:func:`moe_metric_entries`,
   :func:`clear_moe_metrics`).
+- YaRN's attention factor: 0.16's attention reads it from its config at every forward; 0.19's
+  caches it at construction (``Attention._yarn_concentration_factor``), so a switch of the
+  config in place must refresh it (:func:`refresh_yarn_attention_factor`).
+- The window query ``GPTDataset._query_document_sample_shuffle_indices``: 0.16 returns (tokens,
+  document ids); 0.19 adds each document's token count, which its ``__getitem__`` unpacks
+  (:func:`window_query_returns_document_lengths`).
 
 Every function imports megatron-core when called, so importing this module costs nothing.
 """
@@ -98,3 +104,31 @@ def legacy_grouped_gemm_available() -> bool:
     from megatron.core.transformer.moe import experts  # lazy: megatron-core
 
     return hasattr(experts, "GroupedMLP")
+
+
+def refresh_yarn_attention_factor(module: Any) -> bool:
+    """Recompute the YaRN attention factor a megatron-core attention module cached at
+    construction (0.19: ``_yarn_concentration_factor``, from its ``config``'s ``yarn_*`` fields;
+    1.0 without them), after those fields changed in place. Returns whether ``module`` caches
+    one (False on 0.16, whose attention reads the config at every forward)."""
+    if not hasattr(module, "_yarn_concentration_factor"):
+        return False
+    from megatron.core.models.common.embeddings import yarn_rotary_pos_embedding  # lazy: megatron-core
+
+    module._yarn_concentration_factor = (
+        yarn_rotary_pos_embedding._yarn_get_concentration_factor_from_config(module.config))
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def window_query_returns_document_lengths() -> bool:
+    """Whether megatron-core's ``GPTDataset._query_document_sample_shuffle_indices`` returns a
+    third value, each document part's token count (0.19; its ``__getitem__`` unpacks three),
+    read from the method's return annotation (``Tuple[ndarray, ndarray, list]`` against
+    0.16's ``Tuple[ndarray, ndarray]``)."""
+    import typing  # lazy: only the dataset classes ask
+
+    from megatron.core.datasets.gpt_dataset import GPTDataset  # lazy: megatron-core
+
+    hints = typing.get_type_hints(GPTDataset._query_document_sample_shuffle_indices)
+    return len(typing.get_args(hints["return"])) == 3

@@ -56,3 +56,37 @@ def test_build_notice_once_per_launch_whichever_rank_looks_first(tmp_path, capsy
     os.remove(os.path.join(directory, "op.so"))  # a later launch that must build again
     assert jit_ops.announce_build("op", directory, "the op", "1 s") is not None
     assert capsys.readouterr().out.startswith("building the op")
+
+
+def test_a_dead_builds_lock_is_removed_and_a_live_build_is_waited_for(tmp_path, capsys):
+    """torch's build lock left by a killed build (it names no process) is removed under the
+    project's flock, with a line; a build in progress in another process (holding the flock, its
+    torch lock present) is waited for, and its lock, removed by it when done, is not touched."""
+    import subprocess
+    import sys
+    import time
+
+    directory = str(tmp_path / "op")
+    os.makedirs(directory)
+    stale = os.path.join(directory, jit_ops.TORCH_BUILD_LOCK)
+    open(stale, "w").close()  # a build killed midway
+    with jit_ops.exclusive_build(directory):
+        assert not os.path.exists(stale)
+    assert capsys.readouterr().out.startswith(f"removing {stale}: a build of this op stopped")
+
+    live = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"d = {directory!r}\n"
+        f"fd = os.open(os.path.join(d, {jit_ops.BUILD_FLOCK!r}), os.O_CREAT | os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        f"open(os.path.join(d, {jit_ops.TORCH_BUILD_LOCK!r}), 'w').close()\n"
+        "print('building', flush=True)\n"
+        "time.sleep(1.5)\n"
+        f"os.remove(os.path.join(d, {jit_ops.TORCH_BUILD_LOCK!r}))\n")],
+        stdout=subprocess.PIPE, text=True)
+    assert live.stdout.readline() == "building\n"  # it holds the flock and torch's lock
+    start = time.monotonic()
+    with jit_ops.exclusive_build(directory):
+        waited = time.monotonic() - start
+        assert live.wait(timeout=30) == 0
+    assert waited > 0.5 and capsys.readouterr().out == ""  # waited; nothing removed

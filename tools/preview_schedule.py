@@ -18,8 +18,11 @@ With ``--load CKPT`` the mixture is that of a resume from that checkpoint with t
 iterations before the checkpoint's as the run really drew them (its data ledger's history, across
 earlier edits), the rest as the resume would draw them (an edited mix needs
 ``--override-data-mix``, as in training); ``"resume_iteration"`` says where the two meet,
-``"mix_changes"`` lists the iterations where the mix was edited (the new mix's among them) and
-``"epochs"`` counts every dataset the run has drawn by its end.
+``"mix_changes"`` lists the iterations where the mix was edited (the new mix's among them),
+``"epochs"`` counts every dataset the run has drawn by its end, and for a run with an adaptive
+mixer ``"mixer_updates"`` lists its updates so far (``{"iteration", "policy", "begin",
+"weights": {dataset: weight}, "losses": {...}}``, also printed one line each; ``target_mixture``
+holds the same weights per iteration).
 
 With a sequence-length curriculum (``--seq-length-schedule``, the ``seq_length_schedule`` key of
 ``--lr-schedule-config``, or the ``curriculum_learning`` / ``data_efficiency`` section of
@@ -194,6 +197,11 @@ def resumed_mixture_arrays(args, train_iters: int) -> dict:
     out = {"mixture": mixture, "target_mixture": target, "epochs": epochs,
            "resume_iteration": _checkpoint_iteration(args),
            "mix_changes": [phase.begin_iteration for phase in mix.phases[1:]]}
+    from megatron.data.mixture_export import mixer_updates  # lazy: with --load only
+
+    updates = mixer_updates(mix.phases)
+    if updates:  # the adaptive mixer's learned weights so far (target_mixture holds them too)
+        out["mixer_updates"] = updates
     if per_point > 1:
         out["mixture_iterations_per_point"] = per_point
     return out
@@ -469,6 +477,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     if "seq_length_savings" in arrays:
         print(describe_savings(arrays["seq_length_savings"], args.seq_length_plan.mode),
               file=sys.stderr)
+    for update in arrays.get("mixer_updates", ()):  # --load of an adaptive run: its weights so far
+        print(f"mixer {update['policy']} at iteration {update['iteration']}: " + ", ".join(
+            f"{name} {w:.4f}" for name, w in update["weights"].items()), file=sys.stderr)
     if "epochs" in arrays:  # the mixture's
         for warning in warn_repeated(arrays["epochs"], args.warn_epochs):
             print(warning, file=sys.stderr)

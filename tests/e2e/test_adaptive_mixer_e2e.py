@@ -2,14 +2,19 @@
 mixer (interval 2) stopped by --exit-interval at iteration 3, inside an update interval, and
 resumed with --load, logs bitwise the same losses, per-dataset losses and samples drawn at
 every iteration as the run never stopped, and ends with the same recorded weights (the data
-ledger's mixer segments). The resume's in-process twin: tests/unit/test_adaptive_mixer.py."""
+ledger's mixer segments). The run exported by tools/export_mixture.py is a blend file from which a
+static run (no mixer) trains the same losses on the same samples, which tools/data_provenance.py
+shows sample for sample, and tools/preview_schedule.py --load prints the learned weights. The
+in-process twins: tests/unit/test_adaptive_mixer.py, tests/unit/test_mixture_export.py."""
 import glob
 import json
 import os
+import sys
 
 import pytest
 
 from helpers.launch import read_jsonl, run_single_process
+from helpers.paths import ROOT
 from helpers.resume import make_pretrain_data, pretrain_flags
 
 ITERS = 8
@@ -41,15 +46,29 @@ def _last_record(run_dir):
         return json.load(f)
 
 
-@pytest.mark.launch
-def test_a_mixer_run_stopped_inside_an_interval_resumes_bitwise(tmp_path):
+@pytest.fixture(scope="module")
+def adaptive_run(tmp_path_factory):
+    """(data, the uninterrupted adaptive run's directory): 8 iterations, a checkpoint at the end."""
+    tmp_path = tmp_path_factory.mktemp("mixer")
     data = make_pretrain_data(tmp_path / "data")
     data["mixed"] = str(tmp_path / "data" / "mixed.yaml")
     with open(data["mixed"], "w") as f:
         f.write(MIXED.format(**data))
-    whole_dir, split_dir = tmp_path / "whole", tmp_path / "split"
+    whole_dir = tmp_path / "whole"
     log = _run(data, whole_dir, "--save-interval", "100")
     assert "mixer loss_softmax at iteration 2: the weights from global sample 16 are" in log
+    return data, whole_dir
+
+
+def _tool(name):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    return __import__(name)
+
+
+@pytest.mark.launch
+def test_a_mixer_run_stopped_inside_an_interval_resumes_bitwise(adaptive_run, tmp_path):
+    data, whole_dir = adaptive_run
+    split_dir = tmp_path / "split"
     first = _run(data, split_dir, "--exit-interval", "3", "--save-interval", "100")
     assert "exiting at iteration 3" in first
     _run(data, split_dir, "--save-interval", "100", "--load", str(split_dir / "ckpt"))
@@ -66,3 +85,43 @@ def test_a_mixer_run_stopped_inside_an_interval_resumes_bitwise(tmp_path):
     assert [s["iteration"] for s in segments] == [2, 4, 6]  # none at the last: nothing left to draw
     assert len({tuple(s["weights"]) for s in segments}) > 1  # the mix moved
     assert resumed["phases"] == record["phases"] and resumed["ledger"] == record["ledger"]
+
+
+@pytest.mark.launch
+def test_the_exported_mixture_trains_the_same_samples_as_a_static_run(adaptive_run, tmp_path, capfd):
+    data, whole_dir = adaptive_run
+    exported = tmp_path / "exported.yaml"
+    assert _tool("export_mixture").main(["--load", str(whole_dir / "ckpt"), "--output", str(exported),
+                                         "--data-blend-config", data["mixed"]]) == 0
+    out = capfd.readouterr().out
+    assert "stage 1: from iteration 2 (global sample 16), mixer loss_softmax update: " in out
+    static_dir = tmp_path / "static"
+    _run(dict(data, mixed=str(exported)), static_dir, "--save-interval", "100")
+
+    adaptive = [r for r in read_jsonl(whole_dir / "metrics.jsonl") if "split" not in r]
+    static = [r for r in read_jsonl(static_dir / "metrics.jsonl") if "split" not in r]
+    same = [k for k in COMPARED if k != "mixer_weights"]
+    for a, b in zip(adaptive, static, strict=True):  # the same samples: the same losses, bitwise
+        assert {k: a[k] for k in same} == {k: b[k] for k in same}, a["iteration"]
+    assert "mixer_weights" not in static[0]
+
+    flags = lambda run_dir, blend: pretrain_flags(  # noqa: E731
+        data, run_dir, ["--train-iters", str(ITERS), "--data-blend-config", blend,
+                        "--load", str(run_dir / "ckpt")])
+    provenance = _tool("data_provenance")
+    traced = {}
+    for name, run_dir, blend in (("adaptive", whole_dir, data["mixed"]),
+                                 ("static", static_dir, str(exported))):
+        path = tmp_path / f"{name}.jsonl"
+        provenance.main(flags(run_dir, blend) + ["--iterations", f"1:{ITERS}", "--output", str(path)])
+        traced[name] = read_jsonl(path)
+    assert len(traced["adaptive"]) == ITERS * 8  # every global sample of the run
+    assert traced["static"] == traced["adaptive"]  # dataset, sample, epoch, tokens, documents
+
+    preview = _tool("preview_schedule").main(flags(whole_dir, data["mixed"]))
+    record = _last_record(whole_dir)
+    segments = [p["mixer"] for p in record["phases"] if "mixer" in p]
+    assert [list(u["weights"].values()) for u in preview["mixer_updates"]] == [
+        s["weights"] for s in segments]
+    err = capfd.readouterr().err
+    assert f"mixer loss_softmax at iteration 2: web {segments[0]['weights'][0]:.4f}, " in err

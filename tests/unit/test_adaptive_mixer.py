@@ -5,22 +5,16 @@ and the policy's state; a run resumed from its record inside an update interval 
 import json
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from helpers.curriculum import fake_constituents
+from helpers.mixer_run import BS, ITERS, POLICIES, SOURCES, SPE, N
+from helpers.mixer_run import train_iterations as _train
 from megatron.data.blend_config import parse_blend_config
 from megatron.data.mix_ledger import MixRecord
-from megatron.data.mix_resume import DataResume, MixSources, continue_training_mix
+from megatron.data.mix_resume import DataResume, continue_training_mix
 from megatron.errors import ConfigError
-from megatron.schedules.units import BatchSchedule
 from megatron.train.context_stages import check_stages_data
 from megatron.train.mixer import LoopMixer
-
-SEQ, GBS, ITERS, SPE = 16, 4, 12, 20
-BS = BatchSchedule(GBS, None, SEQ)
-N = ITERS * GBS
-POLICIES = {"odm": {}, "ado": {"warmup": 3}, "loss_softmax": {"temperature": 0.1}}
 
 
 def _blend(policy):
@@ -29,38 +23,6 @@ def _blend(policy):
         "mixer": {"policy": policy, "interval": 2, "floor": 0.05, "max_epochs": 1,
                   **POLICIES[policy]}}},
         "t.yaml", check_files=False).train
-
-
-class _Source(list):
-    def epoch_and_position(self, k):
-        return divmod(k, SPE)
-
-
-SOURCES = MixSources("blend_config", lambda b: fake_constituents(b, SPE, SEQ),
-                     lambda c, n, seed: _Source(range(n)))
-
-
-def _loss(dataset: int, sample: int, iteration: int) -> float:
-    """A made-up training loss: dataset 1 learns slowest."""
-    return (3.0 + dataset) * (1.0 + iteration) ** -(0.5 / (1 + 2 * (dataset == 1))) \
-        + 0.01 * (sample % 7)
-
-
-def _train(mix, mixer, first: int, last: int):
-    """Iterations ``first..last`` as the loop runs them: each draws its global batch from the
-    mix's current dataset, the mixer adds its per-dataset losses; [(dataset, sample)] each."""
-    draws = []
-    k = len(mix.dataset.constituents)
-    for it in range(first, last + 1):
-        begin, end = BS.samples_at_iteration(it - 1), BS.samples_at_iteration(it)
-        batch = [mix.dataset.locate(s) for s in range(begin, end)]
-        sums, counts = np.zeros(k), np.zeros(k)
-        for d, sample in batch:
-            sums[d] += _loss(d, sample, it)
-            counts[d] += 1
-        mixer.end_iteration(it, end, sums, counts)
-        draws.append(batch)
-    return draws
 
 
 def _resumed(mix, iteration, blend):

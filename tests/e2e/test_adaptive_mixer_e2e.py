@@ -2,7 +2,10 @@
 mixer (interval 2) stopped by --exit-interval at iteration 3, inside an update interval, and
 resumed with --load, logs bitwise the same losses, per-dataset losses and samples drawn at
 every iteration as the run never stopped, and ends with the same recorded weights (the data
-ledger's mixer segments). The resume's in-process twin: tests/unit/test_adaptive_mixer.py."""
+ledger's mixer segments). The resume's in-process twin: tests/unit/test_adaptive_mixer.py. The
+same with ``target: loss_weight`` (issue 46 item 2): the data drawn is the static blend's at every
+iteration, the loss weights move from the first update on, and the resumed run is bitwise the
+uninterrupted one, loss weights included (tests/unit/test_objective_mixer.py)."""
 import glob
 import json
 import os
@@ -23,6 +26,17 @@ train:
 """
 COMPARED = ("consumed_samples", "lr", "lm_loss", "grad_norm", "per_dataset_loss", "samples_drawn",
             "mixer_weights")
+
+
+STATIC = """\
+train:
+  blend:
+    - {{path: {web}, split: "0:0.95", weight: 1}}
+    - {{path: {code}, split: "0:0.95", weight: 1}}
+    - {{path: {math}, split: "0:0.95", weight: 2}}
+"""
+OBJECTIVE = STATIC + "  mixer: {{policy: loss_softmax, interval: 2, floor: 0.05, temperature: 0.05, " \
+                     "target: loss_weight}}\n"
 
 
 def _run(data, run_dir, *extra):
@@ -66,3 +80,42 @@ def test_a_mixer_run_stopped_inside_an_interval_resumes_bitwise(tmp_path):
     assert [s["iteration"] for s in segments] == [2, 4, 6]  # none at the last: nothing left to draw
     assert len({tuple(s["weights"]) for s in segments}) > 1  # the mix moved
     assert resumed["phases"] == record["phases"] and resumed["ledger"] == record["ledger"]
+
+
+@pytest.mark.launch
+def test_a_loss_weight_mixer_keeps_the_static_data_order_and_resumes_bitwise(tmp_path):
+    data = make_pretrain_data(tmp_path / "data")
+    files = {}
+    for name, text in (("static", STATIC), ("objective", OBJECTIVE)):
+        files[name] = str(tmp_path / "data" / f"{name}.yaml")
+        with open(files[name], "w") as f:
+            f.write(text.format(**data))
+    per_token = ("--calculate-per-token-loss", "--save-interval", "100")
+    _run(dict(data, mixed=files["static"]), tmp_path / "static", *per_token)
+    objective = dict(data, mixed=files["objective"])
+    log = _run(objective, tmp_path / "whole", *per_token)
+    assert "mixer loss_softmax at iteration 2: the loss weights from iteration 3 are" in log
+    assert "exiting at iteration 3" in _run(objective, tmp_path / "split", "--exit-interval", "3",
+                                            *per_token)
+    _run(objective, tmp_path / "split", *per_token, "--load", str(tmp_path / "split" / "ckpt"))
+
+    static, whole, split = ([r for r in read_jsonl(tmp_path / d / "metrics.jsonl") if "split" not in r]
+                            for d in ("static", "whole", "split"))
+    assert [r["iteration"] for r in split] == list(range(1, ITERS + 1))
+    # the data order is the static run's; until the first update so is everything else
+    assert [r["samples_drawn"] for r in whole] == [r["samples_drawn"] for r in static]
+    assert [(r["lm_loss"], r["grad_norm"]) for r in whole[:2]] == [
+        (r["lm_loss"], r["grad_norm"]) for r in static[:2]]
+    assert "mixer_loss_weights" not in whole[0]
+    weights = [r["mixer_loss_weights"] for r in whole[1:]]
+    assert all(w != {"web": 1.0, "code": 1.0, "math": 1.0} for w in weights)
+    # trained with them from iteration 3: its gradient, and the model after it, differ
+    assert whole[2]["grad_norm"] != static[2]["grad_norm"]
+    assert whole[3]["lm_loss"] != static[3]["lm_loss"]
+    for a, b in zip(whole, split, strict=True):
+        keys = COMPARED + ("mixer_loss_weights",)
+        assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, a["iteration"]
+    record, resumed = _last_record(tmp_path / "whole"), _last_record(tmp_path / "split")
+    assert len(record["phases"]) == 1  # no phase appended: the sampling stays the blend's
+    assert [u["iteration"] for u in record["mixer"]["updates"]] == [2, 4, 6]
+    assert resumed["mixer"] == record["mixer"] and resumed["ledger"] == record["ledger"]

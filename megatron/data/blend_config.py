@@ -54,7 +54,7 @@ __all__ = ["REPLAY_SUFFIX", "blend_key",
     "indexed_dataset_problem", "missing_files_problem", "dataset_prefix_problem",
     "prefix_problems_message",
     "range_tokens", "scaled_weight", "SCALED_WEIGHT_TYPE",
-    "MixerConfig", "MIXER_POLICIES", "MIXER_KEYS",
+    "MixerConfig", "MIXER_POLICIES", "MIXER_KEYS", "MIXER_TARGETS",
 ]
 
 SCALED_WEIGHT_TYPE = "scaled"
@@ -138,7 +138,10 @@ MIXER_POLICIES: Dict[str, Dict[str, float]] = {
     "ado": {"warmup": 3, "history": 0.9, "average": 0.9},
     "loss_softmax": {"temperature": 1.0},
 }
-MIXER_KEYS = ("policy", "interval", "floor", "max_epochs")
+MIXER_KEYS = ("policy", "interval", "floor", "max_epochs", "target")
+# what the mixer's weights move: the sampling (new data-ledger phases) or the per-dataset loss
+# weights of the objective (DoReMi-style: the data order stays the static blend's)
+MIXER_TARGETS = ("sampling", "loss_weight")
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,10 @@ class MixerConfig:
     """``train: {blend: [...], mixer: {...}}``: every ``interval`` iterations ``policy`` (one of
     :data:`MIXER_POLICIES`) reads the interval's per-dataset training losses and sets the blend's
     next weights, each at least ``floor``; ``params``: the policy's own keys (sorted ``(key,
-    value)`` pairs, defaults filled in). The blend's weights are the starting mix."""
+    value)`` pairs, defaults filled in). The blend's weights are the starting mix. ``target``
+    (one of :data:`MIXER_TARGETS`): what the weights move, the sampling (default) or the
+    datasets' loss weights (megatron/data/mixer_loss_weights.py; the sampling then stays the
+    blend's)."""
 
     policy: str
     interval: int
@@ -154,6 +160,7 @@ class MixerConfig:
     params: Tuple[Tuple[str, float], ...] = ()
     where: str = field(default="", metadata=NOT_KEYED, compare=False)
     max_epochs: Optional[float] = None  # the cap on repetitions: epochs of a dataset at most
+    target: str = "sampling"
 
     def param(self, key: str) -> float:
         return dict(self.params)[key]
@@ -163,6 +170,8 @@ class MixerConfig:
                **dict(self.params)}
         if self.max_epochs is not None:
             out["max_epochs"] = self.max_epochs
+        if self.target != "sampling":  # only when set: the records of sampling mixers stay as they were
+            out["target"] = self.target
         return out
 
 
@@ -693,8 +702,9 @@ _BLEND_FORMS = ("blend", "epochized_blend", "sequential")
 
 def _parse_mixer(spec: Any, entries: Tuple[BlendEntry, ...], where: str) -> MixerConfig:
     """The ``mixer:`` beside a training ``blend:`` (:class:`MixerConfig`); one line naming the key
-    and value for an unknown policy or key, a non-positive interval, a negative floor, floors
-    summing above 1, or a weight schedule in the blend (its weights are the starting mix)."""
+    and value for an unknown policy, key or target, a non-positive interval, a negative floor,
+    floors summing above 1, ``max_epochs`` with ``target: loss_weight`` (nothing is drawn more
+    often) or a weight schedule in the blend (its weights are the starting mix)."""
     if not isinstance(spec, dict):
         raise _err(where, f"expected a mapping {{policy, interval, floor, ...}}, got {spec!r}")
     policy = spec.get("policy")
@@ -721,8 +731,16 @@ def _parse_mixer(spec: Any, entries: Tuple[BlendEntry, ...], where: str) -> Mixe
             raise _err(e.where + ".weight", f"a weight schedule ({e.weight!r}) beside a mixer: the "
                                             "mixer sets the weights, the blend's are the starting "
                                             "mix; give a number")
+    target = spec.get("target", "sampling")
+    if target not in MIXER_TARGETS:
+        raise _err(where + ".target", f"unknown target {target!r}; allowed: {', '.join(MIXER_TARGETS)} "
+                                      "(what the mixer's weights move)")
     max_epochs = None
     if "max_epochs" in spec:
+        if target == "loss_weight":
+            raise _err(where + ".max_epochs", f"max_epochs {spec['max_epochs']!r} beside target "
+                                              "loss_weight: the sampling stays the blend's, so no "
+                                              "dataset is drawn more often; leave max_epochs out")
         max_epochs = _positive(spec, "max_epochs", where, "the epochs of a dataset the mixer may draw")
     params = []
     for key, default in sorted(MIXER_POLICIES[policy].items()):
@@ -733,7 +751,8 @@ def _parse_mixer(spec: Any, entries: Tuple[BlendEntry, ...], where: str) -> Mixe
         if key in ("smoothing", "history", "average") and value >= 1:
             raise _err(f"{where}.{key}", f"{key} {spec[key]!r} must be in [0, 1)")
         params.append((key, int(value) if key == "warmup" else value))
-    return MixerConfig(str(policy), int(interval), floor, tuple(params), where, max_epochs)
+    return MixerConfig(str(policy), int(interval), floor, tuple(params), where, max_epochs,
+                       str(target))
 
 
 def _parse_split_blend(obj: Any, where: str, base_dir, check_files, name=None,

@@ -296,9 +296,10 @@ def blend_from_json(obj: Dict[str, Any], where: str = "data_mix.json"):
     if obj.get("mixer"):
         m = dict(obj["mixer"])
         cap = m.pop("max_epochs", None)
+        target = m.pop("target", "sampling")
         mixer = MixerConfig(m.pop("policy"), int(m.pop("interval")), float(m.pop("floor")),
                             tuple(sorted(m.items())), f"{where} mixer",
-                            None if cap is None else float(cap))
+                            None if cap is None else float(cap), str(target))
     return SplitBlend(stages=tuple(stages), name=obj.get("name"),
                       sequential=bool(obj.get("sequential")), where=where, mixer=mixer)
 

@@ -376,6 +376,16 @@ class TrainMix:
         total = sum(weights)
         return {c.name: w / total for c, w in zip(self.dataset.constituents, weights, strict=True)}
 
+    def mixer_loss_weights(self) -> Optional[Dict[str, float]]:
+        """``{dataset name: loss weight}`` in force (unitless multipliers of the tokens' loss
+        mask) when the blend's adaptive mixer moves the loss weights (``target: loss_weight``)
+        and has updated them, else None (megatron/train/mixer.py keeps them in
+        :attr:`mixer_progress`)."""
+        weights = (self.mixer_progress or {}).get("loss_weights")
+        if weights is None:
+            return None
+        return {c.name: float(w) for c, w in zip(self.dataset.constituents, weights, strict=True)}
+
     def mixer_segment(self) -> Optional[Dict[str, Any]]:
         """The record of the mixer's last update (the current phase's), or None."""
         return self.phases[-1].mixer
@@ -650,15 +660,20 @@ def _extend_or_start_phase(record: MixRecord, history: MixHistory, sources: MixS
         raise ConfigError(problem + "; give --override-data-mix to continue from the ledger")
     candidate = build_phase(extended, constituents, sources,
                             history.drawn_before if last > 0 else None, blend=blend)
+    # a mixer of the loss weights planned nothing for the run's length: it goes on as recorded
+    progress = record.mixer if blend.mixer is not None and blend.mixer.target == "loss_weight" \
+        else None
     if problem is None and consumed <= candidate.index.num_samples \
             and _index_prefix_equal(recorded, candidate, consumed):
-        return TrainMix(sources.kind, list(record.phases[:-1]) + [extended], candidate, sources)
+        return TrainMix(sources.kind, list(record.phases[:-1]) + [extended], candidate, sources,
+                        mixer_progress=progress)
     phase, dataset = _phase_at_resume(record, history, sources, blend, constituents, blend_json,
                                       bs_json, num_samples, seed)
     note = (f"data: the run's length or batch schedule changed and the blend's weights depend on "
             f"it: the mix continues from global sample {consumed} with every dataset at its "
             "ledger position")
-    return TrainMix(sources.kind, list(record.phases) + [phase], dataset, sources, [note])
+    return TrainMix(sources.kind, list(record.phases) + [phase], dataset, sources, [note],
+                    mixer_progress=progress)
 
 
 def _ledger_problem(record: MixRecord, dataset: CurriculumDataset,

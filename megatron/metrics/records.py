@@ -12,15 +12,18 @@ def train_scalars(record: Dict[str, Any], keys: Optional[Sequence[str]] = None) 
     (None: every numeric key but ``iteration``) whose value is not None, and
     ``train/per_dataset_loss/NAME`` for each dataset's loss (nats per token) and
     ``train/samples_drawn/NAME`` for each dataset's samples drawn so far (the data ledger) and
-    ``train/loss_token_share/NAME`` for its share of the loss tokens. The step they belong to is
-    ``record["iteration"]`` (iterations)."""
+    ``train/loss_token_share/NAME`` for its share of the loss tokens, and with an adaptive mixer
+    ``train/mixer_weights/NAME`` (its sampling weight) or ``train/mixer_loss_weights/NAME`` (its
+    loss weight, ``target: loss_weight``). The step they belong to is ``record["iteration"]``
+    (iterations)."""
     if keys is None:
         keys = [k for k, v in record.items()
                 if k != "iteration" and isinstance(v, Number) and not isinstance(v, bool)]
     out = {f"train/{key}": record[key] for key in keys if record.get(key) is not None}
     for name, loss in (record.get("per_dataset_loss") or {}).items():
         out[f"train/per_dataset_loss/{name}"] = loss
-    for group in ("samples_drawn", "loss_token_share"):  # the data ledger; the loss's make-up
+    # the data ledger; the loss's make-up; an adaptive mixer's weights
+    for group in ("samples_drawn", "loss_token_share", "mixer_weights", "mixer_loss_weights"):
         for name, value in (record.get(group) or {}).items():
             out[f"train/{group}/{name}"] = value
     return out

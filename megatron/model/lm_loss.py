@@ -23,7 +23,9 @@ def masked_lm_loss(per_token: torch.Tensor, loss_mask: torch.Tensor,
     """(loss, per-sample loss) of one micro batch: ``loss = sum(per_token * mask) / sum(mask)`` over
     the micro batch (a weighted mask, as T0's ``--norm-target-loss`` makes, weights each token), and
     per sample ``sum(per_token * mask) / sum(mask)`` over its tokens (detached, for per-dataset
-    logging). Both in float32; empty masks count as one token so nothing divides by zero.
+    logging). Both in float32; an empty mask counts as one token so nothing divides by zero (only
+    an empty one: a weighted mask summing to less than 1, a loss weight below 1 on a few tokens,
+    is divided by its own sum, so the mean and the per-sample means stay means).
 
     ``sequence_group``: the DeepSpeed-Ulysses group when each rank holds a slice of every sequence
     (megatron/parallel/ulysses.py). The sums and token counts are then summed over the group (one
@@ -36,14 +38,20 @@ def masked_lm_loss(per_token: torch.Tensor, loss_mask: torch.Tensor,
     sample_sums = per_token.sum(dim=1)
     tokens_per_sample = mask.sum(dim=1)
     if sequence_group is None:
-        loss = per_token.sum() / tokens_per_sample.sum().clamp(min=1.0)
-        per_sample = sample_sums / tokens_per_sample.clamp(min=1.0)
+        loss = per_token.sum() / _nonzero(tokens_per_sample.sum())
+        per_sample = sample_sums / _nonzero(tokens_per_sample)
         return loss, per_sample.detach()
     totals = torch.cat([sample_sums.detach(), tokens_per_sample])
     torch.distributed.all_reduce(totals, group=sequence_group)
     b = sample_sums.numel()
     whole_sums, whole_tokens = totals[:b], totals[b:]
-    count = whole_tokens.sum().clamp(min=1.0)
+    count = _nonzero(whole_tokens.sum())
     share = sample_sums.sum() / count  # this rank's part of the loss: carries the gradient
     loss = share + (whole_sums.sum() / count - share.detach())  # value: the whole loss
-    return loss, (whole_sums / whole_tokens.clamp(min=1.0)).detach()
+    return loss, (whole_sums / _nonzero(whole_tokens)).detach()
+
+
+def _nonzero(count: torch.Tensor) -> torch.Tensor:
+    """``count`` (loss tokens, or their summed weights) with its zeros replaced by 1: the divisor
+    of a mean over them."""
+    return torch.where(count > 0, count, torch.ones_like(count))

@@ -22,7 +22,9 @@ Three choices (``--calculate-per-token-loss``, ``--calculate-per-sample-loss``, 
 
 The loss weight of a dataset (``loss_weight:`` in a blend file, ``--dataset-loss-weights``)
 multiplies its samples' loss masks before any of these (so it weighs its tokens against the
-others'); the logged per-dataset losses stay unweighted.
+others'); the logged per-dataset losses stay unweighted. An adaptive mixer with ``target:
+loss_weight`` (megatron/data/mixer_loss_weights.py) sets them between iterations
+(:meth:`LossNormalizer.set_loss_weights`).
 
 The MoE load-balancing loss keeps Megatron-LM's normalisation under every choice: its gradient is
 scaled by ``1 / (GAS x dp)``, a mean over micro batches (megatron/metrics/moe.py), as
@@ -137,6 +139,12 @@ class LossNormalizer:
         self.group = data_parallel_group
         self.dp = int(data_parallel_size)
 
+    def set_loss_weights(self, weights: Optional[Sequence[float]]) -> None:
+        """Weigh the datasets' tokens by ``weights`` (unitless, index = ``dataset_id``; None: all
+        1) in the batches prepared from now on: an adaptive mixer's loss weights (``target:
+        loss_weight``, megatron/train/mixer.py), set between iterations."""
+        self.loss_weights = LossWeights(None if weights is None else tuple(float(w) for w in weights))
+
     @property
     def token_weighted(self) -> bool:
         """Whether losses are averaged weighted by their loss tokens (token and sample modes)."""
@@ -177,10 +185,11 @@ class LossNormalizer:
 
 
 def _all_reduced_sum(value: float, device, group) -> torch.Tensor:
-    """``value`` summed over ``group``, as a float32 tensor on ``device`` (at least 1, so an
-    iteration without loss tokens divides by 1). The host does not wait: the value goes to the
-    device from pinned memory, non-blocking, and the all-reduce is queued there."""
+    """``value`` summed over ``group``, as a float32 tensor on ``device`` (1 where the sum is 0,
+    so an iteration without loss tokens divides by 1; a weighted count below 1 stays as it is).
+    The host does not wait: the value goes to the device from pinned memory, non-blocking, and
+    the all-reduce is queued there."""
     total = to_device_async(torch.tensor([value], dtype=torch.float32), device)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(total, group=group)
-    return total.clamp(min=1.0)
+    return torch.where(total > 0, total, torch.ones_like(total))

@@ -62,6 +62,7 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     if mixer is not None:  # each iteration's per-dataset losses also go to the mixer
         mixer_stats = _IntervalStats(len(data.dataset_names))
         step_stats = TeeStats(stats, mixer_stats)
+        _apply_mixer_loss_weights(mixer, steps)  # target loss_weight: those of the checkpoint
     else:
         step_stats = stats
     plan, trained_length = schedule.seq_plan, loop.seq_length
@@ -100,6 +101,8 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
             iterator = _loader(data.train, state.consumed_samples, loop)
             if plan is not None:
                 iterator = SeqLengthBatches(iterator, plan)
+        if mixer is not None:  # target loss_weight: an update's loss weights, from the next iteration
+            _apply_mixer_loss_weights(mixer, steps)
         stats.iterations += 1
         stats.samples += batch_size
         tokens_before, trained_tokens = trained_tokens, tokens_at(state.consumed_samples)
@@ -132,6 +135,16 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
             print_rank_0(f"exiting at iteration {state.iteration}: {reason}")
             return True
     return False
+
+
+def _apply_mixer_loss_weights(mixer, steps: StepFunctions) -> None:
+    """Weigh the next iterations' tokens by the loss weights an adaptive mixer with ``target:
+    loss_weight`` has in force (megatron/train/mixer.py); nothing for a sampling mixer."""
+    if mixer.on_loss_weights and mixer.loss_weights is not None:
+        if steps.normalizer is None:
+            raise RuntimeError("the adaptive mixer moves the loss weights, but the step "
+                               "functions have no loss normaliser to set them on")
+        steps.normalizer.set_loss_weights(mixer.objective_weights())
 
 
 def _kill_switch_at_start(loop: LoopConfig) -> bool:

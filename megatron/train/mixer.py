@@ -12,6 +12,12 @@ no worker holds a batch of the old phase. The phase records the update (iteratio
 weights, the policy's state) and the checkpoint's data record the interval in progress (its
 sums), so a resume rebuilds the same phases and makes the same next update, bit for bit: the
 samples drawn are a pure function of the seed, the iteration and the recorded weights.
+
+With ``target: loss_weight`` (issue 46 item 2) an update appends no phase: the sampling stays the
+blend's, and the policy's weights become the datasets' loss weights
+(megatron/data/mixer_loss_weights.py) from the next iteration on. The weights in force, the
+policy's state and the updates made are then kept with the interval in progress in the
+checkpoint's data record (``MixRecord.mixer``), so a resume anywhere continues them bit for bit.
 """
 import json
 import math
@@ -22,6 +28,7 @@ import torch
 
 from megatron.data.blend_config import MixerConfig
 from megatron.data.mix_resume import TrainMix, batch_schedule_of, blend_file_phase
+from megatron.data.mixer_loss_weights import objective_loss_weights
 from megatron.data.mixer_policies import MixerInputs, initial_state, update_weights
 from megatron.errors import ConfigError
 from megatron.utils.rank_utils import print_rank_0
@@ -47,19 +54,31 @@ def _plain(values) -> List[float]:
 
 class LoopMixer:
     """The mixer of one run over ``mix`` (its blend's ``config``), resuming at ``iteration``
-    from the mix's recorded segments and interval in progress."""
+    from the mix's recorded segments and interval in progress. ``static_loss_weights``: the
+    datasets' own loss weights (``TrainData.loss_weights``, None for all 1), which the weights of
+    a ``target: loss_weight`` mixer multiply."""
 
-    def __init__(self, mix: TrainMix, config: MixerConfig, iteration: int, consumed: int):
+    def __init__(self, mix: TrainMix, config: MixerConfig, iteration: int, consumed: int,
+                 static_loss_weights: Optional[List[float]] = None):
         self.mix, self.config = mix, config
+        self.static_loss_weights = static_loss_weights
         k = len(mix.dataset.constituents)
         segment = mix.mixer_segment()
-        if segment is not None:
+        progress = mix.mixer_progress
+        root = blend_file_phase(mix.phases)
+        self.start = [float(e["weight"]) for s in root.blend["stages"] for e in s["entries"]]
+        if self.on_loss_weights and progress is not None and "state" in progress:
+            self.state = json.loads(json.dumps(progress["state"]))
+        elif segment is not None:
             self.state = json.loads(json.dumps(segment["state"]))
         else:
-            root = blend_file_phase(mix.phases)
-            start = [e["weight"] for s in root.blend["stages"] for e in s["entries"]]
-            self.state = initial_state(config, start)
-        progress = mix.mixer_progress
+            self.state = initial_state(config, self.start)
+        # target loss_weight: the loss weights in force (None: the static ones) and the updates
+        self.loss_weights: Optional[List[float]] = None
+        self.updates: List[Dict[str, Any]] = []
+        if self.on_loss_weights and progress is not None and "state" in progress:
+            self.loss_weights = progress.get("loss_weights")
+            self.updates = json.loads(json.dumps(progress.get("updates", [])))
         if progress is not None:
             self.since = int(progress["since"])
             self.sums = np.asarray(progress["sums"], dtype=np.float64)
@@ -74,16 +93,33 @@ class LoopMixer:
                               f"datasets, the training mix {k}")
         self._save_progress()
 
+    @property
+    def on_loss_weights(self) -> bool:
+        """Whether the policy's weights move the datasets' loss weights (``target:
+        loss_weight``), not the sampling."""
+        return self.config.target == "loss_weight"
+
+    def objective_weights(self) -> Optional[List[float]]:
+        """The datasets' loss weights in force (unitless multipliers of their tokens' loss mask,
+        in ``dataset_id`` order): the mixer's under ``target: loss_weight`` once it has updated,
+        else the static ones (None: all 1)."""
+        return self.loss_weights if self.loss_weights is not None else self.static_loss_weights
+
     def _save_progress(self) -> None:
-        self.mix.mixer_progress = {"since": self.since, "sums": _plain(self.sums),
-                                   "counts": _plain(self.counts),
-                                   "drawn": [int(x) for x in self.drawn]}
+        progress: Dict[str, Any] = {"since": self.since, "sums": _plain(self.sums),
+                                    "counts": _plain(self.counts),
+                                    "drawn": [int(x) for x in self.drawn]}
+        if self.on_loss_weights:  # no phases: the state and the weights in force are kept here
+            progress.update(state=self.state, updates=list(self.updates),
+                            loss_weights=None if self.loss_weights is None else list(self.loss_weights))
+        self.mix.mixer_progress = progress
 
     def end_iteration(self, iteration: int, consumed: int, sums, counts) -> bool:
         """Add iteration ``iteration``'s global per-dataset loss ``sums`` and their ``counts``
         (``consumed`` global samples drawn after it); at the end of an interval, update the
-        weights and append their phase. Returns True when the training dataset changed (the
-        loop then starts a new loader at ``consumed``)."""
+        weights and append their phase (``target: loss_weight``: make them the loss weights in
+        force from the next iteration, :meth:`objective_weights`). Returns True when the
+        training dataset changed (the loop then starts a new loader at ``consumed``)."""
         self.sums = self.sums + np.asarray(sums, dtype=np.float64)
         self.counts = self.counts + np.asarray(counts, dtype=np.float64)
         dataset = self.mix.dataset
@@ -110,6 +146,11 @@ class LoopMixer:
             "losses": [None if math.isnan(x) else x for x in losses],
             "drawn": list(inputs.drawn), "remaining": remaining, "weights": _plain(weights),
             "state": self.state}
+        self.since, self.drawn = int(iteration), now
+        self.sums, self.counts = np.zeros_like(self.sums), np.zeros_like(self.counts)
+        if self.on_loss_weights:
+            self._set_loss_weights(weights, segment, losses)
+            return False  # the data stays the static blend's
         if self.state.get("fallback"):  # the cap on repetitions changed the policy's weights
             segment["fallback"] = [dict(f, dataset=dataset.names[f["dataset"]])
                                    for f in self.state["fallback"]]
@@ -122,10 +163,23 @@ class LoopMixer:
                      f"global sample {consumed} are " + ", ".join(
                          f"{n} {w:.4f} (loss {'n/a' if math.isnan(x) else f'{x:.4f}'})"
                          for n, w, x in zip(names, weights, losses, strict=True)))
-        self.since, self.drawn = int(iteration), now
-        self.sums, self.counts = np.zeros_like(self.sums), np.zeros_like(self.counts)
         self._save_progress()
         return True
+
+    def _set_loss_weights(self, weights: List[float], segment: Dict[str, Any],
+                          losses: List[float]) -> None:
+        """Make the policy's ``weights`` the loss weights from the next iteration on, recorded
+        (``segment`` without the state, which the progress keeps once) and printed."""
+        self.loss_weights = objective_loss_weights(weights, self.start, self.static_loss_weights)
+        record = {k: v for k, v in segment.items() if k != "state"}
+        self.updates.append(dict(record, loss_weights=list(self.loss_weights)))
+        self._save_progress()
+        print_rank_0(f"mixer {self.config.policy} at iteration {segment['iteration']}: the loss "
+                     f"weights from iteration {segment['iteration'] + 1} are " + ", ".join(
+                         f"{n} {lw:.4f} (weight {w:.4f}, loss "
+                         f"{'n/a' if math.isnan(x) else f'{x:.4f}'})"
+                         for n, lw, w, x in zip(self.mix.dataset.names, self.loss_weights,
+                                                weights, losses, strict=True)))
 
 
 def loop_mixer(data, iteration: int, consumed: int) -> Optional[LoopMixer]:
@@ -140,7 +194,7 @@ def loop_mixer(data, iteration: int, consumed: int) -> Optional[LoopMixer]:
     if data.train is not mix.dataset:
         raise ConfigError(f"{config.where}: the adaptive mixer needs the training set to be the "
                           "blend's own (not a wrapped one)")
-    return LoopMixer(mix, config, iteration, consumed)
+    return LoopMixer(mix, config, iteration, consumed, getattr(data, "loss_weights", None))
 
 
 def reduced_iteration_losses(stats) -> tuple:

@@ -142,4 +142,7 @@ def _log_iteration(loop: LoopConfig, metrics, stats: _IntervalStats, state: Trai
         # the data ledger: samples drawn per dataset so far (megatron/data/mix_resume.py)
         **({"samples_drawn": mix.samples_drawn(state.consumed_samples)} if mix else {}),
         # an adaptive mixer's weights, drawn from the next iteration on (megatron/train/mixer.py)
-        **({"mixer_weights": mix.mixer_weights()} if mix and mix.mixer_weights() else {})})
+        **({"mixer_weights": mix.mixer_weights()} if mix and mix.mixer_weights() else {}),
+        # target loss_weight: the datasets' loss weights the next iteration trains with
+        **({"mixer_loss_weights": mix.mixer_loss_weights()}
+           if mix and mix.mixer_loss_weights() else {})})

@@ -99,6 +99,9 @@ class StepFunctions:
 
     train_step: Callable
     eval_step: Callable
+    # the loss weighing both use (an adaptive mixer's loss weights are set on it between
+    # iterations); None where the steps were built without one
+    normalizer: Optional[LossNormalizer] = None
 
 
 def micro_batch_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,
@@ -239,10 +242,11 @@ def step_functions(engine, forward_step: Callable,
     normalizer = normalizer or LossNormalizer("micro-batch")
     if is_pipe_engine(engine):
         return StepFunctions(functools.partial(pipe_train_step, normalizer=normalizer),
-                             functools.partial(pipe_eval_step, normalizer=normalizer))
+                             functools.partial(pipe_eval_step, normalizer=normalizer), normalizer)
     return StepFunctions(
         functools.partial(micro_batch_train_step, forward_step=forward_step, normalizer=normalizer),
-        functools.partial(micro_batch_eval_step, forward_step=forward_step, normalizer=normalizer))
+        functools.partial(micro_batch_eval_step, forward_step=forward_step, normalizer=normalizer),
+        normalizer)
 
 
 def _unclipped_grad_norm(engine) -> Optional[float]:

@@ -5,7 +5,10 @@ every iteration as the run never stopped, and ends with the same recorded weight
 ledger's mixer segments). The run exported by tools/export_mixture.py is a blend file from which a
 static run (no mixer) trains the same losses on the same samples, which tools/data_provenance.py
 shows sample for sample, and tools/preview_schedule.py --load prints the learned weights. The
-in-process twins: tests/unit/test_adaptive_mixer.py, tests/unit/test_mixture_export.py."""
+same with ``target: loss_weight`` (issue 46 item 2): the data drawn is the static blend's at every
+iteration, the loss weights move from the first update on, and the resumed run is bitwise the
+uninterrupted one, loss weights included. The in-process twins: tests/unit/test_adaptive_mixer.py,
+tests/unit/test_mixture_export.py, tests/unit/test_objective_mixer.py."""
 import glob
 import json
 import os
@@ -28,6 +31,17 @@ train:
 """
 COMPARED = ("consumed_samples", "lr", "lm_loss", "grad_norm", "per_dataset_loss", "samples_drawn",
             "mixer_weights")
+
+
+STATIC = """\
+train:
+  blend:
+    - {{path: {web}, split: "0:0.95", weight: 1}}
+    - {{path: {code}, split: "0:0.95", weight: 1}}
+    - {{path: {math}, split: "0:0.95", weight: 2}}
+"""
+OBJECTIVE = STATIC + "  mixer: {{policy: loss_softmax, interval: 2, floor: 0.05, temperature: 0.05, " \
+                     "target: loss_weight}}\n"
 
 
 def _run(data, run_dir, *extra):
@@ -125,3 +139,42 @@ def test_the_exported_mixture_trains_the_same_samples_as_a_static_run(adaptive_r
         s["weights"] for s in segments]
     err = capfd.readouterr().err
     assert f"mixer loss_softmax at iteration 2: web {segments[0]['weights'][0]:.4f}, " in err
+
+
+@pytest.mark.launch
+def test_a_loss_weight_mixer_keeps_the_static_data_order_and_resumes_bitwise(adaptive_run, tmp_path):
+    data, _ = adaptive_run
+    files = {}
+    for name, text in (("static", STATIC), ("objective", OBJECTIVE)):
+        files[name] = str(tmp_path / f"{name}.yaml")
+        with open(files[name], "w") as f:
+            f.write(text.format(**data))
+    per_token = ("--calculate-per-token-loss", "--save-interval", "100")
+    _run(dict(data, mixed=files["static"]), tmp_path / "static", *per_token)
+    objective = dict(data, mixed=files["objective"])
+    log = _run(objective, tmp_path / "whole", *per_token)
+    assert "mixer loss_softmax at iteration 2: the loss weights from iteration 3 are" in log
+    assert "exiting at iteration 3" in _run(objective, tmp_path / "split", "--exit-interval", "3",
+                                            *per_token)
+    _run(objective, tmp_path / "split", *per_token, "--load", str(tmp_path / "split" / "ckpt"))
+
+    static, whole, split = ([r for r in read_jsonl(tmp_path / d / "metrics.jsonl") if "split" not in r]
+                            for d in ("static", "whole", "split"))
+    assert [r["iteration"] for r in split] == list(range(1, ITERS + 1))
+    # the data order is the static run's; until the first update so is everything else
+    assert [r["samples_drawn"] for r in whole] == [r["samples_drawn"] for r in static]
+    assert [(r["lm_loss"], r["grad_norm"]) for r in whole[:2]] == [
+        (r["lm_loss"], r["grad_norm"]) for r in static[:2]]
+    assert "mixer_loss_weights" not in whole[0]
+    weights = [r["mixer_loss_weights"] for r in whole[1:]]
+    assert all(w != {"web": 1.0, "code": 1.0, "math": 1.0} for w in weights)
+    # trained with them from iteration 3: its gradient, and the model after it, differ
+    assert whole[2]["grad_norm"] != static[2]["grad_norm"]
+    assert whole[3]["lm_loss"] != static[3]["lm_loss"]
+    for a, b in zip(whole, split, strict=True):
+        keys = COMPARED + ("mixer_loss_weights",)
+        assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, a["iteration"]
+    record, resumed = _last_record(tmp_path / "whole"), _last_record(tmp_path / "split")
+    assert len(record["phases"]) == 1  # no phase appended: the sampling stays the blend's
+    assert [u["iteration"] for u in record["mixer"]["updates"]] == [2, 4, 6]
+    assert resumed["mixer"] == record["mixer"] and resumed["ledger"] == record["ledger"]

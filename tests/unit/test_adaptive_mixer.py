@@ -7,35 +7,25 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers.mixer_run import BS, ITERS, POLICIES, SOURCES, SPE, N
-from helpers.mixer_run import train_iterations as _train
+from helpers.mixer_run import BS, ITERS, POLICIES, SPE, N, new_mix, stop_and_resume
+from helpers.mixer_run import blend as mixer_blend
+from helpers.mixer_run import train as _train
 from megatron.data.blend_config import parse_blend_config
 from megatron.data.mix_ledger import MixRecord
-from megatron.data.mix_resume import DataResume, continue_training_mix
+from megatron.data.mix_resume import DataResume
 from megatron.errors import ConfigError
 from megatron.train.context_stages import check_stages_data
 from megatron.train.mixer import LoopMixer
 
 
 def _blend(policy):
-    return parse_blend_config({"train": {"blend": [
-        {"path": "web", "weight": 1}, {"path": "code", "weight": 1}, {"path": "math", "weight": 2}],
-        "mixer": {"policy": policy, "interval": 2, "floor": 0.05, "max_epochs": 1,
-                  **POLICIES[policy]}}},
-        "t.yaml", check_files=False).train
-
-
-def _resumed(mix, iteration, blend):
-    record = MixRecord.from_json(json.loads(json.dumps(
-        mix.record(iteration, BS.samples_at_iteration(iteration)).to_json())))
-    again = continue_training_mix(SOURCES, blend, N, BS, 5, DataResume("ckpt", iteration, record))
-    return again, LoopMixer(again, blend.mixer, iteration, BS.samples_at_iteration(iteration))
+    return mixer_blend(policy, max_epochs=1)
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_a_resume_inside_an_interval_reproduces_the_weights_and_the_samples(policy):
     blend = _blend(policy)
-    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    mix = new_mix(blend)
     whole = _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, ITERS)
     segments = [p.mixer for p in mix.phases[1:]]
     # none at the last iteration: nothing is left to draw
@@ -47,14 +37,7 @@ def test_a_resume_inside_an_interval_reproduces_the_weights_and_the_samples(poli
 
     # stopped at iteration 4 (an update), 5 (inside the interval 4..6) and 9, each time resumed
     # from the record
-    mix_now = continue_training_mix(SOURCES, blend, N, BS, 5, None)
-    mixer, draws, done = LoopMixer(mix_now, blend.mixer, 0, 0), [], 0
-    for stop in (4, 5, 9, ITERS):
-        if done:
-            mix_now, mixer = _resumed(mix_now, done, blend)
-        draws += _train(mix_now, mixer, done + 1, stop)
-        done = stop
-    third = mix_now
+    third, draws, _ = stop_and_resume(blend, (4, 5, 9, ITERS))
     assert draws == whole
     assert [p.to_json() for p in third.phases] == [p.to_json() for p in mix.phases]
     assert third.record(ITERS, N).to_json() == mix.record(ITERS, N).to_json()
@@ -74,7 +57,7 @@ def test_a_resume_inside_an_interval_reproduces_the_weights_and_the_samples(poli
 
 def test_the_segments_weights_are_what_the_phases_draw():
     blend = _blend("loss_softmax")
-    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    mix = new_mix(blend)
     assert mix.mixer_weights() == {"web": 0.25, "code": 0.25, "math": 0.5}  # the training record's
     _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, ITERS)
     assert list(mix.mixer_weights().values()) == pytest.approx(mix.phases[-1].mixer["weights"],
@@ -87,18 +70,18 @@ def test_the_segments_weights_are_what_the_phases_draw():
 
 def test_a_mixer_run_resumed_with_another_length_is_refused_in_one_line():
     blend = _blend("odm")
-    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    mix = new_mix(blend)
     _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, 5)
     record = MixRecord.from_json(json.loads(json.dumps(mix.record(5, 20).to_json())))
     with pytest.raises(ConfigError) as error:
-        continue_training_mix(SOURCES, blend, 2 * N, BS, 5, DataResume("ckpt", 5, record))
+        new_mix(blend, 2 * N, DataResume("ckpt", 5, record))
     assert "adaptive mixer's weights of iteration 4" in str(error.value)
     assert "\n" not in str(error.value)
 
 
 def test_an_edited_mix_at_a_resume_restarts_the_mixer_from_the_new_file():
     blend = _blend("odm")
-    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    mix = new_mix(blend)
     _train(mix, LoopMixer(mix, blend.mixer, 0, 0), 1, 5)
     record = MixRecord.from_json(json.loads(json.dumps(mix.record(5, 20).to_json())))
     edited = parse_blend_config({"train": {"blend": [
@@ -106,9 +89,8 @@ def test_an_edited_mix_at_a_resume_restarts_the_mixer_from_the_new_file():
         "mixer": {"policy": "odm", "interval": 2, "floor": 0.05}}}, "t.yaml",
         check_files=False).train
     with pytest.raises(ConfigError, match="code weight 1 -> 3"):  # against the file's phase
-        continue_training_mix(SOURCES, edited, N, BS, 5, DataResume("ckpt", 5, record))
-    again = continue_training_mix(SOURCES, edited, N, BS, 5,
-                                  DataResume("ckpt", 5, record, override=True))
+        new_mix(edited, N, DataResume("ckpt", 5, record))
+    again = new_mix(edited, N, DataResume("ckpt", 5, record, override=True))
     assert [p.begin for p in again.phases] == [0, 8, 16, 20] and again.phases[-1].mixer is None
     assert again.mixer_progress is None
     mixer = LoopMixer(again, edited.mixer, 5, 20)
@@ -119,7 +101,7 @@ def test_an_edited_mix_at_a_resume_restarts_the_mixer_from_the_new_file():
 
 def test_context_stages_with_a_mixer_are_refused_at_start_up_in_one_line():
     blend = _blend("odm")
-    mix = continue_training_mix(SOURCES, blend, N, BS, 5, None)
+    mix = new_mix(blend)
     stages = SimpleNamespace(where="lr.yaml: context_stages", stages=[object(), object()])
     with pytest.raises(ConfigError) as error:
         check_stages_data(stages, SimpleNamespace(mix=mix), 0)

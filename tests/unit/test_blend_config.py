@@ -9,6 +9,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from helpers.paths import DATA
 from megatron.data.blend_config import BlendConfigError, load_blend_config, parse_blend_config
+from megatron.data.mix_ledger import blend_from_json
 
 
 def _make(prefix, ndocs=20, seed=0):
@@ -460,12 +461,22 @@ def test_mixer_is_read_with_its_policy_keys(data, tmp_path):
                              ).train.mixer.max_epochs == 2.0
     assert load_blend_config(_write(tmp_path, _mixed(data, None) | {"train": {"blend": [
         {"path": data["web"], "weight": 1}]}})).train.mixer is None
+    assert m.target == "sampling" and "target" not in m.to_json()  # records stay as they were
+    lw = load_blend_config(_write(tmp_path, _mixed(data, {"policy": "odm", "interval": 4,
+                                                          "target": "loss_weight"}))).train.mixer
+    assert lw.target == "loss_weight" and lw.to_json()["target"] == "loss_weight"
+    assert blend_from_json({"stages": [], "mixer": lw.to_json()}).mixer == lw  # the ledger's
 
 
 @pytest.mark.parametrize("mixer,needles", [
     ({"policy": "doremi", "interval": 2}, ("train.mixer.policy", "'doremi'", "odm, ado, loss_softmax")),
     ({"policy": "odm", "interval": 2, "temperature": 1},
-     ("unknown key 'temperature'", "policy, interval, floor, max_epochs, smoothing, reward_scale")),
+     ("unknown key 'temperature'", "policy, interval, floor, max_epochs, target, smoothing, "
+                                   "reward_scale")),
+    ({"policy": "odm", "interval": 2, "target": "loss"},
+     ("train.mixer.target", "unknown target 'loss'", "allowed: sampling, loss_weight")),
+    ({"policy": "odm", "interval": 2, "target": "loss_weight", "max_epochs": 2},
+     ("train.mixer.max_epochs", "max_epochs 2 beside target loss_weight", "leave max_epochs out")),
     ({"policy": "loss_softmax", "interval": 0}, ("train.mixer.interval", "interval 0", "positive")),
     ({"policy": "loss_softmax", "interval": 2.5}, ("interval 2.5", "whole number")),
     ({"policy": "ado"}, ("missing key 'interval'",)),

@@ -181,10 +181,12 @@ def test_the_mixer_is_keyed_field_by_field():
             for m in (None, mixer, dataclasses.replace(mixer, policy="loss_softmax"),
                       dataclasses.replace(mixer, interval=3), dataclasses.replace(mixer, floor=0.2),
                       dataclasses.replace(mixer, params=(("reward_scale", 5.0), ("smoothing", 0.9))),
-                      dataclasses.replace(mixer, max_epochs=2.0))}
-    assert len(keys) == 7
+                      dataclasses.replace(mixer, max_epochs=2.0),
+                      dataclasses.replace(mixer, target="loss_weight"))}
+    assert len(keys) == 8
     assert {f.name for f in dataclasses.fields(MixerConfig)} == {"policy", "interval", "floor",
-                                                                 "params", "where", "max_epochs"}
+                                                                 "params", "where", "max_epochs",
+                                                                 "target"}
     moved = dataclasses.replace(blend, mixer=dataclasses.replace(mixer, where="elsewhere"))
     assert _index(moved, constituents=cons).cache_key() == _index(
         dataclasses.replace(blend, mixer=mixer), constituents=cons).cache_key()

@@ -53,6 +53,21 @@ def test_loss_weights_give_the_hand_computed_weighted_mean():
     assert per_sample.tolist() == pytest.approx(((per_token * mask).sum(1) / mask.sum(1)).tolist())
 
 
+def test_a_loss_weight_below_one_on_few_tokens_keeps_the_means():
+    """A weighted mask summing to less than 1 (loss weight 0.05 on one or two tokens) is divided
+    by its own sum: the micro batch's loss is its weighted mean and each sample's loss its
+    unweighted mean (the per-dataset losses the log and the adaptive mixer read); only an empty
+    mask counts as one token."""
+    per_token = torch.tensor([[1.0, 2.0, 4.0], [3.0, 5.0, 7.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[0.0, 0.0, 0.05], [0.0, 0.05, 0.05], [0.0, 0.0, 0.0]])
+    loss, per_sample = masked_lm_loss(per_token, mask)
+    assert float(loss) == pytest.approx((4.0 + 5.0 + 7.0) / 3)
+    assert per_sample.tolist() == pytest.approx([4.0, 6.0, 0.0])
+    weights = LossNormalizer("sample", loss_weights=LossWeights([0.05])).weigh(
+        [{"loss_mask": mask[:1]}], "cpu")
+    assert float(weights.factors[0]) == pytest.approx(1.0)  # 0.05 / 0.05, not 0.05 / 1
+
+
 def test_the_micro_batch_mode_backpropagates_the_mean():
     weights = LossNormalizer("micro-batch").weigh([{"loss_mask": torch.ones(2, 3)}] * 2, "cpu")
     assert isinstance(weights, IterationLoss) and weights.counts == [1.0, 1.0]

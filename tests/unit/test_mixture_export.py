@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from helpers.curriculum import fake_constituents
-from helpers.mixer_run import BS, ITERS, POLICIES, SEQ, SOURCES, SPE, N, Source
-from helpers.mixer_run import train_iterations as _train
+from helpers.mixer_run import BS, ITERS, POLICIES, SEQ, SOURCES, SPE, N, _Source
+from helpers.mixer_run import train as _train
 from megatron.data.blend_config import parse_blend_config
 from megatron.data.mix_ledger import MixRecord
 from megatron.data.mix_resume import MixSources, continue_training_mix
@@ -97,7 +97,7 @@ def test_what_one_static_run_cannot_draw_is_refused_in_one_line():
     epochized = parse_blend_config({"train": {"epochized_blend": [
         {"path": "web", "repetitions": 1}]}}, "e.yaml", check_files=False).train
     sources = MixSources("blend_config", lambda b: fake_constituents(b, SPE, SEQ),
-                         lambda c, n, seed: Source(range(n)))
+                         lambda c, n, seed: _Source(range(n)))
     other = continue_training_mix(sources, epochized, SPE, BS, 5, None)
     with pytest.raises(ConfigError, match=r"^phase 0 \(from iteration 0\) draws a epochized_blend mix"):
         exported_blend_file(other.record(0, 0))

@@ -7,8 +7,9 @@ the same layout: the pipe engine's at PP 2 x DP 2 in tests/e2e/test_skip_step_e2
 tests/e2e/test_parallel_layouts_e2e.py); a T0 prefix-LM finetune with a batch-size rampup under
 PP 2 x DP 2 x EP 2 and under Ulysses SP 2 equals its one-rank run, per-dataset losses and every
 validation group included, its batches following megatron-core's rampup rule; the tied
-embedding's gradient is the sum over both stages. The layout model trains on a curriculum blend
-with two validation groups (tests/helpers/parallel.py), so every layout is also compared on
+embedding's gradient is the sum over both stages. The layout model (tests/helpers/parallel.py) is
+a context-extended one (YaRN at 4x its original length, the pipe's layers computing its angles)
+and trains on a curriculum blend with two validation groups, so every layout is also compared on
 per-dataset and validation-group losses."""
 import shutil
 

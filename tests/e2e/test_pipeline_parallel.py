@@ -21,6 +21,7 @@ from helpers.launch import read_jsonl, run_deepspeed, run_ranks
 from helpers.parallel import (
     CLIP_GRAD,
     LAYOUT_ITERS,
+    PP2_SENSITIVE_STEPS,
     assert_curriculum_records_match,
     assert_losses_match,
     assert_low_precision_matches,
@@ -59,7 +60,7 @@ def test_pp2_mixed_precision_stays_near_the_fp32_single_rank(precision, wrapper,
         pytest.skip("DeepSpeed's accelerator has no fp16 on this machine")
     _, proc = run_layout(demo_data, tmp_path / "pp2", 2,
                          ["--pipeline-model-parallel-size", "2", f"--{precision}"])
-    assert_low_precision_matches(tmp_path / "pp2", single_rank_layout_dir)
+    assert_low_precision_matches(tmp_path / "pp2", single_rank_layout_dir, PP2_SENSITIVE_STEPS)
     assert "tensor-parallel 1, pipeline-parallel 2, data-parallel 1, ZeRO stage 1" in proc.stdout
     assert f"(DeepSpeed {wrapper}, ZeRO stage 1)" in proc.stdout
     # DeepSpeed's partition printout: embedding + 2 transformer layers | 2 layers + norm + head

@@ -22,6 +22,7 @@ if [ "$QUICK" = 1 ]; then
   run "recompute_memory (activation recompute on vs off)" "$PY" benchmarks/recompute_memory.py --num-layers 2 --hidden-size 128 --seq-length 256 --iters 2
   run "tensor_parallel_overhead (TP 2 vs TP 1)" "$PY" benchmarks/tensor_parallel_overhead.py --hidden-size 128 --seq-length 128 --iters 4
   run "ulysses_memory (Ulysses SP 2 vs SP 1)" "$PY" benchmarks/ulysses_memory.py --hidden-size 128 --seq-length 512 --iters 2
+  run "context_length (2x and 4x the length at the same tokens per step, Ulysses SP 2 vs SP 1)" "$PY" benchmarks/context_length.py --base-length 128 --hidden-size 128 --iters 2
   run "moe_expert_parallel (EP 2 vs EP 1 and DP 2)" "$PY" benchmarks/moe_expert_parallel.py --hidden-size 128 --seq-length 128 --iters 4 --repeats 1
   run "pipeline_efficiency (PP 2 vs the theoretical bubble)" "$PY" benchmarks/pipeline_efficiency.py --num-layers 4 --hidden-size 128 --seq-length 128 --micro-batches 1 4 --iters 6
   run "seqlen_curriculum (k tokens per sample vs the full length)" "$PY" benchmarks/seqlen_curriculum.py --num-layers 2 --hidden-size 128 --seq-length 256 --iters 2 --rounds 1
@@ -33,6 +34,7 @@ else
   run "recompute_memory (activation recompute on vs off)" "$PY" benchmarks/recompute_memory.py
   run "tensor_parallel_overhead (TP 2 vs TP 1)" "$PY" benchmarks/tensor_parallel_overhead.py
   run "ulysses_memory (Ulysses SP 2 vs SP 1)" "$PY" benchmarks/ulysses_memory.py
+  run "context_length (2x and 4x the length at the same tokens per step, Ulysses SP 2 vs SP 1)" "$PY" benchmarks/context_length.py
   run "moe_expert_parallel (EP 2 vs EP 1 and DP 2)" "$PY" benchmarks/moe_expert_parallel.py
   run "pipeline_efficiency (PP 2 vs the theoretical bubble)" "$PY" benchmarks/pipeline_efficiency.py
   run "seqlen_curriculum (k tokens per sample vs the full length)" "$PY" benchmarks/seqlen_curriculum.py

@@ -32,20 +32,16 @@ replicated parameters, which SP does not split). Memory does not depend on the t
 Needs one free CPU core per rank; run on an otherwise idle machine.
 """
 import argparse
-import glob
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from statistics import median
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from launch import ROOT  # noqa: E402
+from launch import ROOT, launch_workers  # noqa: E402
 from memory import peak_rss_bytes, saved_for_backward  # noqa: E402
-
-from megatron.runtime.ports import launch_with_port_retry  # noqa: E402  (launch put ROOT on the path)
 
 SETTINGS = {"SP 1 (1 rank)": 1, "SP 2 (2 ranks)": 2}
 
@@ -139,39 +135,10 @@ def worker(opts) -> None:
     torch.distributed.barrier()
 
 
-def _shm_buffers(port: int):
-    """DeepSpeed's CPU all-reduce buffers of the launch on ``port`` (megatron/runtime/cpu_comm.py)."""
-    from megatron.runtime.cpu_comm import SHM_DIR, SHM_PREFIX
-
-    return glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_{os.getuid()}_*_{port}_*"))
-
-
 def launch(opts, ranks: int, work: str) -> dict:
     """Launch one setting; the per-rank records merged (largest over the ranks)."""
-    out = tempfile.mkdtemp(dir=work)
-    launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    passed = [a for a in sys.argv[1:]]
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(opts.threads),
-               TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-
-    def run(port: int) -> subprocess.CompletedProcess:
-        cmd = [launcher, "--num_gpus", str(ranks), "--master_port", str(port),
-               os.path.abspath(__file__), *passed, "--worker", "--out", out]
-        try:
-            return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=opts.timeout)
-        finally:  # the ranks unlink their buffers after start-up; a launch that died early may not
-            for path in _shm_buffers(port):
-                os.remove(path)
-
-    proc = launch_with_port_retry(run)  # a port whose launch lost it first: once more on another
-    if proc.returncode:
-        raise SystemExit(f"SP {ranks} failed: {' '.join(proc.args)}\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-    records = []
-    for r in range(ranks):
-        with open(os.path.join(out, f"rank{r}.json")) as f:
-            records.append(json.load(f))
+    records = launch_workers(__file__, sys.argv[1:], ranks, work, f"SP {ranks}",
+                             threads=opts.threads, timeout=opts.timeout)
     merged = {key: max(rec[key] for rec in records)
               for key in ("saved_bytes", "rss_growth", "ms", "reduce_ms", "optimizer_ms")}
     merged["saved_per_rank"] = [rec["saved_bytes"] for rec in records]

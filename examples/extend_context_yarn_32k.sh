@@ -22,7 +22,8 @@
 # model's flags), put it in OUT/checkpoints and set EXTEND_AT to its iteration. For a long-document
 # mix in stage 2, give it a --data-blend-config with --override-data-mix (docs/curriculum.md).
 # Usage: bash examples/extend_context_yarn_32k.sh [extra flags, both stages]
-#        (NUM_GPUS, SP, DATA, VOCAB, MERGES, OUT, EXTEND_AT, LONG_ITERS, REWARM_ITERS override)
+#        (NUM_GPUS, SP, DATA, VOCAB, MERGES, OUT, EXTEND_AT, LONG_ITERS, WARMUP_ITERS, REWARM_ITERS,
+#        SHORT_SEQ (the long stage is 4x), SHORT_BATCH (the long stage's is a quarter) override)
 set -euo pipefail
 NUM_GPUS=${NUM_GPUS:-8}
 SP=${SP:-4}
@@ -32,12 +33,12 @@ MERGES=${MERGES:-gpt2-merges.txt}
 OUT=${OUT:-runs/gpt_350m_yarn_32k}
 EXTEND_AT=${EXTEND_AT:-20000}      # stage 1: 20000 x 64 x 8K = 10.5B tokens
 LONG_ITERS=${LONG_ITERS:-2000}     # stage 2: 2000 x 16 x 32K = 1.05B tokens
+WARMUP_ITERS=${WARMUP_ITERS:-2000}
 REWARM_ITERS=${REWARM_ITERS:-100}
-SHORT_SEQ=8192
-LONG_SEQ=32768
-SHORT_BATCH=64
+SHORT_SEQ=${SHORT_SEQ:-8192}
+LONG_SEQ=$((4 * SHORT_SEQ))        # YaRN's --rotary-scaling-factor 4
+SHORT_BATCH=${SHORT_BATCH:-64}
 LONG_BATCH=$((SHORT_BATCH * SHORT_SEQ / LONG_SEQ))
-WARMUP_ITERS=2000
 CKPT="$OUT/checkpoints"
 mkdir -p "$OUT"
 

@@ -18,7 +18,7 @@ SLOW_FILES_FIRST = (
     "e2e/test_pipeline_parallel.py", "e2e/test_two_nodes_e2e.py", "e2e/test_compat_scripts.py",
     "e2e/test_examples.py",
     "e2e/test_parallel_layouts_e2e.py", "e2e/test_moe_e2e.py", "e2e/test_exact_resume_e2e.py",
-    "e2e/test_adaptive_mixer_e2e.py",
+    "e2e/test_adaptive_mixer_e2e.py", "e2e/test_context_extension_e2e.py", "e2e/test_mix_edit_e2e.py",
     "e2e/test_pretrain_e2e.py", "e2e/test_small_corpus_splits.py", "e2e/test_attention_backends_e2e.py",
     "unit/test_attention_backends.py", "e2e/test_checkpoint_safety.py", "e2e/test_curriculum_e2e.py",
     "e2e/test_run_control_e2e.py", "e2e/test_finetune_t0.py", "e2e/test_schedule_resume_e2e.py",

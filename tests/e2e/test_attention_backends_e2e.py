@@ -43,12 +43,14 @@ def test_alibi_with_tensor_parallelism_matches_one_rank(demo_data, tmp_path):
     segments from EODs): the backend is named in the start-up log, the loss falls, and TP 2 (each
     rank its 2 heads' slopes) gives the losses of the one-rank run; a rank using the wrong heads'
     slopes would not."""
-    extra = ["--position-embedding-type", "alibi", "--reset-attention-mask", "--reset-position-ids"]
-    reference, proc = run_layout(demo_data, tmp_path / "tp1", num_ranks=1, extra=extra, iters=6)
+    alibi = ["--position-embedding-type", "alibi"]  # in place of the layout model's YaRN
+    extra = ["--reset-attention-mask", "--reset-position-ids"]
+    reference, proc = run_layout(demo_data, tmp_path / "tp1", num_ranks=1, extra=extra, iters=6,
+                                 encoding=alibi)
     assert ("attention backend: sdpa [--attention-backend auto: CPU: SDPA (FlexAttention has no "
             "CPU backward)]") in proc.stdout
     assert reference[-1] < reference[0] - 0.3
-    losses, _ = run_layout(demo_data, tmp_path / "tp2", num_ranks=2, iters=6,
+    losses, _ = run_layout(demo_data, tmp_path / "tp2", num_ranks=2, iters=6, encoding=alibi,
                            extra=extra + ["--tensor-model-parallel-size", "2"])
     assert_losses_match(losses, reference)
 

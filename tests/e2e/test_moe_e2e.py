@@ -2,7 +2,8 @@
 over their expert-data-parallel group only (4 CPU ranks, tests/scripts/moe_expert_groups_check.py),
 EP 2 / PP 2 x EP 2 / TP 2 x EP 2 training against one rank (with the load-balancing loss and tokens
 per expert logged), a resume at another layout, and the evaluation tasks on the expert-parallel
-checkpoint against the one-rank one and its Mixtral export. The router, the loss and the flags in
+checkpoint against the one-rank one and its Mixtral export. The model is the layout comparison's
+extended one (YaRN at 4x its original length, tests/helpers/parallel.py) with experts. The router, the loss and the flags in
 process: tests/unit/test_moe.py."""
 import json
 import shutil
@@ -11,12 +12,12 @@ import pytest
 import torch
 
 from helpers.launch import run_deepspeed
-from helpers.parallel import assert_losses_match, run_layout, train_records
+from helpers.parallel import EXTENDED_CONTEXT, assert_losses_match, run_layout, train_records
 
 pytestmark = pytest.mark.launch
 
 LLAMA_MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01",
-             "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+             "--normalization", "RMSNorm",
              "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
 MOE_ITERS = 10
 
@@ -88,7 +89,7 @@ def test_expert_parallel_2_equals_one_rank(moe_ep2_run, moe_one_rank):
     assert "MoE: 4 experts (FFN 128) in 4 of 4 layers, top-2 softmax router" in proc.stdout
     _, reference, _ = moe_one_rank
     _assert_moe_records_match(train_records(run_dir), reference)
-    # the Llama-style model (RoPE, RMSNorm, SwiGLU experts) learns: 5.5 -> 4.4 over 10 iterations
+    # the Llama-style model (YaRN, RMSNorm, SwiGLU experts) learns: 5.5 -> 4.4 over 10 iterations
     losses = [r["lm_loss"] for r in reference]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
     first = reference[0]
@@ -220,9 +221,9 @@ def test_evaluation_tasks_score_an_expert_parallel_checkpoint_as_the_one_rank_on
 # tasks/zero_shot_rank_classification.py and tasks/eval_harness (lm-eval) on the EP 2 checkpoint of
 # iteration 10 (moe_ep2_run), in one process at expert-parallel 1, against the checkpoint exported
 # to transformers' MixtralForCausalLM (tools/checkpoint/convert_to_hf.py; the run is Llama-style:
-# --swiglu, RMSNorm, rope, no biases, untied, top-2 softmax routing).
+# --swiglu, RMSNorm, YaRN (rope_type yarn), no biases, untied, top-2 softmax routing).
 EVAL_MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-              "--seq-length", "32", "--swiglu", "--transformer-impl", "local"] + LLAMA_MOE
+              "--seq-length", "32", "--swiglu", "--transformer-impl", "local"] + EXTENDED_CONTEXT + LLAMA_MOE
 EVAL_TOLERANCE = 1e-5  # nats, per scored continuation (fp32 on both sides; measured < 1e-6)
 
 

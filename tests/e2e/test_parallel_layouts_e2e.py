@@ -3,7 +3,10 @@ of tensor, Megatron-LM sequence and DeepSpeed-Ulysses sequence parallelism (with
 recompute), and of TP 2 x Ulysses SP 2, equal the single-rank run's; under --bf16 (one rank, TP 2,
 Ulysses SP 2, DP 2) and --fp16 (TP 2) they stay within the issue's bounds of the fp32 single rank
 (docs/precision.md); exact resume under TP 2; an SP 2 checkpoint resumes at SP 1; a checkpoint of
-another model is refused on another layout."""
+another model is refused on another layout. The model is the context-extended one of
+tests/helpers/parallel.py (YaRN at 4x its original length of 8 tokens, trained at 16 to 32), so
+every layout here runs megatron-core's YaRN branch and the TP 2 resume is a bitwise resume inside
+the long stage (docs/context_extension.md)."""
 import shutil
 
 import pytest

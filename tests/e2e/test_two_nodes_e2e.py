@@ -2,7 +2,8 @@
 and mount namespaces, launched as users do: ``deepspeed --hostfile H --no_ssh --node_rank K
 --master_addr ADDR --master_port P``, ``GLOO_SOCKET_IFNAME`` of its interface).
 
-* The same numbers as one node x 4 ranks, bitwise (DP 4 across the nodes, a curriculum blend, a
+* The same numbers as one node x 4 ranks, bitwise (DP 4 across the nodes, the layout comparison's
+  context-extended model (YaRN past its original length), a curriculum blend, a
   sequence-length warmup: loss, gradient norm, per-dataset losses, consumed samples and tokens,
   every validation group), through a SIGTERM to one node (every rank saves one checkpoint, exit
   0) and a killed node (one line naming the lost host and ranks within 60 s), each resumed

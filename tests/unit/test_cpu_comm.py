@@ -60,10 +60,11 @@ def test_build_notice_once_per_launch_whichever_rank_looks_first(tmp_path, capsy
 
 def test_a_dead_builds_lock_is_removed_and_a_live_build_is_waited_for(tmp_path, capsys):
     """torch's build lock left by a killed build (it names no process) is removed under the
-    project's flock, with a line; a build in progress in another process (holding the flock, its
-    torch lock present) is waited for, and its lock, removed by it when done, is not touched."""
-    import subprocess
-    import sys
+    project's flock, with a line; a build in progress (holding the flock on its own open file, as
+    another process does, its torch lock present) is waited for, and its lock, removed by it when
+    done, is not touched."""
+    import fcntl
+    import threading
     import time
 
     directory = str(tmp_path / "op")
@@ -74,19 +75,23 @@ def test_a_dead_builds_lock_is_removed_and_a_live_build_is_waited_for(tmp_path, 
         assert not os.path.exists(stale)
     assert capsys.readouterr().out.startswith(f"removing {stale}: a build of this op stopped")
 
-    live = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, os, sys, time\n"
-        f"d = {directory!r}\n"
-        f"fd = os.open(os.path.join(d, {jit_ops.BUILD_FLOCK!r}), os.O_CREAT | os.O_RDWR)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        f"open(os.path.join(d, {jit_ops.TORCH_BUILD_LOCK!r}), 'w').close()\n"
-        "print('building', flush=True)\n"
-        "time.sleep(1.5)\n"
-        f"os.remove(os.path.join(d, {jit_ops.TORCH_BUILD_LOCK!r}))\n")],
-        stdout=subprocess.PIPE, text=True)
-    assert live.stdout.readline() == "building\n"  # it holds the flock and torch's lock
+    holding = threading.Event()
+
+    def live_build():  # flock is per open file: this one excludes the test's own open below
+        fd = os.open(os.path.join(directory, jit_ops.BUILD_FLOCK), os.O_CREAT | os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        open(stale, "w").close()
+        holding.set()
+        time.sleep(1.5)
+        os.remove(stale)
+        os.close(fd)
+
+    builder = threading.Thread(target=live_build)
+    builder.start()
+    assert holding.wait(timeout=30)  # it holds the flock and torch's lock
     start = time.monotonic()
     with jit_ops.exclusive_build(directory):
         waited = time.monotonic() - start
-        assert live.wait(timeout=30) == 0
+        assert not os.path.exists(stale)  # removed by its builder, after it finished
+    builder.join()
     assert waited > 0.5 and capsys.readouterr().out == ""  # waited; nothing removed

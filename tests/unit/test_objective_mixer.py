@@ -20,7 +20,7 @@ from megatron.train.steps import step_functions
 START = [0.25, 0.25, 0.5]  # the harness blend's weights 1, 1, 2
 
 
-def _run(split_blend, static=None):
+def _trained(split_blend, static=None):
     mix = new_mix(split_blend)
     mixer = LoopMixer(mix, split_blend.mixer, 0, 0, static)
     in_force = []
@@ -41,7 +41,7 @@ def test_the_loss_weights_formula_gives_the_static_weights_at_the_starting_mix()
 def test_the_data_order_is_the_static_runs_sample_for_sample(policy):
     static = new_mix(blend(None))
     static_draws = train(static, None, 1, ITERS)
-    mix, mixer, draws, in_force = _run(blend(policy, target="loss_weight"))
+    mix, mixer, draws, in_force = _trained(blend(policy, target="loss_weight"))
     assert draws == static_draws
     assert len(mix.phases) == 1 and mix.phases[0].mixer is None  # no ledger phase was appended
     assert mix.record(ITERS, N).ledger == static.record(ITERS, N).ledger
@@ -64,7 +64,7 @@ def test_the_data_order_is_the_static_runs_sample_for_sample(policy):
 def test_a_resume_inside_an_interval_continues_the_loss_weights_bit_for_bit(policy):
     split_blend = blend(policy, target="loss_weight")
     static = [2.0, 1.0, 0.5]  # loss_weight on the entries: the mixer's weights multiply them
-    mix, mixer, draws, in_force = _run(split_blend, static)
+    mix, mixer, draws, in_force = _trained(split_blend, static)
     assert in_force[0][1] == static
     assert mixer.updates[0]["loss_weights"] == objective_loss_weights(
         mixer.updates[0]["weights"], [1, 1, 2], static)
@@ -109,7 +109,7 @@ def test_an_edited_mix_at_a_resume_restarts_the_loss_weights_from_the_file():
 
 def test_the_loop_sets_the_mixers_loss_weights_on_the_normaliser():
     split_blend = blend("loss_softmax", target="loss_weight")
-    mix, mixer, _, _ = _run(split_blend)
+    mix, mixer, _, _ = _trained(split_blend)
     normalizer = LossNormalizer("token")
     steps = step_functions(torch.nn.Linear(1, 1), None, normalizer)
     assert steps.normalizer is normalizer

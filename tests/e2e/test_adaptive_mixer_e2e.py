@@ -21,14 +21,6 @@ from helpers.paths import ROOT
 from helpers.resume import make_pretrain_data, pretrain_flags
 
 ITERS = 8
-MIXED = """\
-train:
-  blend:
-    - {{path: {web}, split: "0:0.95", weight: 1}}
-    - {{path: {code}, split: "0:0.95", weight: 1}}
-    - {{path: {math}, split: "0:0.95", weight: 2}}
-  mixer: {{policy: loss_softmax, interval: 2, floor: 0.05, temperature: 0.05}}
-"""
 COMPARED = ("consumed_samples", "lr", "lm_loss", "grad_norm", "per_dataset_loss", "samples_drawn",
             "mixer_weights")
 
@@ -40,6 +32,7 @@ train:
     - {{path: {code}, split: "0:0.95", weight: 1}}
     - {{path: {math}, split: "0:0.95", weight: 2}}
 """
+MIXED = STATIC + "  mixer: {{policy: loss_softmax, interval: 2, floor: 0.05, temperature: 0.05}}\n"
 OBJECTIVE = STATIC + "  mixer: {{policy: loss_softmax, interval: 2, floor: 0.05, temperature: 0.05, " \
                      "target: loss_weight}}\n"
 

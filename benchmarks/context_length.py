@@ -37,11 +37,9 @@ import os
 import sys
 import tempfile
 import time
-from statistics import median
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from launch import ROOT, launch_workers  # noqa: E402
-from memory import peak_rss_bytes, saved_for_backward  # noqa: E402
 
 FACTORS = (1, 2, 4)
 SPS = (1, 2)
@@ -60,81 +58,27 @@ def worker(opts) -> None:
     """One rank of a launch: writes ``OUT/rank{R}.json``."""
     sys.path.insert(0, ROOT)
     import torch
+    from sp_step import SequenceParallelStep
 
-    torch.set_num_threads(opts.threads)
-    from megatron.core import parallel_state
-
-    from megatron.config.parser import parse_args
-    from megatron.model.gpt_model import build_gpt_model
-    from megatron.parallel.initialize import initialize_distributed, set_seeds
-    from megatron.train.steps import gpt_forward_step
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     length = opts.factor * opts.base_length
     sequences = opts.base_batch // opts.factor
-    args = parse_args([
+    rank_step = SequenceParallelStep([
         "--num-layers", str(opts.num_layers), "--hidden-size", str(opts.hidden_size),
         "--num-attention-heads", str(opts.heads), "--seq-length", str(length),
         "--max-position-embeddings", str(length), "--micro-batch-size", str(sequences),
         "--global-batch-size", str(sequences), "--train-iters", "1", "--lr", "1e-4",
         "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local",
-        "--seed", "1234", "--ds-sequence-parallel-size", str(world),
-        *encoding_flags(opts.factor, opts.base_length)],
-        world_size=world, require_data=False)
-    args.padded_vocab_size = opts.vocab
-    initialize_distributed(args.run_config.model.layout, args.distributed_backend)
-    set_seeds(args.seed)
-    model = build_gpt_model(args.run_config.transformer, args.run_config.model, opts.vocab)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    group = parallel_state.get_context_parallel_group()
-    sp = parallel_state.get_context_parallel_world_size()
-
-    class Engine:  # what gpt_forward_step asks of an engine
-        device = torch.device("cpu")
-
-        def __call__(self, *a, **k):
-            return model(*a, **k)
-
-    engine = Engine()
+        *encoding_flags(opts.factor, opts.base_length)], opts.vocab, opts.threads)
     g = torch.Generator().manual_seed(0)  # the same tokens at every length, SP and rank
     tokens = torch.randint(0, opts.vocab, (opts.base_batch * opts.base_length + 1,), generator=g)
     text = tokens[:sequences * length + 1]
     batch = {"tokens": text[:-1].view(sequences, length), "labels": text[1:].view(sequences, length),
              "loss_mask": torch.ones(sequences, length),
              "position_ids": torch.arange(length).expand(sequences, length).contiguous()}
-
-    def finish(loss):
-        loss.backward()
-        if sp > 1:  # summed over the sequence-parallel group, as DeepSpeed's reduction does
-            for p in model.parameters():
-                if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad, group=group)
-        optimizer.step()
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        loss, _ = gpt_forward_step(engine, batch)
-        finish(loss)
-        return loss.item()
-
-    torch.distributed.barrier()
-    baseline = peak_rss_bytes()  # model, optimizer and process groups built, no activations yet
-    first_loss = step()  # warm-up (also allocates Adam's moments)
-    optimizer.zero_grad(set_to_none=True)
-    with saved_for_backward(model) as saved:
-        loss, _ = gpt_forward_step(engine, batch)
-    finish(loss)
-    times = []
-    for _ in range(opts.iters):
-        torch.distributed.barrier()
-        start = time.perf_counter()
-        step()
-        times.append(1000.0 * (time.perf_counter() - start))
+    measured = rank_step.measure(batch, opts.iters)
     rank = torch.distributed.get_rank()
-    record = {"rank": rank, "tokens_per_rank": sequences * length // sp,
-              "saved_bytes": sum(saved.values()), "rss_growth": peak_rss_bytes() - baseline,
-              "ms": median(times), "first_loss": first_loss,
-              "encoding": args.position_embedding_type}
+    record = {"rank": rank, "tokens_per_rank": sequences * length // rank_step.sp,
+              "encoding": rank_step.args.position_embedding_type, **measured}
     with open(os.path.join(opts.out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     torch.distributed.barrier()

@@ -36,12 +36,9 @@ import json
 import os
 import sys
 import tempfile
-import time
-from statistics import median
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from launch import ROOT, launch_workers  # noqa: E402
-from memory import peak_rss_bytes, saved_for_backward  # noqa: E402
 
 SETTINGS = {"SP 1 (1 rank)": 1, "SP 2 (2 ranks)": 2}
 
@@ -51,85 +48,24 @@ def worker(opts) -> None:
     """One rank of a launch: writes ``OUT/rank{R}.json``."""
     sys.path.insert(0, ROOT)
     import torch
+    from sp_step import SequenceParallelStep
 
-    torch.set_num_threads(opts.threads)
-    from megatron.core import parallel_state
-
-    from megatron.config.parser import parse_args
-    from megatron.model.gpt_model import build_gpt_model
-    from megatron.parallel.initialize import initialize_distributed, set_seeds
-    from megatron.train.steps import gpt_forward_step
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    args = parse_args([
+    rank_step = SequenceParallelStep([
         "--num-layers", str(opts.num_layers), "--hidden-size", str(opts.hidden_size),
         "--num-attention-heads", str(opts.heads), "--seq-length", str(opts.seq_length),
         "--max-position-embeddings", str(opts.seq_length),
         "--micro-batch-size", str(opts.micro_batch_size), "--train-iters", "1", "--lr", "1e-4",
-        "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local",
-        "--seed", "1234", "--ds-sequence-parallel-size", str(world)],
-        world_size=world, require_data=False)
-    args.padded_vocab_size = opts.vocab
-    initialize_distributed(args.run_config.model.layout, args.distributed_backend)
-    set_seeds(args.seed)
-    model = build_gpt_model(args.run_config.transformer, args.run_config.model, opts.vocab)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    group = parallel_state.get_context_parallel_group()
-    sp = parallel_state.get_context_parallel_world_size()
-
-    class Engine:  # what gpt_forward_step asks of an engine
-        device = torch.device("cpu")
-
-        def __call__(self, *a, **k):
-            return model(*a, **k)
-
-    engine = Engine()
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--transformer-impl", "local"],
+        opts.vocab, opts.threads)
     g = torch.Generator().manual_seed(0)  # the same whole batch on every rank and setting
     tokens = torch.randint(0, opts.vocab, (opts.micro_batch_size, opts.seq_length), generator=g)
     batch = {"tokens": tokens, "labels": torch.roll(tokens, -1, 1),
              "loss_mask": torch.ones(opts.micro_batch_size, opts.seq_length),
              "position_ids": torch.arange(opts.seq_length).expand_as(tokens).contiguous()}
-
-    phases = {"reduce": [], "optimizer": []}
-
-    def finish(loss):
-        loss.backward()
-        start = time.perf_counter()
-        if sp > 1:  # summed over the sequence-parallel group, as DeepSpeed's reduction does
-            for p in model.parameters():
-                if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad, group=group)
-        middle = time.perf_counter()
-        optimizer.step()
-        phases["reduce"].append(1000.0 * (middle - start))
-        phases["optimizer"].append(1000.0 * (time.perf_counter() - middle))
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        loss, _ = gpt_forward_step(engine, batch)
-        finish(loss)
-        return loss.item()
-
-    torch.distributed.barrier()
-    baseline = peak_rss_bytes()  # model, optimizer and process groups built, no activations yet
-    first_loss = step()  # warm-up (also allocates Adam's moments)
-    optimizer.zero_grad(set_to_none=True)
-    with saved_for_backward(model) as saved:
-        loss, _ = gpt_forward_step(engine, batch)
-    finish(loss)
-    times = []
-    for values in phases.values():
-        values.clear()
-    for _ in range(opts.iters):
-        torch.distributed.barrier()
-        start = time.perf_counter()
-        step()
-        times.append(1000.0 * (time.perf_counter() - start))
+    measured = rank_step.measure(batch, opts.iters)
     rank = torch.distributed.get_rank()
-    record = {"rank": rank, "sequence_parallel_size": sp, "tokens_per_rank": opts.seq_length // sp,
-              "saved_bytes": sum(saved.values()), "rss_growth": peak_rss_bytes() - baseline,
-              "ms": median(times), "reduce_ms": median(phases["reduce"]),
-              "optimizer_ms": median(phases["optimizer"]), "first_loss": first_loss}
+    record = {"rank": rank, "sequence_parallel_size": rank_step.sp,
+              "tokens_per_rank": opts.seq_length // rank_step.sp, **measured}
     with open(os.path.join(opts.out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     torch.distributed.barrier()

@@ -40,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from launch import ROOT, launch_workers  # noqa: E402
+from sp_step import add_worker_args  # noqa: E402
 
 FACTORS = (1, 2, 4)
 SPS = (1, 2)
@@ -100,18 +101,8 @@ def main():
     parser.add_argument("--base-length", type=int, default=1024, help="the 1x sequence length")
     parser.add_argument("--base-batch", type=int, default=4,
                         help="sequences per step at 1x (tokens per step: this x --base-length)")
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--iters", type=int, default=3, help="timed steps per launch")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    parser.add_argument("--repeats", type=int, default=1, help="Interleaved rounds (best kept).")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per launch")
+    add_worker_args(parser, timeout=900)
     parser.add_argument("--factor", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:
         worker(opts)

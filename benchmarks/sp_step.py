@@ -7,12 +7,30 @@ context-parallel group is the Ulysses group), builds ``build_gpt_model``, and a 
 the sequence-parallel group (one ``all_reduce`` per parameter, what DeepSpeed's reduction over the
 sequence-data-parallel group does) and a plain ``torch.optim.AdamW`` step (no DeepSpeed engine:
 only the model's forward/backward and that reduction differ between settings)."""
+import argparse
 import os
 import time
 from statistics import median
 from typing import Dict, List, Sequence
 
 from memory import peak_rss_bytes, saved_for_backward
+
+
+def add_worker_args(parser: argparse.ArgumentParser, timeout: int) -> None:
+    """The flags both benchmarks take: the model (layers, hidden size, heads, vocabulary), the
+    measurement (timed steps, torch threads per rank, interleaved rounds, seconds per launch) and
+    the hidden ones of a worker launch."""
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--iters", type=int, default=3, help="timed steps per launch")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--repeats", type=int, default=1, help="Interleaved rounds (best kept).")
+    parser.add_argument("--timeout", type=int, default=timeout, help="seconds per launch")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
 
 
 class SequenceParallelStep:

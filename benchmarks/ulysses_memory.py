@@ -39,6 +39,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from launch import ROOT, launch_workers  # noqa: E402
+from sp_step import add_worker_args  # noqa: E402
 
 SETTINGS = {"SP 1 (1 rank)": 1, "SP 2 (2 ranks)": 2}
 
@@ -85,19 +86,9 @@ def launch(opts, ranks: int, work: str) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
+    add_worker_args(parser, timeout=600)
     parser.add_argument("--seq-length", type=int, default=4096)
     parser.add_argument("--micro-batch-size", type=int, default=1)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--iters", type=int, default=3, help="timed iterations per launch")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    parser.add_argument("--repeats", type=int, default=1, help="Interleaved rounds (best kept).")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds per launch")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:
         worker(opts)

@@ -26,6 +26,7 @@ if [ "$QUICK" = 1 ]; then
   run "moe_expert_parallel (EP 2 vs EP 1 and DP 2)" "$PY" benchmarks/moe_expert_parallel.py --hidden-size 128 --seq-length 128 --iters 4 --repeats 1
   run "pipeline_efficiency (PP 2 vs the theoretical bubble)" "$PY" benchmarks/pipeline_efficiency.py --num-layers 4 --hidden-size 128 --seq-length 128 --micro-batches 1 4 --iters 6
   run "seqlen_curriculum (k tokens per sample vs the full length)" "$PY" benchmarks/seqlen_curriculum.py --num-layers 2 --hidden-size 128 --seq-length 256 --iters 2 --rounds 1
+  run "mixer_overhead (adaptive data mixer vs a static blend)" "$PY" benchmarks/mixer_overhead.py --iters 60 --interval 20 --rounds 1 --policies odm
 else
   run "train_step_overhead (ours vs bare torch loop)" "$PY" benchmarks/train_step_overhead.py
   run "blend_index (curriculum vs megatron-core C++ build_blending_indices / BlendedDataset)" "$PY" benchmarks/blend_index.py --sizes 1e7 1e8
@@ -38,6 +39,7 @@ else
   run "moe_expert_parallel (EP 2 vs EP 1 and DP 2)" "$PY" benchmarks/moe_expert_parallel.py
   run "pipeline_efficiency (PP 2 vs the theoretical bubble)" "$PY" benchmarks/pipeline_efficiency.py
   run "seqlen_curriculum (k tokens per sample vs the full length)" "$PY" benchmarks/seqlen_curriculum.py
+  run "mixer_overhead (adaptive data mixer vs a static blend)" "$PY" benchmarks/mixer_overhead.py
 fi
 STAMP="$(date -u +%Y-%m-%d) on $(nproc) CPU cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 "$PY" - "$OUT/results.md" "$STAMP" <<'PYEOF'

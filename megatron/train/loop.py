@@ -5,7 +5,7 @@ Progress is counted in iterations (optimizer steps over one global batch) and co
 learning-rate scheduler is advanced by the samples of each iteration (Megatron-LM's convention).
 """
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -62,9 +62,10 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     if mixer is not None:  # each iteration's per-dataset losses also go to the mixer
         mixer_stats = _IntervalStats(len(data.dataset_names))
         step_stats = TeeStats(stats, mixer_stats)
-        _apply_mixer_loss_weights(mixer, steps)  # target loss_weight: those of the checkpoint
+        # target loss_weight: those of the checkpoint (set again only when an update changes them)
+        applied_weights = _apply_mixer_loss_weights(mixer, steps)
     else:
-        step_stats = stats
+        step_stats, applied_weights = stats, None
     plan, trained_length = schedule.seq_plan, loop.seq_length
     tokens_at = tokens_at or schedule.tokens
     trained_tokens = tokens_at(state.consumed_samples)
@@ -101,8 +102,9 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
             iterator = _loader(data.train, state.consumed_samples, loop)
             if plan is not None:
                 iterator = SeqLengthBatches(iterator, plan)
-        if mixer is not None:  # target loss_weight: an update's loss weights, from the next iteration
-            _apply_mixer_loss_weights(mixer, steps)
+        if mixer is not None and mixer.loss_weights is not applied_weights:
+            # target loss_weight: an update's loss weights, from the next iteration
+            applied_weights = _apply_mixer_loss_weights(mixer, steps)
         stats.iterations += 1
         stats.samples += batch_size
         tokens_before, trained_tokens = trained_tokens, tokens_at(state.consumed_samples)
@@ -137,14 +139,17 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     return False
 
 
-def _apply_mixer_loss_weights(mixer, steps: StepFunctions) -> None:
+def _apply_mixer_loss_weights(mixer, steps: StepFunctions) -> Optional[List[float]]:
     """Weigh the next iterations' tokens by the loss weights an adaptive mixer with ``target:
-    loss_weight`` has in force (megatron/train/mixer.py); nothing for a sampling mixer."""
+    loss_weight`` has in force (megatron/train/mixer.py); nothing for a sampling mixer. Returns
+    ``mixer.loss_weights`` (the list just set, or None), which the loop compares by identity to
+    set them again only after an update replaced them."""
     if mixer.on_loss_weights and mixer.loss_weights is not None:
         if steps.normalizer is None:
             raise RuntimeError("the adaptive mixer moves the loss weights, but the step "
                                "functions have no loss normaliser to set them on")
         steps.normalizer.set_loss_weights(mixer.objective_weights())
+    return mixer.loss_weights
 
 
 def _kill_switch_at_start(loop: LoopConfig) -> bool:

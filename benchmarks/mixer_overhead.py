@@ -16,13 +16,17 @@ Two figures, from the same runs:
     round-to-round noise is about the size of the goal, so this is the cross-check;
 (b) **the mixer's own time**: the benchmark's rank wraps, in its own process only (nothing in
     megatron/ changes), what the loop does for the mixer (megatron/train/loop.py ``train``):
-    building it (``loop_mixer``), each micro batch's losses added to the mixer's accumulator
-    (``TeeStats``' second accumulator), the iteration's all-reduce of the per-dataset sums
-    (``reduced_iteration_losses``), ``LoopMixer.end_iteration`` (within an interval: the add;
-    at an update: the policy, the new ledger phase ``TrainMix.append_mixer_segment`` and the
-    rest), the log record's weights (``TrainMix.mixer_weights``) and the loader restart (the new
-    ``_loader``, the old loader's teardown, and the fresh loader's first two iterations of batches
-    beyond the run's steady median: the workers' start), as a fraction of the time of ``train()``
+    building it (``loop_mixer``), each micro batch's losses added to the mixer's sums on the
+    device (``TeeStats``' second accumulator, megatron/train/mixer_sums.py),
+    ``LoopMixer.end_iteration`` (within an interval: a check; at an update: the all-reduce of
+    the interval's sums ``LoopMixer.fold``, the policy, the new ledger phase
+    ``TrainMix.append_mixer_segment`` and the rest), the log record's weights
+    (``TrainMix.mixer_weights``) and the loader restart (with loader workers the same workers
+    follow the new phase: ``MixerLoader.segment``, megatron/train/mixer_loader.py; without, a
+    fresh ``_loader`` and the old one handed to the loop's closing thread
+    ``BackgroundCloser.close``; then the first two iterations of batches beyond the run's steady
+    median: the workers' build of the new phase and their unprefetched first batches), as a
+    fraction of the time of ``train()``
     itself (the whole training loop of that run, its first iterations included). That fraction
     is the overhead the goal speaks of; the wrappers (a few microseconds per iteration) are in
     every arm, the static one included. What the wrappers cannot see (the fork's copy-on-write
@@ -72,15 +76,16 @@ train:
     - {{path: {math}, weight: 2}}
 """
 # the mixer's parts (b) adds up, in the order printed: (timer, what it is)
-PER_ITERATION = (("accumulate", "losses into the mixer's accumulator (its micro batches)"),
-                 ("reduce", "all-reduce of the per-dataset sums"),
+PER_ITERATION = (("accumulate", "losses into the mixer's sums (its micro batches)"),
                  ("add", "end_iteration within an interval"),
                  ("log_weights", "the log record's mixer weights"))
-PER_UPDATE = (("policy", "the policy (update_weights)"),
+PER_UPDATE = (("reduce", "the all-reduce of the interval's sums (LoopMixer.fold)"),
+              ("policy", "the policy (update_weights)"),
               ("phase_build", "the new ledger phase (append_mixer_segment)"),
               ("update_rest", "the rest of end_iteration at an update"),
-              ("loader_create", "the fresh loader (_loader)"),
-              ("loader_teardown", "the old loader's teardown (its workers)"),
+              ("loader_create", "the loader's restart (MixerLoader.segment: the new phase "
+                                "sent to the workers, the iteration restarted on them)"),
+              ("loader_teardown", "the old loader handed to the closing thread"),
               ("first_batches", "the fresh loader's first batches beyond the steady median"))
 AFTER_UPDATE = 2  # iterations after an update whose records the cross-check of (b) adds
 
@@ -110,8 +115,8 @@ class Timers:
 
 class TimedIterator:
     """The loop's loader iterator, each ``next`` timed (seconds, into ``record["nexts"]``), and
-    the time its inner iterator takes to be released (``record["teardown"]``: the workers' shutdown)
-    when the loop drops it."""
+    the time its inner iterator takes to close (``record["teardown"]``: the workers' shutdown, on
+    the loop's closing thread)."""
 
     def __init__(self, inner, record: dict):
         self.inner, self.record = inner, record
@@ -126,9 +131,9 @@ class TimedIterator:
         finally:
             self.record["nexts"].append(time.perf_counter() - start)
 
-    def __del__(self):
+    def close(self):
         start = time.perf_counter()
-        self.inner = None
+        self.inner.close()
         self.record["teardown"] = time.perf_counter() - start
 
 
@@ -141,7 +146,6 @@ def install_timers(timers: Timers) -> None:
 
     loop_module.train = timers.wrap("train", loop_module.train)
     loop_module.loop_mixer = timers.wrap("setup", loop_module.loop_mixer)
-    loop_module.reduced_iteration_losses = timers.wrap("reduce", loop_module.reduced_iteration_losses)
     mixer_module.update_weights = timers.wrap("policy", mixer_module.update_weights)
     TrainMix.append_mixer_segment = timers.wrap("phase_build", TrainMix.append_mixer_segment)
     TrainMix.mixer_weights = timers.wrap("log_weights", TrainMix.mixer_weights)
@@ -163,11 +167,40 @@ def install_timers(timers: Timers) -> None:
         return changed
 
     mixer_module.LoopMixer.end_iteration = timed_end_iteration
+    fold = mixer_module.LoopMixer.fold
+
+    def timed_fold(self):  # at an update; once more at the loop's end ("fold_end": set-up's line)
+        start = time.perf_counter()
+        fold(self)
+        timers.add("reduce" if updating[0] else "fold_end",
+                   time.perf_counter() - start)
+
+    updating = [False]
+
+    def timed_end_iteration_flagged(self, *args, **kwargs):
+        updating[0] = True
+        try:
+            return timed_end_iteration(self, *args, **kwargs)
+        finally:
+            updating[0] = False
+
+    mixer_module.LoopMixer.fold = timed_fold
+    mixer_module.LoopMixer.end_iteration = timed_end_iteration_flagged
+
+    class TimedCloser(loop_module.BackgroundCloser):
+        """The loop's closer, the time its ``close`` takes on the loop's thread recorded."""
+
+        def close(self, iterator):
+            start = time.perf_counter()
+            super().close(iterator)
+            timers.add("loader_teardown", time.perf_counter() - start)
+
+    loop_module.BackgroundCloser = TimedCloser
     loader, last = loop_module._loader, [None]
 
-    def timed_loader(*args, **kwargs):
+    def timed_loader(*args, make=None, **kwargs):
         start = time.perf_counter()
-        inner = loader(*args, **kwargs)
+        inner = (make or loader)(*args, **kwargs)
         record = {"create": time.perf_counter() - start, "nexts": [], "teardown": None,
                   "replaced": False}
         previous = last[0]() if last[0] is not None else None
@@ -179,6 +212,15 @@ def install_timers(timers: Timers) -> None:
         return proxy
 
     loop_module._loader = timed_loader
+
+    class TimedMixerLoader(loop_module.MixerLoader):
+        """The sampling mixer's loader (workers kept across updates): each segment it starts
+        (an update's restart on the same workers) recorded as a loader."""
+
+        def segment(self, *args, **kwargs):
+            return timed_loader(*args, make=super().segment, **kwargs)
+
+    loop_module.MixerLoader = TimedMixerLoader
 
 
 def rank_main(spec_path: str) -> int:
@@ -272,14 +314,18 @@ def mixer_seconds(timers: dict, micro_batches: int) -> Dict[str, float]:
     typical = median(steady) if steady else 0.0
     restarted = loaders[1:]  # the loop's first loader is every run's
     out = {name: s.get(name, 0.0) for name, _ in PER_ITERATION}
-    out.update(setup=s.get("setup", 0.0), policy=s.get("policy", 0.0),
+    out.update(setup=s.get("setup", 0.0) + s.get("fold_end", 0.0), reduce=s.get("reduce", 0.0),
+               policy=s.get("policy", 0.0),
                phase_build=s.get("phase_build", 0.0),
-               update_rest=s.get("update", 0.0) - s.get("policy", 0.0) - s.get("phase_build", 0.0),
+               update_rest=(s.get("update", 0.0) - s.get("reduce", 0.0) - s.get("policy", 0.0)
+                            - s.get("phase_build", 0.0)),
                loader_create=sum(r["create"] for r in restarted),
-               loader_teardown=sum(r["teardown"] or 0.0 for r in loaders if r["replaced"]),
+               loader_teardown=s.get("loader_teardown", 0.0),
                first_batches=sum(sum(r["nexts"][:head]) - len(r["nexts"][:head]) * typical
                                  for r in restarted),
-               updates=len(timers["seconds"].get("update", [])))
+               updates=len(timers["seconds"].get("update", [])),
+               # not the loop's time: the old workers' shutdown on the closing thread
+               background_teardown=sum(r["teardown"] or 0.0 for r in loaders if r["replaced"]))
     return out
 
 
@@ -290,7 +336,7 @@ def summarize(run: dict, opts) -> dict:
     if len(timed) < 1:
         raise SystemExit(f"{run['arm']}: no iteration after the first {opts.warmup}")
     parts = mixer_seconds(run["timers"], opts.global_batch_size // opts.micro_batch_size)
-    total = sum(v for k, v in parts.items() if k != "updates")
+    total = sum(v for k, v in parts.items() if k not in ("updates", "background_teardown"))
     train_s = sum(run["timers"]["seconds"]["train"])
     typical = median(r["ms_per_iteration"] for r in timed)
     ms = {r["iteration"]: r["ms_per_iteration"] for r in run["records"]}
@@ -345,11 +391,14 @@ def print_report(opts, runs: Dict[str, List[dict]]) -> dict:
         print(f"  {arm}: {percent:.3f}% (rounds: " + ", ".join(
             f"{r['mixer_s'] * 1000:.0f} ms of {r['train_s']:.1f} s = {r['mixer_percent']:.3f}%"
             for r in rows) + f"); {parts['updates'] // len(rows)} updates a run")
-        print(f"    set-up (loop_mixer, once): {parts['setup'] / len(rows) * 1000:.2f} ms")
+        print(f"    set-up (loop_mixer) and the loop's last fold, once: "
+              f"{parts['setup'] / len(rows) * 1000:.2f} ms")
         for name, what in PER_ITERATION:
             print(f"    per iteration, {what}: {parts[name] / iters * 1e6:.1f} us")
         for name, what in PER_UPDATE:
             print(f"    per update, {what}: {parts[name] / updates * 1000:.2f} ms")
+        print(f"    (off the loop's thread: the old workers' shutdown, "
+              f"{parts['background_teardown'] / updates * 1000:.2f} ms per update)")
         seen_ms = pooled_median([r["update_excess_ms"] for r in rows])
         print(f"    cross-check from the loop's records: the update iteration and the next "
               f"{AFTER_UPDATE} took {seen_ms:.1f} ms beyond the run's median iteration, per update "

@@ -1,5 +1,6 @@
 """The training set's micro batches as the loop reads them: resumed at the consumed samples,
-collated with the segment layout."""
+collated with the segment layout; a replaced loader's workers shut down off the loop's thread."""
+import threading
 from typing import Dict, Iterator, Optional
 
 import torch
@@ -9,7 +10,51 @@ from megatron.data.samplers import PretrainingBatchSampler
 from megatron.model.masks import collate_with_segment_layout
 
 
-def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = None) -> Iterator[Dict]:
+class LoaderIterator:
+    """A DataLoader's iterator that the loop can :meth:`close`: its workers shut down when the
+    last reference to the DataLoader's own iterator goes, which :meth:`close` drops."""
+
+    def __init__(self, inner: Iterator[Dict]):
+        self._inner: Optional[Iterator[Dict]] = inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Dict:
+        if self._inner is None:
+            raise StopIteration
+        return next(self._inner)
+
+    def close(self) -> None:
+        """Drop the DataLoader's iterator: its worker processes are told to stop and joined here
+        (tens of milliseconds), their prefetched batches dropped."""
+        self._inner = None
+
+
+class BackgroundCloser:
+    """Closes replaced loaders (an adaptive mixer's update starts a fresh one at the first sample
+    not trained on) on a thread, so that the loop trains on while the old workers wind down.
+    One at a time: a close still running is waited for before the next starts, and the loop
+    waits for the last at its end (:meth:`join`), so no worker outlives the loop."""
+
+    def __init__(self):
+        self._thread: Optional[threading.Thread] = None
+
+    def close(self, iterator) -> None:
+        """Close ``iterator`` (a :class:`LoaderIterator`) on a background thread."""
+        self.join()
+        self._thread = threading.Thread(target=iterator.close, name="close-data-loader",
+                                        daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        """Wait until the last close has finished (its workers joined)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = None) -> LoaderIterator:
     """This data-parallel rank's micro batches of ``dataset`` (``loop.micro_batch_size`` samples
     each) from global sample ``consumed`` up to ``total`` samples (default: all), loaded with
     ``loop.num_workers`` workers seeded by ``loop.seed``."""
@@ -28,4 +73,4 @@ def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = Non
                                          collate_fn=collate_with_segment_layout, pin_memory=False,
                                          persistent_workers=False,
                                          generator=torch.Generator().manual_seed(loop.seed))
-    return iter(loader)
+    return LoaderIterator(iter(loader))

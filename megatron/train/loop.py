@@ -28,8 +28,9 @@ from megatron.train.engine_setup import loss_normalizer, setup_model_and_optimiz
 from megatron.train.evaluation import _evaluate_all
 from megatron.train.exit_request import ExitRequest
 from megatron.train.hooks import LoopHook, loop_hooks
-from megatron.train.loader import _loader
-from megatron.train.mixer import TeeStats, loop_mixer, reduced_iteration_losses
+from megatron.train.loader import BackgroundCloser, _loader
+from megatron.train.mixer import TeeStats, loop_mixer
+from megatron.train.mixer_loader import MixerLoader
 from megatron.train.resume import _check_data_resume, _maybe_save, _restore, data_resume
 from megatron.train.run_control import kill_switch_found
 from megatron.train.seqlen_batches import SeqLengthBatches
@@ -57,21 +58,32 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     per_step = loop.micro_batch_size * loop.data_parallel_size
     stats = _IntervalStats(len(data.dataset_names))
     exit_request = exit_request or ExitRequest(loop)
-    iterator = _loader(data.train, state.consumed_samples, loop)
+    plan, trained_length = schedule.seq_plan, loop.seq_length
+    closer = BackgroundCloser()  # a loader a mixer update replaced winds down off this thread
     mixer = loop_mixer(data, state.iteration, state.consumed_samples)  # the blend's, or None
-    if mixer is not None:  # each iteration's per-dataset losses also go to the mixer
-        mixer_stats = _IntervalStats(len(data.dataset_names))
-        step_stats = TeeStats(stats, mixer_stats)
+    # a sampling mixer's loader workers follow its updates (else a fresh loader at each update)
+    follower = (MixerLoader(data.mix, mixer.config, loop) if mixer is not None
+                and not mixer.on_loss_weights and loop.num_workers > 0 else None)
+    loader = (follower.segment(state.consumed_samples, state.iteration) if follower is not None
+              else _loader(data.train, state.consumed_samples, loop))
+    # the sequence-length curriculum cuts each micro batch
+    iterator = SeqLengthBatches(loader, plan) if plan is not None else loader
+    if mixer is not None:  # each micro batch's per-dataset losses also go to the mixer's sums
+        step_stats = TeeStats(stats, mixer.pending)
         # target loss_weight: those of the checkpoint (set again only when an update changes them)
         applied_weights = _apply_mixer_loss_weights(mixer, steps)
     else:
         step_stats, applied_weights = stats, None
-    plan, trained_length = schedule.seq_plan, loop.seq_length
+
+    def save() -> None:
+        if mixer is not None:  # the interval's sums so far go into the data record (every rank)
+            mixer.fold()
+        _maybe_save(engine, checkpoint, model_args, state, scheduler,
+                    after_checkpoint_files_written, data)
+
     tokens_at = tokens_at or schedule.tokens
     trained_tokens = tokens_at(state.consumed_samples)
     stop = loop.train_iters if end is None else min(int(end), loop.train_iters)
-    if plan is not None:  # the sequence-length curriculum cuts each micro batch
-        iterator = SeqLengthBatches(iterator, plan)
     engine.train()
     while state.iteration < stop:
         batch_size = schedule.batch_size_at_samples(state.consumed_samples)
@@ -95,13 +107,18 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
             hook.save_state(state)  # e.g. the skip window, in every checkpoint's training state
         state.consumed_samples += batch_size
         scheduler.step(increment=batch_size)
-        if mixer is not None and mixer.end_iteration(state.iteration, state.consumed_samples,
-                                                     *reduced_iteration_losses(mixer_stats)):
+        if mixer is not None and mixer.end_iteration(state.iteration, state.consumed_samples):
             # the next weights' phase begins at the first sample not trained on: a fresh loader
+            # (its workers start first; the old ones, whose prefetched batches are of the old
+            # weights, are stopped on a thread while the loop trains on)
             data.train = data.mix.dataset
-            iterator = _loader(data.train, state.consumed_samples, loop)
-            if plan is not None:
-                iterator = SeqLengthBatches(iterator, plan)
+            if follower is not None:  # the same workers, told the new phase
+                loader = follower.segment(state.consumed_samples, state.iteration)
+            else:
+                replaced, loader = loader, _loader(data.train, state.consumed_samples, loop)
+                closer.close(replaced)
+                del replaced
+            iterator = SeqLengthBatches(loader, plan) if plan is not None else loader
         if mixer is not None and mixer.loss_weights is not applied_weights:
             # target loss_weight: an update's loss weights, from the next iteration
             applied_weights = _apply_mixer_loss_weights(mixer, steps)
@@ -118,8 +135,7 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
         if loop.eval_iters and data.eval_groups and state.iteration % loop.eval_interval == 0:
             _evaluate_all(engine, loop, data.eval_groups, steps, state.iteration, metrics)
         if loop.save_interval and state.iteration % loop.save_interval == 0:
-            _maybe_save(engine, checkpoint, model_args, state, scheduler,
-                        after_checkpoint_files_written, data)
+            save()
         stats.start += time.perf_counter() - paused
         reason = None
         if loop.exit_interval and state.iteration % loop.exit_interval == 0:
@@ -132,11 +148,21 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
             reason = exit_request.reason
         if reason is not None:
             if not (loop.save_interval and state.iteration % loop.save_interval == 0):
-                _maybe_save(engine, checkpoint, model_args, state, scheduler,
-                            after_checkpoint_files_written, data)
+                save()
             print_rank_0(f"exiting at iteration {state.iteration}: {reason}")
+            _close_loaders(closer, follower)
             return True
+    if mixer is not None:  # for the save after the loop (pretrain's), in the data record
+        mixer.fold()
+    _close_loaders(closer, follower)
     return False
+
+
+def _close_loaders(closer: BackgroundCloser, follower: Optional[MixerLoader]) -> None:
+    """At the loop's end: wait for a replaced loader's workers, stop the mixer loader's."""
+    closer.join()
+    if follower is not None:
+        follower.close()
 
 
 def _apply_mixer_loss_weights(mixer, steps: StepFunctions) -> Optional[List[float]]:

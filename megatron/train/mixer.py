@@ -1,12 +1,14 @@
 """The adaptive mixer in the training loop (issue 46; a blend file's ``train: {blend: [...],
 mixer: {...}}``).
 
-Every iteration adds its per-dataset loss sums, reduced over the model replicas (global, the
-same on every rank), to the interval's; at every iteration that is a multiple of ``interval``
-the policy (megatron/data/mixer_policies.py) turns the interval's mean losses, the samples each
-dataset drew in it and what each has left in its epoch into the next weights, and the training
-mix appends a phase with those static weights from the first global sample not yet trained on,
-every dataset continuing at its ledger position (megatron/data/mix_resume.py
+Every micro batch's per-dataset losses go to the interval's sums, kept on the device in fixed point
+(megatron/train/mixer_sums.py: exact, so the same whatever the order, the layout or where a
+checkpoint cut the interval) and reduced over the model replicas only when read: at an update and
+before a checkpoint. At every iteration that is a multiple of ``interval`` the policy
+(megatron/data/mixer_policies.py) turns the interval's mean losses, the samples each dataset drew
+in it and what each has left in its epoch into the next weights, and the training mix appends a
+phase with those static weights from the first global sample not yet trained on, every dataset
+continuing at its ledger position (megatron/data/mix_resume.py
 ``TrainMix.append_mixer_segment``). The loop then reads from a fresh loader at that sample, so
 no worker holds a batch of the old phase. The phase records the update (iteration, inputs,
 weights, the policy's state) and the checkpoint's data record the interval in progress (its
@@ -24,13 +26,13 @@ import math
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-import torch
 
 from megatron.data.blend_config import MixerConfig
 from megatron.data.mix_resume import TrainMix, batch_schedule_of, blend_file_phase
 from megatron.data.mixer_loss_weights import objective_loss_weights
 from megatron.data.mixer_policies import MixerInputs, initial_state, update_weights
 from megatron.errors import ConfigError
+from megatron.train.mixer_sums import SCALE_BITS, MixerLossSums
 from megatron.utils.rank_utils import print_rank_0
 
 __all__ = ["LoopMixer", "TeeStats", "loop_mixer"]
@@ -52,15 +54,25 @@ def _plain(values) -> List[float]:
     return [float(x) for x in values]
 
 
+def _fixed_sums(progress: Dict[str, Any], key: str) -> np.ndarray:
+    """The interval's fixed-point sums ``key`` of a checkpoint's ``progress`` (int64; a record
+    written before they were kept in fixed point holds floats, rounded here to the unit)."""
+    if progress.get("scale_bits") == SCALE_BITS:
+        return np.asarray([int(x) for x in progress[key]], dtype=np.int64)
+    return np.asarray([round(float(x) * 2 ** SCALE_BITS) for x in progress[key]], dtype=np.int64)
+
+
 class LoopMixer:
     """The mixer of one run over ``mix`` (its blend's ``config``), resuming at ``iteration``
     from the mix's recorded segments and interval in progress. ``static_loss_weights``: the
     datasets' own loss weights (``TrainData.loss_weights``, None for all 1), which the weights of
-    a ``target: loss_weight`` mixer multiply."""
+    a ``target: loss_weight`` mixer multiply. The loop's micro batches go to :attr:`pending`
+    (``reduce``: how its sums are summed over the replicas, default the loss sums' reduction)."""
 
     def __init__(self, mix: TrainMix, config: MixerConfig, iteration: int, consumed: int,
-                 static_loss_weights: Optional[List[float]] = None):
+                 static_loss_weights: Optional[List[float]] = None, reduce=None):
         self.mix, self.config = mix, config
+        self.pending = MixerLossSums(len(mix.dataset.constituents), reduce)
         self.static_loss_weights = static_loss_weights
         k = len(mix.dataset.constituents)
         segment = mix.mixer_segment()
@@ -81,12 +93,12 @@ class LoopMixer:
             self.updates = json.loads(json.dumps(progress.get("updates", [])))
         if progress is not None:
             self.since = int(progress["since"])
-            self.sums = np.asarray(progress["sums"], dtype=np.float64)
-            self.counts = np.asarray(progress["counts"], dtype=np.float64)
+            self.sums, self.counts = _fixed_sums(progress, "sums"), _fixed_sums(progress, "counts")
             self.drawn = np.asarray(progress["drawn"], dtype=np.int64)
         else:  # a fresh run, or the mixer restarted (--override-data-mix)
             self.since = int(iteration)
-            self.sums, self.counts = np.zeros(k), np.zeros(k)
+            self.sums = np.zeros(k, dtype=np.int64)  # units of 2**-SCALE_BITS
+            self.counts = np.zeros(k, dtype=np.int64)
             self.drawn = np.asarray(mix.dataset.drawn_before(consumed), dtype=np.int64)
         if len(self.sums) != k:
             raise ConfigError(f"data_mix.json: the mixer's interval in progress has {len(self.sums)} "
@@ -106,29 +118,36 @@ class LoopMixer:
         return self.loss_weights if self.loss_weights is not None else self.static_loss_weights
 
     def _save_progress(self) -> None:
-        progress: Dict[str, Any] = {"since": self.since, "sums": _plain(self.sums),
-                                    "counts": _plain(self.counts),
+        progress: Dict[str, Any] = {"since": self.since, "scale_bits": SCALE_BITS,
+                                    "sums": [int(x) for x in self.sums],
+                                    "counts": [int(x) for x in self.counts],
                                     "drawn": [int(x) for x in self.drawn]}
         if self.on_loss_weights:  # no phases: the state and the weights in force are kept here
             progress.update(state=self.state, updates=list(self.updates),
                             loss_weights=None if self.loss_weights is None else list(self.loss_weights))
         self.mix.mixer_progress = progress
 
-    def end_iteration(self, iteration: int, consumed: int, sums, counts) -> bool:
-        """Add iteration ``iteration``'s global per-dataset loss ``sums`` and their ``counts``
-        (``consumed`` global samples drawn after it); at the end of an interval, update the
-        weights and append their phase (``target: loss_weight``: make them the loss weights in
-        force from the next iteration, :meth:`objective_weights`). Returns True when the
-        training dataset changed (the loop then starts a new loader at ``consumed``)."""
-        self.sums = self.sums + np.asarray(sums, dtype=np.float64)
-        self.counts = self.counts + np.asarray(counts, dtype=np.float64)
+    def fold(self) -> None:
+        """Add the sums :attr:`pending` holds (over the replicas: call on every rank) to the
+        interval's, which the checkpoint's data record keeps: before a checkpoint is written."""
+        sums, counts = self.pending.take()
+        self.sums, self.counts = self.sums + sums, self.counts + counts
+        self._save_progress()
+
+    def end_iteration(self, iteration: int, consumed: int) -> bool:
+        """After iteration ``iteration`` (``consumed`` global samples drawn): within an interval,
+        nothing (its losses stay on the device, in :attr:`pending`); at its end, read the
+        interval's global per-dataset losses, update the weights and append their phase
+        (``target: loss_weight``: make them the loss weights in force from the next iteration,
+        :meth:`objective_weights`). Call on every rank. Returns True when the training dataset
+        changed (the loop then starts a new loader at ``consumed``)."""
         dataset = self.mix.dataset
         if iteration % self.config.interval != 0 or consumed >= len(dataset):
-            self._save_progress()  # within an interval, or nothing left to draw
-            return False
+            return False  # within an interval, or nothing left to draw
+        self.fold()
         now = np.asarray(dataset.drawn_before(consumed), dtype=np.int64)
         drawn = now - self.drawn
-        losses = [float(s / c) if c > 0 else math.nan
+        losses = [int(s) / int(c) if c > 0 else math.nan  # the exact quotient, rounded once
                   for s, c in zip(self.sums, self.counts, strict=True)]
         remaining = [int(c.samples_per_epoch - n % c.samples_per_epoch) if c.samples_per_epoch else -1
                      for c, n in zip(dataset.constituents, now, strict=True)]
@@ -147,7 +166,7 @@ class LoopMixer:
             "drawn": list(inputs.drawn), "remaining": remaining, "weights": _plain(weights),
             "state": self.state}
         self.since, self.drawn = int(iteration), now
-        self.sums, self.counts = np.zeros_like(self.sums), np.zeros_like(self.counts)
+        self.sums, self.counts = np.zeros_like(self.sums), np.zeros_like(self.counts)  # int64
         if self.on_loss_weights:
             self._set_loss_weights(weights, segment, losses)
             return False  # the data stays the static blend's
@@ -196,11 +215,3 @@ def loop_mixer(data, iteration: int, consumed: int) -> Optional[LoopMixer]:
                           "blend's own (not a wrapped one)")
     return LoopMixer(mix, config, iteration, consumed, getattr(data, "loss_weights", None))
 
-
-def reduced_iteration_losses(stats) -> tuple:
-    """The global (over the replicas) per-dataset loss sums and their weights of one
-    iteration's accumulator ``stats`` (megatron/train/stats.py ``_IntervalStats``), as numpy
-    arrays; resets it."""
-    _, sums, counts, _ = stats.reduced()
-    stats.reset()
-    return torch.as_tensor(sums).numpy(), torch.as_tensor(counts).numpy()

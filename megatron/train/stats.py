@@ -22,9 +22,12 @@ def _data_parallel_group():
 def _reduce_loss_sums(local: torch.Tensor) -> torch.Tensor:
     """Sum per-rank loss sums and counts over the model replicas: over the pipeline group first
     (only the last stage holds losses; the other stages add zeros), then over the data-parallel
-    group. Returns the sums on the CPU, the same on every rank."""
+    group. Returns the sums on the CPU, the same on every rank (a process without a process
+    group: its own)."""
     from megatron.core import parallel_state
 
+    if not torch.distributed.is_initialized():
+        return local.cpu()
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         local = all_reduce_small(local, group=parallel_state.get_pipeline_model_parallel_group())
     return all_reduce_small(local, group=_data_parallel_group())

@@ -7,6 +7,7 @@ import json
 from typing import List, Optional, Tuple
 
 import numpy as np
+import torch
 
 from helpers.curriculum import fake_constituents
 from megatron.data.blend_config import parse_blend_config
@@ -71,9 +72,14 @@ def train(mix, mixer: Optional[LoopMixer], first: int, last: int,
         if in_force is not None:
             weights = mixer.objective_weights() if mixer is not None else None
             in_force.append((it, None if weights is None else list(weights), sums.tolist()))
-        if mixer is not None:
-            mixer.end_iteration(it, end, sums, counts)
+        if mixer is not None:  # one micro batch per iteration, as the loop adds it
+            mixer.pending.add_micro_batch(
+                None, torch.tensor([made_up_loss(d, sample, it) for d, sample in batch]),
+                torch.tensor([d for d, _ in batch]))
+            mixer.end_iteration(it, end)
         draws.append(batch)
+    if mixer is not None:  # as the loop does before its checkpoint
+        mixer.fold()
     return draws
 
 

@@ -81,8 +81,8 @@ def test_a_resume_inside_an_interval_continues_the_loss_weights_bit_for_bit(poli
     progress = record_of(five, 5).mixer
     assert progress["since"] == 4 and progress["loss_weights"] == in_force[4][1]
     assert [u["iteration"] for u in progress["updates"]] == [2, 4]
-    assert sorted(progress) == ["counts", "drawn", "loss_weights", "since", "state", "sums",
-                                "updates"]
+    assert sorted(progress) == ["counts", "drawn", "loss_weights", "scale_bits", "since",
+                                "state", "sums", "updates"]
 
 
 def test_a_resume_with_another_run_length_keeps_the_loss_weights():

@@ -11,18 +11,12 @@ resume run across two nodes (tests/e2e/test_two_nodes_e2e.py).
 import os
 import random
 import shutil
-import signal
-import subprocess
-import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List
 
-import psutil
 import pytest
 
-from helpers.launch import deepspeed_launcher, read_jsonl, run_deepspeed, run_ranks, written_train_records
-from helpers.paths import ROOT
-from helpers.ports import free_port
+from helpers.launch import read_jsonl, run_and_sigkill, run_deepspeed, run_ranks, written_train_records
 from helpers.resume import TRAIN_ITERS, make_pretrain_data, pretrain_flags
 
 pytestmark = pytest.mark.launch
@@ -78,40 +72,6 @@ train_records = written_train_records  # a metrics file a run may still be writi
 
 def eval_records(path) -> List[dict]:
     return [r for r in read_jsonl(path) if "split" in r]
-
-
-def run_and_sigkill(script: str, flags: List[str], metrics, after_iteration: int,
-                    log_path, num_ranks: int = 2, timeout: float = 300) -> None:
-    """Launch through ``deepspeed``; once ``metrics`` shows ``after_iteration``, SIGKILL every rank
-    and the launcher at once (no clean exit, no signal handler)."""
-    cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()),
-           os.path.join(ROOT, script)] + flags
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.time() + timeout
-            while not any(r["iteration"] >= after_iteration for r in train_records(metrics)):
-                assert proc.poll() is None, open(log_path).read()[-4000:]
-                assert time.time() < deadline, "run did not reach the kill point in time"
-                time.sleep(0.02)
-            victims = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-            assert sum(any(a.startswith("--local_rank=") for a in p.cmdline()) for p in victims) \
-                == num_ranks
-            for p in victims:
-                try:
-                    p.send_signal(signal.SIGKILL)
-                except psutil.NoSuchProcess:
-                    pass
-            proc.wait(timeout=30)
-            _, alive = psutil.wait_procs(victims[1:], timeout=30)
-            assert not alive, alive
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.returncode
 
 
 def assert_same_records(got: List[dict], want: List[dict]) -> None:

@@ -1,16 +1,22 @@
 """Starting runs as the e2e tests do: an entry point or a child script (tests/scripts/) through the
-real ``deepspeed`` launcher (:func:`run_deepspeed`) or as one plain rank
+real ``deepspeed`` launcher (:func:`run_deepspeed`; killed with SIGKILL once its metrics reach an
+iteration: :func:`run_and_sigkill`) or as one plain rank
 (:func:`run_single_process`), each on its own free port; and what a run leaves (its ``--metrics-jsonl`` records, DeepSpeed's CPU
 all-reduce buffers in /dev/shm). A test that calls these carries the ``launch`` marker
 (tests/unit/test_suite_layout.py checks it)."""
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from typing import Dict, List, Set, Tuple
 
+import psutil
+
 from helpers.paths import ROOT
+from helpers.ports import free_port
 from megatron.runtime.ports import launch_with_port_retry
 
 
@@ -80,6 +86,53 @@ def run_ranks(script: str, flags: List[str], num_ranks: int, check: bool = True
     if num_ranks == 1:
         return run_single_process(script, flags, timeout=600, check=check)
     return run_deepspeed(script, flags, num_ranks=num_ranks, check=check)
+
+
+def _cmdline(process: psutil.Process) -> List[str]:
+    """``process``'s command line; none once it has exited (a loader worker a rank just stopped)."""
+    try:
+        return process.cmdline()
+    except psutil.NoSuchProcess:  # also a zombie not yet reaped
+        return []
+
+
+def run_and_sigkill(script: str, flags: List[str], metrics, after_iteration: int,
+                    log_path, num_ranks: int = 2, timeout: float = 300) -> int:
+    """Launch ``script`` through ``deepspeed`` with ``num_ranks`` CPU ranks, its output to
+    ``log_path``; once its ``--metrics-jsonl`` file ``metrics`` shows ``after_iteration``, SIGKILL
+    every rank, their children (loader workers) and the launcher at once (no clean exit, no signal
+    handler). Returns the launch's port (:func:`own_shm_buffers`)."""
+    port = free_port()
+    cmd = [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(port),
+           os.path.join(ROOT, script)] + flags
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + timeout
+            while not any(r["iteration"] >= after_iteration for r in written_train_records(metrics)):
+                assert proc.poll() is None, open(log_path).read()[-4000:]
+                assert time.time() < deadline, "run did not reach the kill point in time"
+                time.sleep(0.02)
+            victims = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+            # every rank is among them (a loader worker forked by a rank shows the rank's command)
+            assert {a for p in victims for a in _cmdline(p) if a.startswith("--local_rank=")} \
+                == {f"--local_rank={rank}" for rank in range(num_ranks)}
+            for p in victims:
+                try:
+                    p.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
+            proc.wait(timeout=30)
+            _, alive = psutil.wait_procs(victims[1:], timeout=30)
+            assert not alive, alive
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.returncode
+    return port
 
 
 def read_jsonl(path) -> List[dict]:

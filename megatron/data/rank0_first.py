@@ -70,9 +70,15 @@ def rank0_builds_first(cache_dir: Optional[str], what: str, report_s: float = WA
     is done, not at a collective, so a build longer than the process group's timeout (10 to 30
     minutes) fails no rank; a body that fails on a builder writes its error there for the ranks it
     builds for to raise. Without ``cache_dir``, or without torch.distributed, a barrier orders
-    rank 0 before the others."""
-    import torch
+    rank 0 before the others. In a DataLoader worker (a sampling mixer's worker building the phase
+    its rank has built, megatron/train/mixer_loader.py) nothing is built or waited for: the worker
+    reads what its rank cached, and never joins its rank's collectives (a forked copy of the
+    rank's process group would corrupt the rank's own)."""
+    import torch.utils.data
 
+    if torch.utils.data.get_worker_info() is not None:
+        yield False
+        return
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     rank = torch.distributed.get_rank() if distributed else 0
     if not distributed or torch.distributed.get_world_size() == 1:

@@ -23,10 +23,9 @@ Two figures, from the same runs:
     ``TrainMix.append_mixer_segment`` and the rest), the log record's weights
     (``TrainMix.mixer_weights``) and the loader restart (with loader workers the same workers
     follow the new phase: ``MixerLoader.segment``, megatron/train/mixer_loader.py; without, a
-    fresh ``_loader`` and the old one handed to the loop's closing thread
-    ``BackgroundCloser.close``; then the first two iterations of batches beyond the run's steady
-    median: the workers' build of the new phase and their unprefetched first batches), as a
-    fraction of the time of ``train()``
+    fresh ``_loader``; then the first two iterations of batches beyond the run's steady median:
+    the workers' build of the new phase and their unprefetched first batches), as a fraction of
+    the time of ``train()``
     itself (the whole training loop of that run, its first iterations included). That fraction
     is the overhead the goal speaks of; the wrappers (a few microseconds per iteration) are in
     every arm, the static one included. What the wrappers cannot see (the fork's copy-on-write
@@ -59,7 +58,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import weakref
 from statistics import median
 from typing import Callable, Dict, List, Optional
 
@@ -85,8 +83,7 @@ PER_UPDATE = (("reduce", "the all-reduce of the interval's sums (LoopMixer.fold)
               ("update_rest", "the rest of end_iteration at an update"),
               ("loader_create", "the loader's restart (MixerLoader.segment: the new phase "
                                 "sent to the workers, the iteration restarted on them)"),
-              ("loader_teardown", "the old loader handed to the closing thread"),
-              ("first_batches", "the fresh loader's first batches beyond the steady median"))
+              ("first_batches", "the first batches after the restart beyond the steady median"))
 AFTER_UPDATE = 2  # iterations after an update whose records the cross-check of (b) adds
 
 
@@ -114,9 +111,7 @@ class Timers:
 
 
 class TimedIterator:
-    """The loop's loader iterator, each ``next`` timed (seconds, into ``record["nexts"]``), and
-    the time its inner iterator takes to close (``record["teardown"]``: the workers' shutdown, on
-    the loop's closing thread)."""
+    """The loop's loader iterator, each ``next`` timed (seconds, into ``record["nexts"]``)."""
 
     def __init__(self, inner, record: dict):
         self.inner, self.record = inner, record
@@ -130,11 +125,6 @@ class TimedIterator:
             return next(self.inner)
         finally:
             self.record["nexts"].append(time.perf_counter() - start)
-
-    def close(self):
-        start = time.perf_counter()
-        self.inner.close()
-        self.record["teardown"] = time.perf_counter() - start
 
 
 def install_timers(timers: Timers) -> None:
@@ -187,29 +177,14 @@ def install_timers(timers: Timers) -> None:
     mixer_module.LoopMixer.fold = timed_fold
     mixer_module.LoopMixer.end_iteration = timed_end_iteration_flagged
 
-    class TimedCloser(loop_module.BackgroundCloser):
-        """The loop's closer, the time its ``close`` takes on the loop's thread recorded."""
-
-        def close(self, iterator):
-            start = time.perf_counter()
-            super().close(iterator)
-            timers.add("loader_teardown", time.perf_counter() - start)
-
-    loop_module.BackgroundCloser = TimedCloser
-    loader, last = loop_module._loader, [None]
+    loader = loop_module._loader
 
     def timed_loader(*args, make=None, **kwargs):
         start = time.perf_counter()
         inner = (make or loader)(*args, **kwargs)
-        record = {"create": time.perf_counter() - start, "nexts": [], "teardown": None,
-                  "replaced": False}
-        previous = last[0]() if last[0] is not None else None
-        if previous is not None:  # the loop replaces it: a mixer update's restart
-            previous.record["replaced"] = True
+        record = {"create": time.perf_counter() - start, "nexts": []}
         timers.loaders.append(record)
-        proxy = TimedIterator(inner, record)
-        last[0] = weakref.ref(proxy)  # no strong reference: the loop alone decides when it goes
-        return proxy
+        return TimedIterator(inner, record)
 
     loop_module._loader = timed_loader
 
@@ -320,12 +295,9 @@ def mixer_seconds(timers: dict, micro_batches: int) -> Dict[str, float]:
                update_rest=(s.get("update", 0.0) - s.get("reduce", 0.0) - s.get("policy", 0.0)
                             - s.get("phase_build", 0.0)),
                loader_create=sum(r["create"] for r in restarted),
-               loader_teardown=s.get("loader_teardown", 0.0),
                first_batches=sum(sum(r["nexts"][:head]) - len(r["nexts"][:head]) * typical
                                  for r in restarted),
-               updates=len(timers["seconds"].get("update", [])),
-               # not the loop's time: the old workers' shutdown on the closing thread
-               background_teardown=sum(r["teardown"] or 0.0 for r in loaders if r["replaced"]))
+               updates=len(timers["seconds"].get("update", [])))
     return out
 
 
@@ -336,7 +308,7 @@ def summarize(run: dict, opts) -> dict:
     if len(timed) < 1:
         raise SystemExit(f"{run['arm']}: no iteration after the first {opts.warmup}")
     parts = mixer_seconds(run["timers"], opts.global_batch_size // opts.micro_batch_size)
-    total = sum(v for k, v in parts.items() if k not in ("updates", "background_teardown"))
+    total = sum(v for k, v in parts.items() if k != "updates")
     train_s = sum(run["timers"]["seconds"]["train"])
     typical = median(r["ms_per_iteration"] for r in timed)
     ms = {r["iteration"]: r["ms_per_iteration"] for r in run["records"]}
@@ -397,8 +369,6 @@ def print_report(opts, runs: Dict[str, List[dict]]) -> dict:
             print(f"    per iteration, {what}: {parts[name] / iters * 1e6:.1f} us")
         for name, what in PER_UPDATE:
             print(f"    per update, {what}: {parts[name] / updates * 1000:.2f} ms")
-        print(f"    (off the loop's thread: the old workers' shutdown, "
-              f"{parts['background_teardown'] / updates * 1000:.2f} ms per update)")
         seen_ms = pooled_median([r["update_excess_ms"] for r in rows])
         print(f"    cross-check from the loop's records: the update iteration and the next "
               f"{AFTER_UPDATE} took {seen_ms:.1f} ms beyond the run's median iteration, per update "

@@ -1,6 +1,5 @@
 """The training set's micro batches as the loop reads them: resumed at the consumed samples,
-collated with the segment layout; a replaced loader's workers shut down off the loop's thread."""
-import threading
+collated with the segment layout."""
 from typing import Dict, Iterator, Optional
 
 import torch
@@ -29,29 +28,6 @@ class LoaderIterator:
         """Drop the DataLoader's iterator: its worker processes are told to stop and joined here
         (tens of milliseconds), their prefetched batches dropped."""
         self._inner = None
-
-
-class BackgroundCloser:
-    """Closes replaced loaders (an adaptive mixer's update starts a fresh one at the first sample
-    not trained on) on a thread, so that the loop trains on while the old workers wind down.
-    One at a time: a close still running is waited for before the next starts, and the loop
-    waits for the last at its end (:meth:`join`), so no worker outlives the loop."""
-
-    def __init__(self):
-        self._thread: Optional[threading.Thread] = None
-
-    def close(self, iterator) -> None:
-        """Close ``iterator`` (a :class:`LoaderIterator`) on a background thread."""
-        self.join()
-        self._thread = threading.Thread(target=iterator.close, name="close-data-loader",
-                                        daemon=True)
-        self._thread.start()
-
-    def join(self) -> None:
-        """Wait until the last close has finished (its workers joined)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
 
 def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = None) -> LoaderIterator:

@@ -28,7 +28,7 @@ from megatron.train.engine_setup import loss_normalizer, setup_model_and_optimiz
 from megatron.train.evaluation import _evaluate_all
 from megatron.train.exit_request import ExitRequest
 from megatron.train.hooks import LoopHook, loop_hooks
-from megatron.train.loader import BackgroundCloser, _loader
+from megatron.train.loader import _loader
 from megatron.train.mixer import TeeStats, loop_mixer
 from megatron.train.mixer_loader import MixerLoader
 from megatron.train.resume import _check_data_resume, _maybe_save, _restore, data_resume
@@ -59,9 +59,9 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
     stats = _IntervalStats(len(data.dataset_names))
     exit_request = exit_request or ExitRequest(loop)
     plan, trained_length = schedule.seq_plan, loop.seq_length
-    closer = BackgroundCloser()  # a loader a mixer update replaced winds down off this thread
     mixer = loop_mixer(data, state.iteration, state.consumed_samples)  # the blend's, or None
-    # a sampling mixer's loader workers follow its updates (else a fresh loader at each update)
+    # a sampling mixer's loader workers follow its updates (without workers: a fresh loader at
+    # each update, which costs nothing to start or stop)
     follower = (MixerLoader(data.mix, mixer.config, loop) if mixer is not None
                 and not mixer.on_loss_weights and loop.num_workers > 0 else None)
     loader = (follower.segment(state.consumed_samples, state.iteration) if follower is not None
@@ -108,16 +108,11 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
         state.consumed_samples += batch_size
         scheduler.step(increment=batch_size)
         if mixer is not None and mixer.end_iteration(state.iteration, state.consumed_samples):
-            # the next weights' phase begins at the first sample not trained on: a fresh loader
-            # (its workers start first; the old ones, whose prefetched batches are of the old
-            # weights, are stopped on a thread while the loop trains on)
+            # the next weights' phase begins at the first sample not trained on, which no
+            # batch read so far is past
             data.train = data.mix.dataset
-            if follower is not None:  # the same workers, told the new phase
-                loader = follower.segment(state.consumed_samples, state.iteration)
-            else:
-                replaced, loader = loader, _loader(data.train, state.consumed_samples, loop)
-                closer.close(replaced)
-                del replaced
+            loader = (follower.segment(state.consumed_samples, state.iteration)
+                      if follower is not None else _loader(data.train, state.consumed_samples, loop))
             iterator = SeqLengthBatches(loader, plan) if plan is not None else loader
         if mixer is not None and mixer.loss_weights is not applied_weights:
             # target loss_weight: an update's loss weights, from the next iteration
@@ -150,19 +145,14 @@ def train(run: RunConfig, engine, optimizer, scheduler, data: TrainData, steps: 
             if not (loop.save_interval and state.iteration % loop.save_interval == 0):
                 save()
             print_rank_0(f"exiting at iteration {state.iteration}: {reason}")
-            _close_loaders(closer, follower)
+            if follower is not None:
+                follower.close()
             return True
     if mixer is not None:  # for the save after the loop (pretrain's), in the data record
         mixer.fold()
-    _close_loaders(closer, follower)
-    return False
-
-
-def _close_loaders(closer: BackgroundCloser, follower: Optional[MixerLoader]) -> None:
-    """At the loop's end: wait for a replaced loader's workers, stop the mixer loader's."""
-    closer.join()
-    if follower is not None:
+    if follower is not None:  # its workers stop
         follower.close()
+    return False
 
 
 def _apply_mixer_loss_weights(mixer, steps: StepFunctions) -> Optional[List[float]]:

@@ -26,8 +26,8 @@ def _reduce_loss_sums(local: torch.Tensor) -> torch.Tensor:
     group: its own)."""
     from megatron.core import parallel_state
 
-    if not torch.distributed.is_initialized():
-        return local.cpu()
+    if not parallel_state.model_parallel_is_initialized():  # a tool or a test: every rank's
+        return all_reduce_small(local).cpu()  # (a process without a process group: its own)
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         local = all_reduce_small(local, group=parallel_state.get_pipeline_model_parallel_group())
     return all_reduce_small(local, group=_data_parallel_group())

@@ -1,14 +1,13 @@
-"""The adaptive mixer end to end (issue 46 item 3): a tiny pretraining run whose blend file has a
-mixer (interval 2) stopped by --exit-interval at iteration 3, inside an update interval, and
-resumed with --load, logs bitwise the same losses, per-dataset losses and samples drawn at
-every iteration as the run never stopped, and ends with the same recorded weights (the data
-ledger's mixer segments). The run exported by tools/export_mixture.py is a blend file from which a
-static run (no mixer) trains the same losses on the same samples, which tools/data_provenance.py
-shows sample for sample, and tools/preview_schedule.py --load prints the learned weights. The
-same with ``target: loss_weight`` (issue 46 item 2): the data drawn is the static blend's at every
+"""The adaptive mixer end to end in one process (issue 46): a tiny pretraining run whose blend file
+has a mixer (interval 2), exported by tools/export_mixture.py as a blend file from which a static
+run (no mixer) trains the same losses on the same samples, which tools/data_provenance.py shows
+sample for sample, and whose learned weights tools/preview_schedule.py --load prints. The same
+with ``target: loss_weight`` (issue 46 item 2): the data drawn is the static blend's at every
 iteration, the loss weights move from the first update on, and the resumed run is bitwise the
-uninterrupted one, loss weights included. The in-process twins: tests/unit/test_adaptive_mixer.py,
-tests/unit/test_mixture_export.py, tests/unit/test_objective_mixer.py."""
+uninterrupted one, loss weights included. A sampling mixer's exact resume (inside an interval,
+after SIGKILL, on DP 2, TP 2 and PP 2 and across them): tests/e2e/test_adaptive_mixer_layouts_e2e.py.
+The in-process twins: tests/unit/test_adaptive_mixer.py, tests/unit/test_mixture_export.py,
+tests/unit/test_objective_mixer.py."""
 import glob
 import json
 import os
@@ -70,28 +69,6 @@ def adaptive_run(tmp_path_factory):
 def _tool(name):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     return __import__(name)
-
-
-@pytest.mark.launch
-def test_a_mixer_run_stopped_inside_an_interval_resumes_bitwise(adaptive_run, tmp_path):
-    data, whole_dir = adaptive_run
-    split_dir = tmp_path / "split"
-    first = _run(data, split_dir, "--exit-interval", "3", "--save-interval", "100")
-    assert "exiting at iteration 3" in first
-    _run(data, split_dir, "--save-interval", "100", "--load", str(split_dir / "ckpt"))
-
-    whole = [r for r in read_jsonl(whole_dir / "metrics.jsonl") if "split" not in r]
-    split = [r for r in read_jsonl(split_dir / "metrics.jsonl") if "split" not in r]
-    assert [r["iteration"] for r in split] == list(range(1, ITERS + 1))
-    assert whole[0]["mixer_weights"] == {"web": 0.25, "code": 0.25, "math": 0.5}  # the file's
-    for a, b in zip(whole, split, strict=True):
-        assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}, a["iteration"]
-
-    record, resumed = _last_record(whole_dir), _last_record(split_dir)
-    segments = [p["mixer"] for p in record["phases"] if "mixer" in p]
-    assert [s["iteration"] for s in segments] == [2, 4, 6]  # none at the last: nothing left to draw
-    assert len({tuple(s["weights"]) for s in segments}) > 1  # the mix moved
-    assert resumed["phases"] == record["phases"] and resumed["ledger"] == record["ledger"]
 
 
 @pytest.mark.launch

@@ -9,9 +9,12 @@ to start, and their first batches unprefetched). Here instead:
   pairs and ends at the next update's first sample, so no batch of the old weights is ever
   prefetched past an update;
 - at an update the loop hands the new phase (its weights, first sample, iteration and record:
-  what ``TrainMix.append_mixer_segment`` was given) to every worker through its own pipe, and
-  restarts the iteration on the same workers (``persistent_workers``);
-- a worker that gets a sample of a phase it has not built yet reads the pipe and appends the same
+  what ``TrainMix.append_mixer_segment`` was given) to every worker through its own queue, and
+  restarts the iteration on the same workers (``persistent_workers``). A queue, not a bare pipe:
+  its ``put`` never blocks (a feeder thread writes), so a record larger than a pipe's buffer
+  (thousands of datasets) cannot stall the loop on a worker that draws no sample of the segment
+  and so never reads;
+- a worker that gets a sample of a phase it has not built yet reads its queue and appends the same
   phases to its copy of the mix (the same build the loop made, whose index it finds in the cache
   the loop wrote), then serves the sample as the loop's dataset would.
 
@@ -34,11 +37,11 @@ __all__ = ["MixerLoader", "next_update_sample", "phase_message"]
 
 class _PhaseFollower(torch.utils.data.Dataset):
     """A worker's view of the mix: sample ``(global sample, phase)`` of the mix's dataset once the
-    worker's copy has built ``phase`` (reading the phases it lacks from its pipe)."""
+    worker's copy has built ``phase`` (reading the phases it lacks from its queue)."""
 
-    def __init__(self, mix: TrainMix, receivers: List):
+    def __init__(self, mix: TrainMix, queues: List):
         self.mix = mix
-        self.receivers = receivers
+        self.queues = queues
         self.phase = len(mix.phases) - 1  # the phases the copy has (at the workers' fork)
 
     def __len__(self) -> int:
@@ -48,9 +51,9 @@ class _PhaseFollower(torch.utils.data.Dataset):
         info = torch.utils.data.get_worker_info()
         if info is None:
             raise RuntimeError("the mixer's loader serves phases in its workers only")
-        receiver = self.receivers[info.id]
+        queue = self.queues[info.id]
         while self.phase < phase:
-            number, weights, consumed, iteration, segment = receiver.recv()
+            number, weights, consumed, iteration, segment = queue.get()
             self.mix.append_mixer_segment(weights, consumed, iteration, segment)
             self.phase = number
             if len(self.mix.phases) - 1 != number:  # a phase missed: the copy is not the loop's
@@ -111,15 +114,14 @@ class MixerLoader:
         from megatron.core import parallel_state  # lazy: megatron-core loads with the loop
 
         self.mix, self.config = mix, config
-        pipes = [multiprocessing.Pipe(duplex=False) for _ in range(loop.num_workers)]
-        self.senders = [send for _, send in pipes]
+        self.queues = [multiprocessing.Queue() for _ in range(loop.num_workers)]
         self.sampler = _SegmentSampler(loop.micro_batch_size,
                                        parallel_state.get_data_parallel_rank(),
                                        parallel_state.get_data_parallel_world_size())
         self.sampler.phase = len(mix.phases) - 1
         # own generator: as megatron/train/loader.py (the global torch RNG is left alone)
         self.loader: Optional[torch.utils.data.DataLoader] = torch.utils.data.DataLoader(
-            _PhaseFollower(mix, [receive for receive, _ in pipes]), batch_sampler=self.sampler,
+            _PhaseFollower(mix, self.queues), batch_sampler=self.sampler,
             num_workers=loop.num_workers, collate_fn=collate_with_segment_layout,
             pin_memory=False, persistent_workers=True,
             generator=torch.Generator().manual_seed(loop.seed))
@@ -134,8 +136,8 @@ class MixerLoader:
                 raise RuntimeError(f"the mixer's loader: phase {phase} follows phase "
                                    f"{self.sampler.phase} (one update at a time)")
             message = phase_message(self.mix)
-            for send in self.senders:
-                send.send(message)
+            for queue in self.queues:
+                queue.put(message)
         self.sampler.begin = int(consumed)
         self.sampler.stop = next_update_sample(self.mix, self.config.interval, iteration)
         self.sampler.phase = phase
@@ -149,5 +151,6 @@ class MixerLoader:
         if self.current is not None:
             self.current.close()
         self.current, self.loader = None, None
-        for send in self.senders:
-            send.close()
+        for queue in self.queues:  # a worker that drew nothing since may not have read its last
+            queue.cancel_join_thread()
+            queue.close()

@@ -1,5 +1,5 @@
 """The sampling mixer's loader whose workers stay up across updates (megatron/train/mixer_loader.py,
-issue 46 item 6), in process: a worker's copy of the mix, told each update through its pipe, draws
+issue 46 item 6), in process: a worker's copy of the mix, told each update through its queue, draws
 the loop's (dataset, sample) at every global sample, and the batch sampler ends each segment at the
 next update's first sample, so no batch of old weights is prefetched past an update. The
 end-to-end twin (real workers): tests/e2e/test_adaptive_mixer_e2e.py, whose adaptive run reads
@@ -20,15 +20,14 @@ from megatron.train.mixer_loader import _PhaseFollower, _SegmentSampler, next_up
 def test_a_workers_copy_follows_every_update_and_draws_the_loops_samples(policy, monkeypatch):
     split_blend = blend(policy)
     mix = new_mix(split_blend)
-    worker = _PhaseFollower(new_mix(split_blend), [None])  # the fork's copy: the same state
-    receive, send = multiprocessing.Pipe(duplex=False)
-    worker.receivers = [receive]
+    queue = multiprocessing.Queue()
+    worker = _PhaseFollower(new_mix(split_blend), [queue])  # the fork's copy: the same state
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: SimpleNamespace(id=0))
     mixer, sent = LoopMixer(mix, split_blend.mixer, 0, 0), 0
     for it in range(1, ITERS + 1):
         phase = len(mix.phases) - 1
         if phase > sent:  # the loop's restart on the same workers: the new phase sent first
-            send.send(phase_message(mix))
+            queue.put(phase_message(mix))
             sent = phase
         for s in range(BS.samples_at_iteration(it - 1), BS.samples_at_iteration(it)):
             if phase > worker.phase:
@@ -43,11 +42,10 @@ def test_a_worker_that_missed_an_update_stops_in_one_line(monkeypatch):
     split_blend = blend("loss_softmax")
     mix = new_mix(split_blend)
     train(mix, LoopMixer(mix, split_blend.mixer, 0, 0), 1, 4)  # updates at 2 and 4: phases 1, 2
-    worker = _PhaseFollower(new_mix(split_blend), [None])
-    receive, send = multiprocessing.Pipe(duplex=False)
-    worker.receivers = [receive]
+    queue = multiprocessing.Queue()
+    worker = _PhaseFollower(new_mix(split_blend), [queue])
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: SimpleNamespace(id=0))
-    send.send(phase_message(mix))  # phase 2 only: phase 1's message never came
+    queue.put(phase_message(mix))  # phase 2 only: phase 1's message never came
     with pytest.raises(RuntimeError, match="built phase 1 from sample 16; the loop's is phase 2"):
         worker._catch_up(2)
 

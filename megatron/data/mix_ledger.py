@@ -191,6 +191,11 @@ class MixPhase:
                    begin_iteration=int(obj.get("begin_iteration", 0)), order=obj.get("order"),
                    mixer=obj.get("mixer"))
 
+    def static_weights(self) -> List[float]:
+        """Each dataset's weight in this phase's blend, in its entries' order (a blend of numbers
+        only: an adaptive mixer's, whose weights are static)."""
+        return [float(e["weight"]) for stage in self.blend["stages"] for e in stage["entries"]]
+
     def base_counts(self) -> Dict[LedgerKey, int]:
         """``{dataset key: samples drawn before begin}``."""
         return {e.key: e.drawn for e in self.base}

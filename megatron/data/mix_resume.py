@@ -372,7 +372,7 @@ class TrainMix:
         phase = self.phases[-1]
         if not phase.blend.get("mixer"):
             return None
-        weights = [float(e["weight"]) for s in phase.blend["stages"] for e in s["entries"]]
+        weights = phase.static_weights()
         total = sum(weights)
         return {c.name: w / total for c, w in zip(self.dataset.constituents, weights, strict=True)}
 

@@ -38,20 +38,20 @@ def masked_lm_loss(per_token: torch.Tensor, loss_mask: torch.Tensor,
     sample_sums = per_token.sum(dim=1)
     tokens_per_sample = mask.sum(dim=1)
     if sequence_group is None:
-        loss = per_token.sum() / _nonzero(tokens_per_sample.sum())
-        per_sample = sample_sums / _nonzero(tokens_per_sample)
+        loss = per_token.sum() / nonzero_divisor(tokens_per_sample.sum())
+        per_sample = sample_sums / nonzero_divisor(tokens_per_sample)
         return loss, per_sample.detach()
     totals = torch.cat([sample_sums.detach(), tokens_per_sample])
     torch.distributed.all_reduce(totals, group=sequence_group)
     b = sample_sums.numel()
     whole_sums, whole_tokens = totals[:b], totals[b:]
-    count = _nonzero(whole_tokens.sum())
+    count = nonzero_divisor(whole_tokens.sum())
     share = sample_sums.sum() / count  # this rank's part of the loss: carries the gradient
     loss = share + (whole_sums.sum() / count - share.detach())  # value: the whole loss
-    return loss, (whole_sums / _nonzero(whole_tokens)).detach()
+    return loss, (whole_sums / nonzero_divisor(whole_tokens)).detach()
 
 
-def _nonzero(count: torch.Tensor) -> torch.Tensor:
+def nonzero_divisor(count: torch.Tensor) -> torch.Tensor:
     """``count`` (loss tokens, or their summed weights) with its zeros replaced by 1: the divisor
     of a mean over them."""
     return torch.where(count > 0, count, torch.ones_like(count))

@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from megatron.data.device_transfer import to_device_async
+from megatron.model.lm_loss import nonzero_divisor
 
 NORMALIZATIONS = ("micro-batch", "token", "sample")
 
@@ -192,4 +193,4 @@ def _all_reduced_sum(value: float, device, group) -> torch.Tensor:
     total = to_device_async(torch.tensor([value], dtype=torch.float32), device)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(total, group=group)
-    return torch.where(total > 0, total, torch.ones_like(total))
+    return nonzero_divisor(total)

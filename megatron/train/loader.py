@@ -9,28 +9,7 @@ from megatron.data.samplers import PretrainingBatchSampler
 from megatron.model.masks import collate_with_segment_layout
 
 
-class LoaderIterator:
-    """A DataLoader's iterator that the loop can :meth:`close`: its workers shut down when the
-    last reference to the DataLoader's own iterator goes, which :meth:`close` drops."""
-
-    def __init__(self, inner: Iterator[Dict]):
-        self._inner: Optional[Iterator[Dict]] = inner
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Dict:
-        if self._inner is None:
-            raise StopIteration
-        return next(self._inner)
-
-    def close(self) -> None:
-        """Drop the DataLoader's iterator: its worker processes are told to stop and joined here
-        (tens of milliseconds), their prefetched batches dropped."""
-        self._inner = None
-
-
-def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = None) -> LoaderIterator:
+def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = None) -> Iterator[Dict]:
     """This data-parallel rank's micro batches of ``dataset`` (``loop.micro_batch_size`` samples
     each) from global sample ``consumed`` up to ``total`` samples (default: all), loaded with
     ``loop.num_workers`` workers seeded by ``loop.seed``."""
@@ -49,4 +28,4 @@ def _loader(dataset, consumed: int, loop: LoopConfig, total: Optional[int] = Non
                                          collate_fn=collate_with_segment_layout, pin_memory=False,
                                          persistent_workers=False,
                                          generator=torch.Generator().manual_seed(loop.seed))
-    return LoaderIterator(iter(loader))
+    return iter(loader)

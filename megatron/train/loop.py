@@ -161,9 +161,6 @@ def _apply_mixer_loss_weights(mixer, steps: StepFunctions) -> Optional[List[floa
     ``mixer.loss_weights`` (the list just set, or None), which the loop compares by identity to
     set them again only after an update replaced them."""
     if mixer.on_loss_weights and mixer.loss_weights is not None:
-        if steps.normalizer is None:
-            raise RuntimeError("the adaptive mixer moves the loss weights, but the step "
-                               "functions have no loss normaliser to set them on")
         steps.normalizer.set_loss_weights(mixer.objective_weights())
     return mixer.loss_weights
 

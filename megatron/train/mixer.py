@@ -9,8 +9,9 @@ before a checkpoint. At every iteration that is a multiple of ``interval`` the p
 in it and what each has left in its epoch into the next weights, and the training mix appends a
 phase with those static weights from the first global sample not yet trained on, every dataset
 continuing at its ledger position (megatron/data/mix_resume.py
-``TrainMix.append_mixer_segment``). The loop then reads from a fresh loader at that sample, so
-no worker holds a batch of the old phase. The phase records the update (iteration, inputs,
+``TrainMix.append_mixer_segment``). The loop then reads on from that sample with no batch of the
+old phase (megatron/train/mixer_loader.py with loader workers, else a fresh loader). The phase
+records the update (iteration, inputs,
 weights, the policy's state) and the checkpoint's data record the interval in progress (its
 sums), so a resume rebuilds the same phases and makes the same next update, bit for bit: the
 samples drawn are a pure function of the seed, the iteration and the recorded weights.
@@ -66,31 +67,28 @@ class LoopMixer:
     """The mixer of one run over ``mix`` (its blend's ``config``), resuming at ``iteration``
     from the mix's recorded segments and interval in progress. ``static_loss_weights``: the
     datasets' own loss weights (``TrainData.loss_weights``, None for all 1), which the weights of
-    a ``target: loss_weight`` mixer multiply. The loop's micro batches go to :attr:`pending`
-    (``reduce``: how its sums are summed over the replicas, default the loss sums' reduction)."""
+    a ``target: loss_weight`` mixer multiply. The loop's micro batches go to :attr:`pending`."""
 
     def __init__(self, mix: TrainMix, config: MixerConfig, iteration: int, consumed: int,
-                 static_loss_weights: Optional[List[float]] = None, reduce=None):
+                 static_loss_weights: Optional[List[float]] = None):
         self.mix, self.config = mix, config
-        self.pending = MixerLossSums(len(mix.dataset.constituents), reduce)
+        self.pending = MixerLossSums(len(mix.dataset.constituents))
         self.static_loss_weights = static_loss_weights
         k = len(mix.dataset.constituents)
         segment = mix.mixer_segment()
         progress = mix.mixer_progress
-        root = blend_file_phase(mix.phases)
-        self.start = [float(e["weight"]) for s in root.blend["stages"] for e in s["entries"]]
-        if self.on_loss_weights and progress is not None and "state" in progress:
-            self.state = json.loads(json.dumps(progress["state"]))
-        elif segment is not None:
-            self.state = json.loads(json.dumps(segment["state"]))
-        else:
-            self.state = initial_state(config, self.start)
+        self.start = blend_file_phase(mix.phases).static_weights()
         # target loss_weight: the loss weights in force (None: the static ones) and the updates
         self.loss_weights: Optional[List[float]] = None
         self.updates: List[Dict[str, Any]] = []
         if self.on_loss_weights and progress is not None and "state" in progress:
+            self.state = json.loads(json.dumps(progress["state"]))  # no phases: kept here
             self.loss_weights = progress.get("loss_weights")
             self.updates = json.loads(json.dumps(progress.get("updates", [])))
+        elif segment is not None:
+            self.state = json.loads(json.dumps(segment["state"]))
+        else:
+            self.state = initial_state(config, self.start)
         if progress is not None:
             self.since = int(progress["since"])
             self.sums, self.counts = _fixed_sums(progress, "sums"), _fixed_sums(progress, "counts")

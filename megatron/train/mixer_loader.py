@@ -21,7 +21,7 @@ to start, and their first batches unprefetched). Here instead:
 The samples are those of the mix's dataset at every global sample, as with a fresh loader.
 """
 import multiprocessing
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -30,7 +30,6 @@ from megatron.data.blend_config import MixerConfig
 from megatron.data.mix_resume import TrainMix, batch_schedule_of
 from megatron.data.samplers import PretrainingBatchSampler
 from megatron.model.masks import collate_with_segment_layout
-from megatron.train.loader import LoaderIterator
 
 __all__ = ["MixerLoader", "next_update_sample", "phase_message"]
 
@@ -68,6 +67,27 @@ class _PhaseFollower(torch.utils.data.Dataset):
         return self.mix.dataset[idx]
 
 
+class _SegmentIterator:
+    """One segment's micro batches: the persistent workers' iterator, which :meth:`close`
+    drops, so that once the loader is dropped too the workers stop (the loop may still hold
+    this object)."""
+
+    def __init__(self, inner: Iterator[Dict]):
+        self._inner: Optional[Iterator[Dict]] = inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Dict:
+        if self._inner is None:
+            raise StopIteration
+        return next(self._inner)
+
+    def close(self) -> None:
+        """Drop the workers' iterator (it yields nothing more)."""
+        self._inner = None
+
+
 class _SegmentSampler:
     """This rank's micro batches of global samples ``begin`` to ``stop`` (the next update's
     first), each sample paired with the phase that draws it."""
@@ -101,8 +121,7 @@ def phase_message(mix: TrainMix) -> Tuple[int, List[float], int, int, Optional[D
     (``TrainMix.append_mixer_segment``'s arguments): (its number, weights, first global sample,
     iteration, the mixer's record)."""
     p = mix.phases[-1]
-    weights = [float(e["weight"]) for stage in p.blend["stages"] for e in stage["entries"]]
-    return len(mix.phases) - 1, weights, p.begin, p.begin_iteration, p.mixer
+    return len(mix.phases) - 1, p.static_weights(), p.begin, p.begin_iteration, p.mixer
 
 
 class MixerLoader:
@@ -125,9 +144,9 @@ class MixerLoader:
             num_workers=loop.num_workers, collate_fn=collate_with_segment_layout,
             pin_memory=False, persistent_workers=True,
             generator=torch.Generator().manual_seed(loop.seed))
-        self.current: Optional[LoaderIterator] = None
+        self.current: Optional[_SegmentIterator] = None
 
-    def segment(self, consumed: int, iteration: int) -> LoaderIterator:
+    def segment(self, consumed: int, iteration: int) -> _SegmentIterator:
         """This rank's micro batches from global sample ``consumed`` (after ``iteration``) up to
         the next update, drawn by the mix's current phase (the workers build it first)."""
         phase = len(self.mix.phases) - 1
@@ -143,7 +162,7 @@ class MixerLoader:
         self.sampler.phase = phase
         if self.current is not None:
             self.current.close()
-        self.current = LoaderIterator(iter(self.loader))
+        self.current = _SegmentIterator(iter(self.loader))
         return self.current
 
     def close(self) -> None:

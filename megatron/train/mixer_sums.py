@@ -11,7 +11,7 @@ checkpoint and resumed from there, bit for bit, on any number of replicas. (A fl
 round differently in each case, and a GPU's float ``index_add_`` is not even deterministic.)
 Adding never waits for the device; the host reads the sums once per update or checkpoint.
 """
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -32,14 +32,11 @@ def to_fixed(values: torch.Tensor) -> torch.Tensor:
 
 class MixerLossSums:
     """One interval's per-dataset loss sums and weights over ``num_datasets`` datasets, in fixed
-    point on the losses' device, summed over the replicas by ``reduce`` (a function of a host or
-    device int64 tensor returning the host sum over the replicas; default the loss sums'
-    reduction: over the pipeline stages, then the data-parallel replicas) when taken."""
+    point on the losses' device, summed over the replicas when taken (the loss sums' reduction:
+    over the pipeline stages, then the data-parallel replicas)."""
 
-    def __init__(self, num_datasets: int,
-                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+    def __init__(self, num_datasets: int):
         self.num_datasets = num_datasets
-        self.reduce = reduce
         self.local: Optional[torch.Tensor] = None  # [2, k] int64: loss x weight, weight
 
     def add_micro_batch(self, loss: torch.Tensor, per_sample: torch.Tensor,
@@ -71,6 +68,6 @@ class MixerLossSums:
         k = max(self.num_datasets, 1)
         local = self.local if self.local is not None else torch.zeros(2, k, dtype=torch.int64)
         self.local = None
-        total = (self.reduce or _reduce_loss_sums)(local.reshape(-1)).cpu().numpy().reshape(2, k)
+        total = _reduce_loss_sums(local.reshape(-1)).numpy().reshape(2, k)
         return total[0].astype(np.int64), total[1].astype(np.int64)
 

@@ -100,8 +100,8 @@ class StepFunctions:
     train_step: Callable
     eval_step: Callable
     # the loss weighing both use (an adaptive mixer's loss weights are set on it between
-    # iterations); None where the steps were built without one
-    normalizer: Optional[LossNormalizer] = None
+    # iterations)
+    normalizer: LossNormalizer
 
 
 def micro_batch_train_step(engine, iterator: Iterator[Dict], num_micro_batches: int, stats,

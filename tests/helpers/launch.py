@@ -25,6 +25,26 @@ def deepspeed_launcher() -> str:
     return os.path.join(os.path.dirname(sys.executable), "deepspeed")
 
 
+def _run_as_group(cmd: List[str], cwd, env: Dict[str, str], timeout: float
+                  ) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)``, the command in a
+    process group of its own: on a timeout (a hung run) or an interrupt the whole group is
+    SIGKILLed, the launcher's ranks and their loader workers with it, so none is left behind
+    blocked in a collective (killing the launcher alone orphans its ranks)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: int = 600,
                   env: Dict[str, str] = None, check: bool = True,
                   master_port: int = None) -> subprocess.CompletedProcess:
@@ -41,8 +61,7 @@ def run_deepspeed(script: str, flags: List[str], num_ranks: int = 2, timeout: in
     def launch(port: int) -> subprocess.CompletedProcess:
         cmds.append([deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port",
                      str(port), os.path.join(ROOT, script)] + flags)
-        return subprocess.run(cmds[-1], cwd=ROOT, env=run_env, capture_output=True, text=True,
-                              timeout=timeout)
+        return _run_as_group(cmds[-1], ROOT, run_env, timeout)
 
     proc = launch_with_port_retry(launch, master_port)
     if check:
@@ -70,8 +89,7 @@ def run_single_process(script: str, flags: List[str], cwd=ROOT, timeout: int = 3
         env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", DS_ACCELERATOR="cpu",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-        return subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return _run_as_group(cmd, str(cwd), env, timeout)
 
     proc = launch_with_port_retry(launch)
     if check:
